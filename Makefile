@@ -1,0 +1,67 @@
+# Builds the runtime (C11), the bridge (C++17) into torch_pjrt/_C*.so, and the C unit tests.
+# Usage: make -j2 [PYTHON=.venv/bin/python]; make ctest; make ctest-asan
+PYTHON ?= python3
+TORCH_DIR := $(shell $(PYTHON) -c "import torch,os;print(os.path.dirname(torch.__file__))")
+TORCH_ABI := $(shell $(PYTHON) -c "import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
+EXT := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
+PYINC := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
+HDR := build/include/pjrt_c_api.h
+
+C_SRCS := $(wildcard csrc/runtime/*.c csrc/hlo/*.c csrc/ops/*.c)
+CXX_SRCS := $(wildcard csrc/bridge/*.cpp)
+C_OBJS := $(patsubst csrc/%.c,build/obj/%.o,$(C_SRCS))
+CXX_OBJS := $(patsubst csrc/%.cpp,build/obj/%.o,$(CXX_SRCS))
+C_TESTS := $(patsubst tests/c/%.c,build/tests/%,$(wildcard tests/c/test_*.c))
+
+CFLAGS ?= -O2 -g
+CFLAGS += -std=c11 -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include
+CXXFLAGS ?= -O2 -g
+CXXFLAGS += -std=c++17 -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include \
+  -Icsrc/bridge -isystem $(TORCH_DIR)/include -isystem $(TORCH_DIR)/include/torch/csrc/api/include \
+  -isystem $(PYINC) -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_ABI) -DTORCH_EXTENSION_NAME=_C \
+  -DTORCH_API_INCLUDE_EXTENSION_H
+LDFLAGS_EXT := -shared -L$(TORCH_DIR)/lib -Wl,-rpath,$(TORCH_DIR)/lib \
+  -ltorch -ltorch_cpu -lc10 -ltorch_python -ldl -lpthread
+
+EXT_SO := torch_pjrt/_C$(EXT)
+
+all: $(EXT_SO)
+
+$(HDR):
+	PYTHON=$(PYTHON) bash tools/fetch_pjrt_header.sh build/include
+
+build/obj/%.o: csrc/%.c $(HDR) $(wildcard csrc/include/torch_pjrt/*.h csrc/runtime/*.h csrc/hlo/*.h csrc/ops/*.h)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+
+build/obj/%.o: csrc/%.cpp $(HDR) $(wildcard csrc/include/torch_pjrt/*.h csrc/bridge/*.h)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -c $< -o $@
+
+$(EXT_SO): $(C_OBJS) $(CXX_OBJS)
+	$(CXX) -o $@ $^ $(LDFLAGS_EXT)
+
+# C unit tests: the C layers only, no PyTorch. ASan variant rebuilds everything instrumented.
+build/tests/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
+
+ctest: $(C_TESTS)
+	@set -e; for t in $(C_TESTS); do echo "== $$t"; ./$$t; done
+
+ctest-asan:
+	$(MAKE) -B TEST_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
+	  C_TESTS="$(patsubst build/tests/%,build/tests-asan/%,$(C_TESTS))" ctest-asan-run
+
+build/tests-asan/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
+
+ctest-asan-run: $(C_TESTS)
+	@set -e; for t in $(C_TESTS); do echo "== $$t"; \
+	  ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 ./$$t; done
+
+clean:
+	rm -rf build/obj build/tests build/tests-asan $(EXT_SO)
+
+.PHONY: all ctest ctest-asan ctest-asan-run clean

@@ -1,0 +1,41 @@
+// Shared declarations of the C++ bridge (the only code that includes PyTorch headers).
+// Each function is defined in the file named beside it.
+#pragma once
+#include <ATen/ATen.h>
+#include <c10/core/Allocator.h>
+
+extern "C" {
+#include "torch_pjrt/runtime.h"
+#include "torch_pjrt/status.h"
+#include "torch_pjrt/storage.h"
+}
+
+namespace torch_pjrt {
+
+// errors.cpp: throws the c10 exception matching the status code (ValueError, TypeError,
+// IndexError, NotImplementedError, OutOfMemoryError, else RuntimeError) and frees the status.
+// Does nothing for NULL.
+void check(pj_status_t* st);
+// errors.cpp: the runtime, initialized on first use; throws on failure.
+pj_runtime_t* runtime();
+
+// allocator.cpp: the PrivateUse1 allocator. A DataPtr's context is the pj_storage_t (owning one
+// reference); its data pointer is a fake address unique to the storage (disjoint ranges, never
+// dereferenced) so PyTorch's overlap and identity checks work on device tensors.
+c10::DeviceAllocator* device_allocator();
+pj_storage_t* storage_of(const at::Tensor& t);  // nullptr if not a tpu tensor
+pj_storage_t* storage_of(const c10::Storage& s);
+// Replaces the storage behind `s` with a new one of `nbytes` (used by resize_).
+c10::DataPtr allocate_storage(int device, size_t nbytes);
+
+// generator.cpp: the per-device default generator (Philox-style seed + offset counter).
+// Returns (seed, offset) for a random op consuming `increment` counter values and advances it.
+std::pair<uint64_t, uint64_t> rng_next(const std::optional<at::Generator>& gen, int device,
+                                       uint64_t increment);
+const at::Generator& default_generator(int device);
+
+// dispatch.cpp: registers the boxed fallback and the required kernels (TORCH_LIBRARY_IMPL).
+// copy.cpp: host<->device and device<->device copies (used by _copy_from).
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+
+}  // namespace torch_pjrt

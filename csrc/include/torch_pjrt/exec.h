@@ -1,0 +1,39 @@
+/* Programs: compile StableHLO text to a loaded executable, cache executables under a key that is
+ * computed before any text is built, execute asynchronously. */
+#ifndef TORCH_PJRT_EXEC_H
+#define TORCH_PJRT_EXEC_H
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include "torch_pjrt/status.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+struct PJRT_Buffer;
+typedef struct pj_program pj_program_t;
+
+/* Compiles `text` (StableHLO, MLIR text) for one replica and one partition. */
+pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out);
+void pj_program_free(pj_program_t *p);
+size_t pj_program_num_outputs(const pj_program_t *p);
+
+/* Runs the program on `device`. args[i] for i in donate (bitmask-like array of bools, may be NULL)
+ * are donated: the caller must not use them afterwards (they are consumed even on failure of the
+ * program itself, but not on a failed launch). outs receives num_outputs new buffers. */
+pj_status_t *pj_program_execute(pj_program_t *p, int device, struct PJRT_Buffer *const *args,
+                                size_t nargs, const bool *donate, struct PJRT_Buffer **outs);
+
+/* In-memory executable cache. Keys are byte strings (the full key, not only its hash, is
+ * compared). The cache owns stored programs. Thread-safe. */
+uint64_t pj_hash_bytes(const void *data, size_t len, uint64_t seed);
+pj_program_t *pj_cache_lookup(const void *key, size_t keylen);
+/* Inserts (takes ownership of p). If the key is already present, frees p and returns the
+ * existing one. */
+pj_program_t *pj_cache_insert(const void *key, size_t keylen, pj_program_t *p);
+size_t pj_cache_size(void);
+void pj_cache_clear(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,31 @@
+/* Process-wide counters (atomics). Names are stable: they are shown by torch.tpu.metrics(). */
+#ifndef TORCH_PJRT_METRICS_H
+#define TORCH_PJRT_METRICS_H
+#include <stdint.h>
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+  PJ_METRIC_COMPILES = 0,
+  PJ_METRIC_CACHE_HITS,
+  PJ_METRIC_CACHE_MISSES,
+  PJ_METRIC_EXECUTIONS,
+  PJ_METRIC_H2D_TRANSFERS,
+  PJ_METRIC_D2H_TRANSFERS,
+  PJ_METRIC_H2D_BYTES,
+  PJ_METRIC_D2H_BYTES,
+  PJ_METRIC_FALLBACKS,
+  PJ_METRIC_COMPILE_NS,
+  PJ_NUM_METRICS
+} pj_metric_t;
+
+void pj_metric_add(pj_metric_t m, int64_t delta);
+int64_t pj_metric_get(pj_metric_t m);
+const char *pj_metric_name(pj_metric_t m);
+void pj_metrics_reset(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,51 @@
+/* The process-wide runtime: one loaded PJRT plugin, one client, its addressable devices.
+ * Initialized lazily and once (pj_runtime_get); the plugin is chosen by TORCH_PJRT_PLUGIN
+ * (read in config.c). All PJRT calls go through this module's checked helpers so an
+ * older plugin whose function table lacks a slot fails with a message instead of a crash. */
+#ifndef TORCH_PJRT_RUNTIME_H
+#define TORCH_PJRT_RUNTIME_H
+#include <stdint.h>
+#include <stddef.h>
+#include <stdbool.h>
+#include "torch_pjrt/status.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pj_runtime pj_runtime_t;
+
+/* Loads the plugin and creates the client on first use; later calls return the same object
+ * (or the same failure, re-reported as a fresh status). Thread-safe. */
+pj_status_t *pj_runtime_get(pj_runtime_t **out);
+/* True when pj_runtime_get has already succeeded (never initializes). */
+bool pj_runtime_ready(void);
+
+int pj_runtime_device_count(const pj_runtime_t *rt);
+const char *pj_runtime_platform_name(const pj_runtime_t *rt);   /* e.g. "cpu", "cuda", "tpu" */
+const char *pj_runtime_platform_version(const pj_runtime_t *rt);
+const char *pj_runtime_device_kind(const pj_runtime_t *rt, int device);
+const char *pj_runtime_plugin_path(const pj_runtime_t *rt);
+/* "major.minor" of the plugin's PJRT C API. */
+void pj_runtime_api_version(const pj_runtime_t *rt, int *major, int *minor);
+/* Stable text identifying plugin build + API version + platform: part of every cache key. */
+const char *pj_runtime_identity(const pj_runtime_t *rt);
+/* Chooses the plugin file and the CPU plugin's device count before the first pj_runtime_get.
+ * The Python front resolves names (cpu/cuda/tpu) to files; without a call the runtime uses
+ * TORCH_PJRT_PLUGIN when it is a path. Fails once the runtime is initialized. */
+pj_status_t *pj_runtime_configure(const char *plugin_path, int cpu_device_count);
+
+/* Internal handles, for the other runtime modules only (storage.c, exec.c, transfer.c). */
+struct PJRT_Api;
+struct PJRT_Client;
+struct PJRT_Device;
+struct PJRT_Error;
+const struct PJRT_Api *pj_runtime_api(const pj_runtime_t *rt);
+struct PJRT_Client *pj_runtime_client(const pj_runtime_t *rt);
+struct PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device);
+/* Converts (and destroys) a PJRT_Error into a status; NULL stays NULL. */
+pj_status_t *pj_runtime_take_error(const pj_runtime_t *rt, struct PJRT_Error *err, const char *what);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,48 @@
+/* Storages: the device memory behind PyTorch's StorageImpl. A storage is a refcounted object
+ * holding one 1-D PJRT buffer of `nbytes / itemsize(dtype)` elements, or no buffer yet (a fresh
+ * allocation reads as zeros). Buffers are immutable; writes produce a new buffer that replaces
+ * the old one (pj_storage_swap), so every tensor sharing the storage sees the write.
+ * Invariant: buf == NULL or buf holds exactly nbytes bytes of element type `dtype`. */
+#ifndef TORCH_PJRT_STORAGE_H
+#define TORCH_PJRT_STORAGE_H
+#include <stdint.h>
+#include <stddef.h>
+#include "torch_pjrt/status.h"
+#include "torch_pjrt/dtype.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct PJRT_Buffer;
+
+typedef struct pj_storage {
+  int refs;                 /* atomic; see pj_storage_retain/release */
+  int device;
+  size_t nbytes;
+  pj_dtype_t dtype;         /* element type of buf; meaningful when buf != NULL */
+  struct PJRT_Buffer *buf;  /* owned; NULL until first written */
+  uint64_t id;              /* unique per storage, for debugging and pending-graph text */
+  uintptr_t addr;           /* fake device address: [addr, addr + nbytes) is disjoint from every
+                               other storage's range and never reused; never dereferenced */
+} pj_storage_t;
+
+pj_status_t *pj_storage_new(int device, size_t nbytes, pj_storage_t **out);
+void pj_storage_retain(pj_storage_t *s);
+void pj_storage_release(pj_storage_t *s);
+/* Installs `buf` (of element type dt) as the storage's contents, destroying the previous one. */
+void pj_storage_swap(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt);
+/* Makes sure the storage has a buffer of element type dt (zeros if it had none); converts the
+ * element type by reinterpretation when the storage holds another type of the same byte size
+ * is not supported and returns PJ_ERR_UNIMPLEMENTED. */
+pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt);
+
+/* Bytes held by live storages on a device, and the peak since the last reset. */
+int64_t pj_storage_bytes_in_use(int device);
+int64_t pj_storage_peak_bytes(int device);
+void pj_storage_reset_peak(int device);
+int64_t pj_storage_live_count(void);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

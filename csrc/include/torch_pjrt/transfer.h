@@ -1,0 +1,30 @@
+/* Host <-> device copies. Uploads are asynchronous (PJRT copies the host data during the call
+ * with kImmutableOnlyDuringCall semantics, so the caller may reuse its memory at once).
+ * Downloads block until the bytes are on the host: this is where Python waits for the device. */
+#ifndef TORCH_PJRT_TRANSFER_H
+#define TORCH_PJRT_TRANSFER_H
+#include <stdint.h>
+#include <stddef.h>
+#include "torch_pjrt/status.h"
+#include "torch_pjrt/dtype.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+struct PJRT_Buffer;
+
+/* Creates a device buffer of shape dims[rank] (row-major) from contiguous host data. */
+pj_status_t *pj_transfer_to_device(int device, const void *data, pj_dtype_t dt,
+                                   const int64_t *dims, int rank, struct PJRT_Buffer **out);
+/* Copies a whole device buffer into host memory of `nbytes` (must equal the buffer's size). */
+pj_status_t *pj_transfer_to_host(struct PJRT_Buffer *buf, void *dst, size_t nbytes);
+/* Waits until the buffer's contents are computed; surfaces any device error. */
+pj_status_t *pj_buffer_await(struct PJRT_Buffer *buf);
+/* Non-blocking: 1 if ready, 0 if still pending. */
+int pj_buffer_is_ready(struct PJRT_Buffer *buf);
+void pj_buffer_destroy(struct PJRT_Buffer *buf);
+size_t pj_buffer_nbytes(struct PJRT_Buffer *buf);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

@@ -1,0 +1,121 @@
+#define _POSIX_C_SOURCE 200809L
+/* Compilation and execution of single-device programs. */
+#include "torch_pjrt/exec.h"
+
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "api_check.h"
+#include "torch_pjrt/metrics.h"
+#include "torch_pjrt/runtime.h"
+
+struct pj_program {
+  PJRT_LoadedExecutable *exe;
+  size_t num_outputs;
+};
+
+/* xla.CompileOptionsProto with executable_build_options (field 3) { num_replicas (4) = 1,
+ * num_partitions (5) = 1 }. Empty options are unsafe: the default replica count is 0. */
+static const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+
+static int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out) {
+  pj_runtime_t *rt;
+  PJ_TRY(pj_runtime_get(&rt));
+  const PJRT_Api *api = pj_runtime_api(rt);
+  PJ_API_SLOT(compile, api, PJRT_Client_Compile);
+  PJRT_Program prog = {.struct_size = PJRT_Program_STRUCT_SIZE,
+                       .code = (char *)text,
+                       .code_size = len,
+                       .format = "mlir",
+                       .format_size = 4};
+  PJRT_Client_Compile_Args a = {.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE,
+                                .client = pj_runtime_client(rt),
+                                .program = &prog,
+                                .compile_options = kCompileOptions,
+                                .compile_options_size = sizeof kCompileOptions};
+  int64_t t0 = now_ns();
+  PJ_TRY(pj_runtime_take_error(rt, compile(&a), "compile"));
+  pj_metric_add(PJ_METRIC_COMPILE_NS, now_ns() - t0);
+  pj_metric_add(PJ_METRIC_COMPILES, 1);
+
+  pj_program_t *p = calloc(1, sizeof *p);
+  if (!p) return pj_status_new(PJ_ERR_OOM, "out of host memory");
+  p->exe = a.executable;
+  PJRT_LoadedExecutable_GetExecutable_Args ga = {
+      .struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE,
+      .loaded_executable = p->exe};
+  pj_status_t *st = pj_runtime_take_error(rt, api->PJRT_LoadedExecutable_GetExecutable(&ga),
+                                          "get executable");
+  if (!st) {
+    PJRT_Executable_NumOutputs_Args na = {
+        .struct_size = PJRT_Executable_NumOutputs_Args_STRUCT_SIZE, .executable = ga.executable};
+    st = pj_runtime_take_error(rt, api->PJRT_Executable_NumOutputs(&na), "num outputs");
+    p->num_outputs = na.num_outputs;
+    PJRT_Executable_Destroy_Args d = {.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE,
+                                      .executable = ga.executable};
+    api->PJRT_Executable_Destroy(&d);
+  }
+  if (st) {
+    pj_program_free(p);
+    return st;
+  }
+  *out = p;
+  return NULL;
+}
+
+void pj_program_free(pj_program_t *p) {
+  if (!p) return;
+  pj_runtime_t *rt;
+  pj_status_t *st = pj_runtime_get(&rt);
+  if (!st && p->exe) {
+    PJRT_LoadedExecutable_Destroy_Args d = {
+        .struct_size = PJRT_LoadedExecutable_Destroy_Args_STRUCT_SIZE, .executable = p->exe};
+    st = pj_runtime_take_error(rt, pj_runtime_api(rt)->PJRT_LoadedExecutable_Destroy(&d),
+                               "destroy executable");
+  }
+  pj_status_free(st);
+  free(p);
+}
+
+size_t pj_program_num_outputs(const pj_program_t *p) { return p->num_outputs; }
+
+pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const *args,
+                                size_t nargs, const bool *donate, PJRT_Buffer **outs) {
+  pj_runtime_t *rt;
+  PJ_TRY(pj_runtime_get(&rt));
+  const PJRT_Api *api = pj_runtime_api(rt);
+  PJ_API_SLOT(execute, api, PJRT_LoadedExecutable_Execute);
+  /* Donation is opt-in per argument: everything not marked is listed as non-donatable, so a
+   * program compiled with aliasing can still be run without consuming an input. */
+  int64_t keep_small[64];
+  int64_t *keep = nargs <= 64 ? keep_small : malloc(nargs * sizeof *keep);
+  if (!keep) return pj_status_new(PJ_ERR_OOM, "out of host memory");
+  size_t nkeep = 0;
+  for (size_t i = 0; i < nargs; i++)
+    if (!donate || !donate[i]) keep[nkeep++] = (int64_t)i;
+  PJRT_ExecuteOptions opts = {.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE,
+                              .non_donatable_input_indices = keep,
+                              .num_non_donatable_input_indices = nkeep};
+  PJRT_Buffer *const *arg_lists[1] = {args};
+  PJRT_Buffer **out_lists[1] = {outs};
+  PJRT_LoadedExecutable_Execute_Args a = {
+      .struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE,
+      .executable = p->exe,
+      .options = &opts,
+      .argument_lists = arg_lists,
+      .num_devices = 1,
+      .num_args = nargs,
+      .output_lists = out_lists,
+      .execute_device = pj_runtime_device(rt, device)};
+  pj_status_t *st = pj_runtime_take_error(rt, execute(&a), "execute");
+  if (keep != keep_small) free(keep);
+  if (!st) pj_metric_add(PJ_METRIC_EXECUTIONS, 1);
+  return st;
+}

@@ -1,0 +1,23 @@
+#include "torch_pjrt/metrics.h"
+#include <stdatomic.h>
+
+static _Atomic int64_t counters[PJ_NUM_METRICS];
+static const char *const kNames[PJ_NUM_METRICS] = {
+    [PJ_METRIC_COMPILES] = "compiles",
+    [PJ_METRIC_CACHE_HITS] = "cache_hits",
+    [PJ_METRIC_CACHE_MISSES] = "cache_misses",
+    [PJ_METRIC_EXECUTIONS] = "executions",
+    [PJ_METRIC_H2D_TRANSFERS] = "transfers_to_device",
+    [PJ_METRIC_D2H_TRANSFERS] = "transfers_to_host",
+    [PJ_METRIC_H2D_BYTES] = "bytes_to_device",
+    [PJ_METRIC_D2H_BYTES] = "bytes_to_host",
+    [PJ_METRIC_FALLBACKS] = "cpu_fallbacks",
+    [PJ_METRIC_COMPILE_NS] = "compile_ns",
+};
+
+void pj_metric_add(pj_metric_t m, int64_t delta) { atomic_fetch_add(&counters[m], delta); }
+int64_t pj_metric_get(pj_metric_t m) { return atomic_load(&counters[m]); }
+const char *pj_metric_name(pj_metric_t m) { return kNames[m]; }
+void pj_metrics_reset(void) {
+  for (int i = 0; i < PJ_NUM_METRICS; i++) atomic_store(&counters[i], 0);
+}

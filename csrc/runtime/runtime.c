@@ -1,0 +1,241 @@
+/* Plugin loading, client creation and device enumeration. One runtime per process, created on
+ * first use under `init_lock` and never destroyed (PJRT clients are not safely destroyable while
+ * buffers may still be referenced by PyTorch storages at interpreter exit). */
+#define _GNU_SOURCE
+#include "torch_pjrt/runtime.h"
+
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "api_check.h"
+
+#define PJ_MAX_DEVICES 64
+
+struct pj_runtime {
+  void *dl;
+  const PJRT_Api *api;
+  PJRT_Client *client;
+  int ndev;
+  PJRT_Device *devices[PJ_MAX_DEVICES];
+  char kinds[PJ_MAX_DEVICES][64];
+  char platform[64];
+  char platform_version[128];
+  char path[1024];
+  char identity[2048];
+};
+
+static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
+static pj_runtime_t *g_runtime;       /* set once, under init_lock */
+static char g_init_error[2048];       /* sticky first failure, re-reported to later callers */
+static pj_code_t g_init_code;
+static char g_configured_path[1024];
+static int g_cpu_device_count = 1;
+
+pj_status_t *pj_runtime_take_error(const pj_runtime_t *rt, PJRT_Error *err, const char *what) {
+  if (!err) return NULL;
+  const PJRT_Api *api = rt->api;
+  PJRT_Error_Message_Args m = {.struct_size = PJRT_Error_Message_Args_STRUCT_SIZE, .error = err};
+  api->PJRT_Error_Message(&m);
+  pj_code_t code = PJ_ERR_RUNTIME;
+  if (PJ_API_HAS(api, PJRT_Error_GetCode)) {
+    PJRT_Error_GetCode_Args g = {.struct_size = PJRT_Error_GetCode_Args_STRUCT_SIZE, .error = err};
+    if (!api->PJRT_Error_GetCode(&g) && g.code == PJRT_Error_Code_RESOURCE_EXHAUSTED)
+      code = PJ_ERR_OOM;
+  }
+  pj_status_t *st = pj_status_new(code, "%s: %.*s", what, (int)m.message_size, m.message);
+  PJRT_Error_Destroy_Args d = {.struct_size = PJRT_Error_Destroy_Args_STRUCT_SIZE, .error = err};
+  api->PJRT_Error_Destroy(&d);
+  return st;
+}
+
+pj_status_t *pj_runtime_configure(const char *plugin_path, int cpu_device_count) {
+  pthread_mutex_lock(&init_lock);
+  pj_status_t *st = NULL;
+  if (g_runtime) {
+    st = pj_status_new(PJ_ERR_RUNTIME, "the PJRT runtime is already initialized");
+  } else {
+    snprintf(g_configured_path, sizeof g_configured_path, "%s", plugin_path ? plugin_path : "");
+    if (cpu_device_count > 0) g_cpu_device_count = cpu_device_count;
+  }
+  pthread_mutex_unlock(&init_lock);
+  return st;
+}
+
+static const char *named_string(const PJRT_NamedValue *v, size_t n, const char *name,
+                                char *buf, size_t cap) {
+  for (size_t i = 0; i < n; i++) {
+    if (strlen(name) == v[i].name_size && memcmp(v[i].name, name, v[i].name_size) == 0) {
+      if (v[i].type == PJRT_NamedValue_kString)
+        snprintf(buf, cap, "%.*s", (int)v[i].value_size, v[i].string_value);
+      else if (v[i].type == PJRT_NamedValue_kInt64)
+        snprintf(buf, cap, "%lld", (long long)v[i].int64_value);
+      return buf;
+    }
+  }
+  return NULL;
+}
+
+static pj_status_t *load_plugin(pj_runtime_t *rt) {
+  const char *path = g_configured_path[0] ? g_configured_path : getenv("TORCH_PJRT_PLUGIN");
+  if (!path || !path[0] || !strchr(path, '/'))
+    return pj_status_new(PJ_ERR_PLUGIN,
+                         "no PJRT plugin file was given (TORCH_PJRT_PLUGIN=%s); install the CPU "
+                         "plugin with `pip install lammps-jax-pjrt-cpu` or point "
+                         "TORCH_PJRT_PLUGIN at a .so exporting GetPjrtApi",
+                         path ? path : "");
+  snprintf(rt->path, sizeof rt->path, "%s", path);
+  /* RTLD_LOCAL: the plugin carries its own copies of LLVM/absl/protobuf symbols; keeping them
+   * local avoids clashes with the copies inside libtorch. */
+  rt->dl = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (!rt->dl)
+    return pj_status_new(PJ_ERR_PLUGIN, "cannot load PJRT plugin %s: %s", path, dlerror());
+  const PJRT_Api *(*get_api)(void) = (const PJRT_Api *(*)(void))dlsym(rt->dl, "GetPjrtApi");
+  if (!get_api)
+    return pj_status_new(PJ_ERR_PLUGIN, "%s does not export GetPjrtApi: not a PJRT plugin", path);
+  const PJRT_Api *api = get_api();
+  if (!api) return pj_status_new(PJ_ERR_PLUGIN, "GetPjrtApi() in %s returned NULL", path);
+  rt->api = api;
+  if (api->pjrt_api_version.major_version != PJRT_API_MAJOR)
+    return pj_status_new(PJ_ERR_PLUGIN,
+                         "PJRT plugin %s has C API major version %d; torch_pjrt supports %d",
+                         path, api->pjrt_api_version.major_version, PJRT_API_MAJOR);
+  /* The slots this runtime needs were all present by C API 0.54; refuse anything older with a
+   * message rather than discovering a missing slot mid-run. Newer plugins are fine: we pass
+   * our own struct sizes and the plugin accepts structs at least as large as it knows. */
+  if (api->pjrt_api_version.minor_version < 54)
+    return pj_status_new(PJ_ERR_PLUGIN,
+                         "PJRT plugin %s has C API 0.%d, older than the 0.54 torch_pjrt needs",
+                         path, api->pjrt_api_version.minor_version);
+  PJ_API_SLOT(init, api, PJRT_Plugin_Initialize);
+  PJRT_Plugin_Initialize_Args ia = {.struct_size = PJRT_Plugin_Initialize_Args_STRUCT_SIZE};
+  return pj_runtime_take_error(rt, init(&ia), "PJRT_Plugin_Initialize");
+}
+
+static pj_status_t *create_client(pj_runtime_t *rt) {
+  const PJRT_Api *api = rt->api;
+  PJ_API_SLOT(create, api, PJRT_Client_Create);
+  PJRT_Client_Create_Args ca = {.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE};
+  /* Only the CPU plugin knows cpu_device_count; other plugins may reject unknown options, so
+   * the option is sent only when the plugin file looks like a CPU plugin. */
+  PJRT_NamedValue opt = {.struct_size = PJRT_NamedValue_STRUCT_SIZE,
+                         .name = "cpu_device_count",
+                         .name_size = strlen("cpu_device_count"),
+                         .type = PJRT_NamedValue_kInt64,
+                         .int64_value = g_cpu_device_count,
+                         .value_size = 1};
+  if (strstr(rt->path, "cpu")) {
+    ca.create_options = &opt;
+    ca.num_options = 1;
+  }
+  PJ_TRY(pj_runtime_take_error(rt, create(&ca), "PJRT_Client_Create"));
+  rt->client = ca.client;
+
+  PJ_API_SLOT(pname, api, PJRT_Client_PlatformName);
+  PJRT_Client_PlatformName_Args pa = {.struct_size = PJRT_Client_PlatformName_Args_STRUCT_SIZE,
+                                      .client = rt->client};
+  PJ_TRY(pj_runtime_take_error(rt, pname(&pa), "PJRT_Client_PlatformName"));
+  snprintf(rt->platform, sizeof rt->platform, "%.*s", (int)pa.platform_name_size,
+           pa.platform_name);
+  PJ_API_SLOT(pver, api, PJRT_Client_PlatformVersion);
+  PJRT_Client_PlatformVersion_Args va = {
+      .struct_size = PJRT_Client_PlatformVersion_Args_STRUCT_SIZE, .client = rt->client};
+  PJ_TRY(pj_runtime_take_error(rt, pver(&va), "PJRT_Client_PlatformVersion"));
+  snprintf(rt->platform_version, sizeof rt->platform_version, "%.*s",
+           (int)va.platform_version_size, va.platform_version);
+
+  PJ_API_SLOT(adev, api, PJRT_Client_AddressableDevices);
+  PJRT_Client_AddressableDevices_Args da = {
+      .struct_size = PJRT_Client_AddressableDevices_Args_STRUCT_SIZE, .client = rt->client};
+  PJ_TRY(pj_runtime_take_error(rt, adev(&da), "PJRT_Client_AddressableDevices"));
+  rt->ndev = (int)(da.num_addressable_devices < PJ_MAX_DEVICES ? da.num_addressable_devices
+                                                              : PJ_MAX_DEVICES);
+  if (rt->ndev == 0) return pj_status_new(PJ_ERR_PLUGIN, "the PJRT plugin reports no devices");
+  PJ_API_SLOT(getdesc, api, PJRT_Device_GetDescription);
+  PJ_API_SLOT(kind, api, PJRT_DeviceDescription_Kind);
+  for (int i = 0; i < rt->ndev; i++) {
+    rt->devices[i] = da.addressable_devices[i];
+    PJRT_Device_GetDescription_Args ga = {
+        .struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE, .device = rt->devices[i]};
+    PJ_TRY(pj_runtime_take_error(rt, getdesc(&ga), "PJRT_Device_GetDescription"));
+    PJRT_DeviceDescription_Kind_Args ka = {
+        .struct_size = PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE,
+        .device_description = ga.device_description};
+    PJ_TRY(pj_runtime_take_error(rt, kind(&ka), "PJRT_DeviceDescription_Kind"));
+    snprintf(rt->kinds[i], sizeof rt->kinds[i], "%.*s", (int)ka.device_kind_size,
+             ka.device_kind);
+  }
+
+  char xla[128] = "", shlo[64] = "";
+  if (PJ_API_HAS(api, PJRT_Plugin_Attributes)) {
+    PJRT_Plugin_Attributes_Args aa = {.struct_size = PJRT_Plugin_Attributes_Args_STRUCT_SIZE};
+    pj_status_t *st = pj_runtime_take_error(rt, api->PJRT_Plugin_Attributes(&aa), "attributes");
+    if (st) {
+      pj_status_free(st); /* attributes are informational; identity falls back to the rest */
+    } else {
+      named_string(aa.attributes, aa.num_attributes, "xla_version", xla, sizeof xla);
+      named_string(aa.attributes, aa.num_attributes, "stablehlo_current_version", shlo,
+                   sizeof shlo);
+    }
+  }
+  snprintf(rt->identity, sizeof rt->identity, "%s|%s|api%d.%d|xla%s|shlo%s|%s", rt->platform,
+           rt->platform_version, api->pjrt_api_version.major_version,
+           api->pjrt_api_version.minor_version, xla, shlo, rt->path);
+  return NULL;
+}
+
+pj_status_t *pj_runtime_get(pj_runtime_t **out) {
+  /* Fast path without the lock: g_runtime is written once, before any reader can see it. */
+  pj_runtime_t *rt = __atomic_load_n(&g_runtime, __ATOMIC_ACQUIRE);
+  if (rt) {
+    *out = rt;
+    return NULL;
+  }
+  pthread_mutex_lock(&init_lock);
+  pj_status_t *st = NULL;
+  if (g_runtime) {
+    *out = g_runtime;
+  } else if (g_init_error[0]) {
+    st = pj_status_new(g_init_code, "%s", g_init_error);
+  } else {
+    rt = calloc(1, sizeof *rt);
+    if (!rt) {
+      st = pj_status_new(PJ_ERR_OOM, "out of memory creating the runtime");
+    } else {
+      st = load_plugin(rt);
+      if (!st) st = create_client(rt);
+      if (st) {
+        /* Keep the plugin mapped (it may have started threads); remember the failure. */
+        snprintf(g_init_error, sizeof g_init_error, "%s", pj_status_message(st));
+        g_init_code = pj_status_code(st);
+        free(rt);
+      } else {
+        __atomic_store_n(&g_runtime, rt, __ATOMIC_RELEASE);
+        *out = rt;
+      }
+    }
+  }
+  pthread_mutex_unlock(&init_lock);
+  return st;
+}
+
+bool pj_runtime_ready(void) { return __atomic_load_n(&g_runtime, __ATOMIC_ACQUIRE) != NULL; }
+int pj_runtime_device_count(const pj_runtime_t *rt) { return rt->ndev; }
+const char *pj_runtime_platform_name(const pj_runtime_t *rt) { return rt->platform; }
+const char *pj_runtime_platform_version(const pj_runtime_t *rt) { return rt->platform_version; }
+const char *pj_runtime_device_kind(const pj_runtime_t *rt, int device) {
+  return device >= 0 && device < rt->ndev ? rt->kinds[device] : "";
+}
+const char *pj_runtime_plugin_path(const pj_runtime_t *rt) { return rt->path; }
+void pj_runtime_api_version(const pj_runtime_t *rt, int *major, int *minor) {
+  *major = rt->api->pjrt_api_version.major_version;
+  *minor = rt->api->pjrt_api_version.minor_version;
+}
+const char *pj_runtime_identity(const pj_runtime_t *rt) { return rt->identity; }
+const PJRT_Api *pj_runtime_api(const pj_runtime_t *rt) { return rt->api; }
+PJRT_Client *pj_runtime_client(const pj_runtime_t *rt) { return rt->client; }
+PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device) {
+  return device >= 0 && device < rt->ndev ? rt->devices[device] : NULL;
+}
