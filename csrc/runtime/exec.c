@@ -9,6 +9,7 @@
 #include "api_check.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
+#include "torch_pjrt/stream.h"
 
 struct pj_program {
   PJRT_LoadedExecutable *exe;
@@ -105,6 +106,9 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const 
                               .num_non_donatable_input_indices = nkeep};
   PJRT_Buffer *const *arg_lists[1] = {args};
   PJRT_Buffer **out_lists[1] = {outs};
+  /* The device-complete event goes to stream.c, which owns it from here on: it is what
+   * synchronize(), Stream and Event wait on and time. */
+  PJRT_Event *done[1] = {NULL};
   PJRT_LoadedExecutable_Execute_Args a = {
       .struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE,
       .executable = p->exe,
@@ -113,9 +117,13 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const 
       .num_devices = 1,
       .num_args = nargs,
       .output_lists = out_lists,
+      .device_complete_events = done,
       .execute_device = pj_runtime_device(rt, device)};
   pj_status_t *st = pj_runtime_take_error(rt, execute(&a), "execute");
   if (keep != keep_small) free(keep);
-  if (!st) pj_metric_add(PJ_METRIC_EXECUTIONS, 1);
+  if (!st) {
+    pj_metric_add(PJ_METRIC_EXECUTIONS, 1);
+    pj_stream_track(device, done[0]);
+  }
   return st;
 }
