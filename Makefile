@@ -14,7 +14,7 @@ CXX_OBJS := $(patsubst csrc/%.cpp,build/obj/%.o,$(CXX_SRCS))
 C_TESTS := $(patsubst tests/c/%.c,build/tests/%,$(wildcard tests/c/test_*.c))
 
 CFLAGS ?= -O2 -g
-CFLAGS += -std=c11 -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include
+CFLAGS += -std=c11 -D_DEFAULT_SOURCE -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include
 CXXFLAGS ?= -O2 -g
 CXXFLAGS += -std=c++17 -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include \
   -Icsrc/bridge -isystem $(TORCH_DIR)/include -isystem $(TORCH_DIR)/include/torch/csrc/api/include \

@@ -25,17 +25,34 @@ pj_runtime_t* runtime();
 c10::DeviceAllocator* device_allocator();
 pj_storage_t* storage_of(const at::Tensor& t);  // nullptr if not a tpu tensor
 pj_storage_t* storage_of(const c10::Storage& s);
-// Replaces the storage behind `s` with a new one of `nbytes` (used by resize_).
+// A DataPtr owning a new storage of `nbytes` on `device` (used by allocate() and by resize_,
+// which swaps it into the StorageImpl). Initializes the runtime; checks the device index.
 c10::DataPtr allocate_storage(int device, size_t nbytes);
+
+// guard.cpp: the calling thread's current device (tpu:current; starts at 0), the bounds-checked
+// setter, and the number of devices (0 when the runtime cannot start: never throws).
+c10::DeviceIndex current_device();
+void set_device(c10::DeviceIndex index);
+c10::DeviceIndex device_count() noexcept;
+
+// pinned.cpp: the host allocator behind pin_memory() (plain aligned host memory; PJRT copies
+// from any host memory, so "pinned" only promises is_pinned() and recognizes its own blocks).
+c10::Allocator* pinned_allocator();
+bool is_pinned_ptr(const void* p);
 
 // generator.cpp: the per-device default generator (Philox-style seed + offset counter).
 // Returns (seed, offset) for a random op consuming `increment` counter values and advances it.
 std::pair<uint64_t, uint64_t> rng_next(const std::optional<at::Generator>& gen, int device,
                                        uint64_t increment);
 const at::Generator& default_generator(int device);
+// A new generator for `device` (< 0: the current device), as torch.Generator("tpu") makes.
+at::Generator make_generator(int device);
 
 // dispatch.cpp: registers the boxed fallback and the required kernels (TORCH_LIBRARY_IMPL).
 // copy.cpp: host<->device and device<->device copies (used by _copy_from).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+// copy.cpp: grows (never shrinks) a tpu storage to nbytes, keeping its contents. Used by resize_
+// and by the hooks' resizePrivateUse1Bytes.
+void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
 
 }  // namespace torch_pjrt

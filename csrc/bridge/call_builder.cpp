@@ -1,0 +1,213 @@
+#include "call_builder.h"
+
+namespace torch_pjrt {
+
+pj_dtype_t to_pj_dtype(at::ScalarType t) {
+  switch (t) {
+    case at::kBool: return PJ_BOOL;
+    case at::kByte: return PJ_U8;
+    case at::kChar: return PJ_I8;
+    case at::kShort: return PJ_I16;
+    case at::kInt: return PJ_I32;
+    case at::kLong: return PJ_I64;
+    case at::kHalf: return PJ_F16;
+    case at::kBFloat16: return PJ_BF16;
+    case at::kFloat: return PJ_F32;
+    case at::kDouble: return PJ_F64;
+    case at::kComplexFloat: return PJ_C64;
+    case at::kComplexDouble: return PJ_C128;
+    default: TORCH_CHECK_TYPE(false, "dtype ", t, " is not supported on the tpu device");
+  }
+}
+
+at::ScalarType from_pj_dtype(pj_dtype_t t) {
+  static const at::ScalarType map[PJ_NUM_DTYPES] = {
+      at::kBool,  at::kByte,     at::kChar,  at::kShort,  at::kInt,          at::kLong,
+      at::kHalf,  at::kBFloat16, at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble};
+  return map[t];
+}
+
+CallBuilder::CallBuilder(const std::string& op, const std::string& overload, int device)
+    : c_(new pj_call_t()) {
+  c_->op = keep(op);
+  c_->overload = keep(overload);
+  c_->device = device;
+}
+
+const char* CallBuilder::keep(const std::string& s) {
+  strings_.push_back(s);
+  return strings_.back().c_str();
+}
+
+pj_arg_t& CallBuilder::new_arg(const std::string& name, pj_arg_kind_t kind) {
+  TORCH_CHECK(c_->nargs < PJ_CALL_MAX_ARGS, "too many arguments for aten::", c_->op);
+  pj_arg_t& a = c_->args[c_->nargs++];
+  a = pj_arg_t{};
+  a.name = keep(name);
+  a.kind = kind;
+  return a;
+}
+
+int CallBuilder::slot_for(const at::Tensor& t, bool reading) {
+  pj_storage_t* s = storage_of(t);
+  TORCH_CHECK(s != nullptr, "internal: tensor on ", t.device(), " has no tpu storage");
+  auto it = slots_.find(s);
+  int idx;
+  if (it != slots_.end()) {
+    idx = it->second;
+  } else {
+    TORCH_CHECK(c_->nslots < PJ_CALL_MAX_SLOTS, "too many distinct storages in one op");
+    idx = c_->nslots++;
+    slots_[s] = idx;
+    slot_read_.push_back(false);
+    slot_partial_write_.push_back(false);
+    pj_slot_t& sl = c_->slots[idx];
+    sl.storage = s;
+    sl.dtype = s->buf ? s->dtype : to_pj_dtype(t.scalar_type());
+    size_t item = pj_dtype_info(sl.dtype)->itemsize;
+    sl.numel = static_cast<int64_t>(s->nbytes / item);
+  }
+  if (reading) slot_read_[idx] = true;
+  return idx;
+}
+
+void CallBuilder::describe(const at::Tensor& t, pj_tensor_desc_t* d, bool reading) {
+  *d = pj_tensor_desc_t{};
+  d->dtype = to_pj_dtype(t.scalar_type());
+  d->rank = static_cast<int>(t.dim());
+  TORCH_CHECK_NOT_IMPLEMENTED(d->rank <= PJ_MAX_RANK, "tensors of rank ", d->rank,
+                              " are not supported on tpu (at most ", PJ_MAX_RANK, ")");
+  for (int i = 0; i < d->rank; i++) {
+    d->sizes[i] = t.size(i);
+    d->strides[i] = t.stride(i);
+  }
+  if (t.device().type() == c10::DeviceType::CPU) {
+    TORCH_CHECK(t.dim() == 0, "Expected all tensors to be on the same device, but found at "
+                "least two devices, tpu:", c_->device, " and cpu!");
+    // A 0-d CPU tensor (Python number or scalar tensor) travels by value.
+    TORCH_CHECK(c_->nscalars < PJ_CALL_MAX_SCALARS, "too many scalar arguments");
+    int si = c_->nscalars++;
+    pj_scalar_t& s = c_->scalars[si];
+    s.dtype = d->dtype;
+    if (t.is_complex()) {
+      auto v = t.item<c10::complex<double>>();
+      s.f = v.real();
+      s.imag = v.imag();
+    } else if (t.is_floating_point()) {
+      s.f = t.item<double>();
+      // half types have no scalar upload path; they arrive as f32 and convert in-program
+      if (s.dtype == PJ_F16 || s.dtype == PJ_BF16) s.dtype = PJ_F32;
+    } else {
+      s.i = t.item<int64_t>();
+    }
+    d->slot = -1;
+    d->scalar = si;
+    d->wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
+    return;
+  }
+  TORCH_CHECK(t.device().type() == c10::DeviceType::PrivateUse1,
+              "Expected all tensors to be on the same device, but found at least two devices, "
+              "tpu:", c_->device, " and ", t.device(), "!");
+  TORCH_CHECK(t.device().index() == c_->device || t.device().index() < 0,
+              "Expected all tensors to be on the same device, but found at least two devices, "
+              "tpu:", c_->device, " and ", t.device(), "!");
+  d->offset = t.storage_offset();
+  d->slot = slot_for(t, reading);
+  keep_alive_.push_back(t);
+}
+
+void CallBuilder::add_none(const std::string& name) { new_arg(name, PJ_ARG_NONE); }
+
+void CallBuilder::add_tensor(const std::string& name, const at::Tensor& t) {
+  if (!t.defined()) return add_none(name);
+  TORCH_CHECK(c_->ntensors < PJ_CALL_MAX_TENSORS, "too many tensor arguments");
+  pj_arg_t& a = new_arg(name, PJ_ARG_TENSOR);
+  a.first = c_->ntensors++;
+  a.count = 1;
+  describe(t, &c_->tensors[a.first], true);
+}
+
+void CallBuilder::add_tensor_list(const std::string& name, const std::vector<at::Tensor>& ts) {
+  TORCH_CHECK(c_->ntensors + static_cast<int>(ts.size()) <= PJ_CALL_MAX_TENSORS,
+              "too many tensor arguments (", ts.size(), ")");
+  pj_arg_t& a = new_arg(name, PJ_ARG_TENSORS);
+  a.first = c_->ntensors;
+  a.count = static_cast<int>(ts.size());
+  c_->ntensors += a.count;
+  for (size_t i = 0; i < ts.size(); i++) {
+    pj_tensor_desc_t* d = &c_->tensors[a.first + i];
+    if (!ts[i].defined()) {
+      *d = pj_tensor_desc_t{};
+      d->rank = -1;
+      d->slot = -1;
+    } else {
+      describe(ts[i], d, true);
+    }
+  }
+}
+
+void CallBuilder::add_scalar(const std::string& name, const c10::Scalar& s) {
+  TORCH_CHECK(c_->nscalars < PJ_CALL_MAX_SCALARS, "too many scalar arguments");
+  pj_arg_t& a = new_arg(name, PJ_ARG_SCALAR);
+  a.first = c_->nscalars++;
+  pj_scalar_t& v = c_->scalars[a.first];
+  v = pj_scalar_t{};
+  if (s.isBoolean()) {
+    v.dtype = PJ_BOOL;
+    v.i = s.toBool();
+  } else if (s.isIntegral(false)) {
+    v.dtype = PJ_I64;
+    v.i = s.toLong();
+  } else if (s.isComplex()) {
+    v.dtype = PJ_C128;
+    auto z = s.toComplexDouble();
+    v.f = z.real();
+    v.imag = z.imag();
+  } else {
+    v.dtype = PJ_F64;
+    v.f = s.toDouble();
+  }
+}
+
+void CallBuilder::add_int(const std::string& name, int64_t v) { new_arg(name, PJ_ARG_INT).i = v; }
+void CallBuilder::add_bool(const std::string& name, bool v) { new_arg(name, PJ_ARG_BOOL).i = v; }
+void CallBuilder::add_float(const std::string& name, double v) {
+  new_arg(name, PJ_ARG_FLOAT).f = v;
+}
+void CallBuilder::add_ints(const std::string& name, c10::IntArrayRef v) {
+  TORCH_CHECK(c_->nints + static_cast<int>(v.size()) <= PJ_CALL_MAX_INTS, "int list too long");
+  pj_arg_t& a = new_arg(name, PJ_ARG_INTS);
+  a.first = c_->nints;
+  a.count = static_cast<int>(v.size());
+  for (auto x : v) c_->ints[c_->nints++] = x;
+}
+void CallBuilder::add_floats(const std::string& name, c10::ArrayRef<double> v) {
+  TORCH_CHECK(c_->nfloats + static_cast<int>(v.size()) <= PJ_CALL_MAX_INTS, "list too long");
+  pj_arg_t& a = new_arg(name, PJ_ARG_FLOATS);
+  a.first = c_->nfloats;
+  a.count = static_cast<int>(v.size());
+  for (auto x : v) c_->floats[c_->nfloats++] = x;
+}
+void CallBuilder::add_str(const std::string& name, const std::string& v) {
+  new_arg(name, PJ_ARG_STR).s = keep(v);
+}
+
+void CallBuilder::add_out(const at::Tensor& dst) {
+  TORCH_CHECK(c_->nout < PJ_CALL_MAX_OUTS, "too many outputs");
+  TORCH_CHECK(dst.device().type() == c10::DeviceType::PrivateUse1,
+              "Expected out tensor to be on tpu, but got ", dst.device());
+  pj_tensor_desc_t* d = &c_->outs[c_->nout++];
+  describe(dst, d, false);
+  // A write that does not cover the whole storage must start from its current contents.
+  size_t item = pj_dtype_info(d->dtype)->itemsize;
+  bool whole = dst.storage_offset() == 0 && dst.is_non_overlapping_and_dense() &&
+               static_cast<size_t>(dst.numel()) * item == dst.storage().nbytes();
+  if (!whole) slot_partial_write_[d->slot] = true;
+}
+
+void CallBuilder::run() {
+  for (int s = 0; s < c_->nslots; s++) c_->slots[s].read = slot_read_[s] || slot_partial_write_[s];
+  check(pj_call_run(c_.get()));
+}
+
+}  // namespace torch_pjrt

@@ -1,0 +1,54 @@
+// Builds a pj_call_t from PyTorch values: tensors become views into storage slots, Python
+// numbers and 0-d CPU tensors become scalar arguments, destinations become outs.
+#pragma once
+#include <deque>
+#include <memory>
+#include <string>
+#include <unordered_map>
+#include <vector>
+
+#include "bridge.h"
+extern "C" {
+#include "torch_pjrt/call.h"
+}
+
+namespace torch_pjrt {
+
+pj_dtype_t to_pj_dtype(at::ScalarType t);  // throws TypeError for unsupported dtypes
+at::ScalarType from_pj_dtype(pj_dtype_t t);
+
+class CallBuilder {
+ public:
+  CallBuilder(const std::string& op, const std::string& overload, int device);
+  pj_call_t& call() { return *c_; }
+
+  void add_none(const std::string& name);
+  void add_tensor(const std::string& name, const at::Tensor& t);  // undefined -> None
+  void add_tensor_list(const std::string& name, const std::vector<at::Tensor>& ts);
+  void add_scalar(const std::string& name, const c10::Scalar& s);
+  void add_int(const std::string& name, int64_t v);
+  void add_bool(const std::string& name, bool v);
+  void add_float(const std::string& name, double v);
+  void add_ints(const std::string& name, c10::IntArrayRef v);
+  void add_floats(const std::string& name, c10::ArrayRef<double> v);
+  void add_str(const std::string& name, const std::string& v);
+  // A destination view (written by the program). Must be a tpu tensor.
+  void add_out(const at::Tensor& dst);
+  // Compiles/executes; throws the matching Python exception on failure.
+  void run();
+
+ private:
+  const char* keep(const std::string& s);
+  pj_arg_t& new_arg(const std::string& name, pj_arg_kind_t kind);
+  void describe(const at::Tensor& t, pj_tensor_desc_t* d, bool reading);
+  int slot_for(const at::Tensor& t, bool reading);
+
+  std::unique_ptr<pj_call_t> c_;
+  std::deque<std::string> strings_;
+  std::unordered_map<pj_storage_t*, int> slots_;
+  std::vector<bool> slot_read_;
+  std::vector<bool> slot_partial_write_;
+  std::vector<at::Tensor> keep_alive_;
+};
+
+}  // namespace torch_pjrt

@@ -1,0 +1,123 @@
+// Copies between host and device and within the device, and storage growth. A device copy into
+// a view is the "_pj_copy" lowering with the view as destination (dtype conversion and
+// broadcasting included), so copy_ into slices, transposes or diagonals updates the base.
+#include <ATen/ops/empty.h>
+
+#include "call_builder.h"
+extern "C" {
+#include "torch_pjrt/transfer.h"
+}
+
+namespace torch_pjrt {
+namespace {
+
+bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// True when t is exactly its whole storage, row-major, and the storage holds t's dtype (or
+// nothing yet): then the storage buffer itself is t's data.
+bool is_whole_storage(const at::Tensor& t) {
+  pj_storage_t* s = storage_of(t);
+  return s && t.storage_offset() == 0 && t.is_contiguous() &&
+         static_cast<size_t>(t.numel()) * t.element_size() == s->nbytes &&
+         (!s->buf || s->dtype == to_pj_dtype(t.scalar_type()));
+}
+
+void device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  CallBuilder b("_pj_copy", "", dst.device().index() < 0 ? 0 : dst.device().index());
+  b.add_tensor("src", src);
+  b.add_out(dst);
+  b.run();
+}
+
+// A contiguous host tensor with src's values (src on tpu).
+at::Tensor to_host(const at::Tensor& src) {
+  at::Tensor dev = src;
+  if (!is_whole_storage(dev)) {
+    dev = at::empty(src.sizes(), src.options());
+    device_copy(src, dev);
+  }
+  pj_storage_t* s = storage_of(dev);
+  at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
+  if (host.numel() == 0) return host;
+  check(pj_storage_materialize(s, to_pj_dtype(dev.scalar_type())));
+  check(pj_transfer_to_host(s->buf, host.data_ptr(), host.nbytes()));
+  return host;
+}
+
+// Uploads host data (any layout, any dtype) into dst (tpu, any view).
+void from_host(const at::Tensor& src, const at::Tensor& dst) {
+  at::Tensor h = src.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+  int device = dst.device().index() < 0 ? 0 : dst.device().index();
+  if (is_whole_storage(dst)) {
+    pj_storage_t* s = storage_of(dst);
+    int64_t n = dst.numel();
+    PJRT_Buffer* buf = nullptr;
+    check(pj_transfer_to_device(device, h.data_ptr(), to_pj_dtype(h.scalar_type()), &n, 1, &buf));
+    pj_storage_swap(s, buf, to_pj_dtype(h.scalar_type()));
+    return;
+  }
+  at::Tensor staging = at::empty(dst.sizes(), dst.options().memory_format(c10::MemoryFormat::Contiguous));
+  from_host(h, staging);
+  device_copy(staging, dst);
+}
+
+}  // namespace
+
+at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  if (dst.numel() == 0) return dst;
+  if (is_tpu(self) && is_tpu(dst)) {
+    if (self.device() == dst.device()) {
+      device_copy(self, dst);
+    } else {
+      from_host(to_host(self), dst);
+    }
+  } else if (is_tpu(dst)) {
+    from_host(self, dst);
+  } else if (is_tpu(self)) {
+    dst.copy_(to_host(self));
+  } else {
+    TORCH_CHECK(false, "copy between ", self.device(), " and ", dst.device(),
+                " reached the tpu backend");
+  }
+  return dst;
+}
+
+void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
+  pj_storage_t* old = static_cast<pj_storage_t*>(storage->data_ptr().get_context());
+  TORCH_CHECK(old != nullptr, "resize of a storage that is not a tpu storage");
+  if (nbytes <= storage->nbytes()) return;
+  TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
+  c10::DataPtr fresh = allocate_storage(old->device, nbytes);
+  pj_storage_t* ns = static_cast<pj_storage_t*>(fresh.get_context());
+  if (old->buf && old->nbytes > 0) {
+    // copy the old contents into the front of the new storage, in the old element type
+    size_t item = pj_dtype_info(old->dtype)->itemsize;
+    TORCH_CHECK(nbytes % item == 0, "resize to ", nbytes, " bytes, not a multiple of ", item);
+    CallBuilder b("_pj_copy", "", old->device);
+    pj_call_t& c = b.call();
+    c.nslots = 2;
+    c.slots[0] = pj_slot_t{old, old->dtype, static_cast<int64_t>(old->nbytes / item), true};
+    c.slots[1] = pj_slot_t{ns, old->dtype, static_cast<int64_t>(nbytes / item), false};
+    pj_arg_t& a = c.args[c.nargs++];
+    a = pj_arg_t{};
+    a.name = "src";
+    a.kind = PJ_ARG_TENSOR;
+    a.first = c.ntensors++;
+    a.count = 1;
+    pj_tensor_desc_t& d = c.tensors[a.first];
+    d = pj_tensor_desc_t{};
+    d.dtype = old->dtype;
+    d.rank = 1;
+    d.sizes[0] = static_cast<int64_t>(old->nbytes / item);
+    d.strides[0] = 1;
+    d.slot = 0;
+    pj_tensor_desc_t& o = c.outs[c.nout++];
+    o = d;
+    o.slot = 1;
+    check(pj_call_run(&c));
+  }
+  storage->set_data_ptr_noswap(std::move(fresh));
+  storage->set_nbytes(nbytes);
+}
+
+}  // namespace torch_pjrt

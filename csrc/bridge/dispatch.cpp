@@ -1,0 +1,307 @@
+// The one boxed kernel behind every aten op on tpu: schema-driven translation of the call into
+// a pj_call_t (arguments by name), output metadata from PyTorch's Meta kernels (so dtype
+// promotion, broadcasting and error checks match CPU), destinations for functional, in-place
+// and out= variants, and the CPU fallback for ops without a lowering. No op semantics here.
+#include <ATen/native/CPUFallback.h>
+#include <ATen/native/Resize.h>
+#include <c10/util/irange.h>
+#include <torch/library.h>
+
+#include <mutex>
+#include <set>
+#include <unordered_map>
+
+#include "call_builder.h"
+extern "C" {
+#include "torch_pjrt/metrics.h"
+}
+
+namespace torch_pjrt {
+namespace {
+
+bool cpu_fallback_allowed() {
+  static const bool allowed = [] {
+    const char* v = std::getenv("TORCH_PJRT_CPU_FALLBACK");
+    return !(v && std::string(v) == "0");
+  }();
+  return allowed;
+}
+
+std::mutex fallback_mu;
+std::map<std::string, int64_t> fallback_counts;  // guarded by fallback_mu
+
+void run_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                      const std::string& why) {
+  const std::string name = c10::toString(op.schema().operator_name());
+  TORCH_CHECK_NOT_IMPLEMENTED(cpu_fallback_allowed(), "The operator '", name,
+                              "' is not implemented for the tpu device (", why,
+                              ") and TORCH_PJRT_CPU_FALLBACK=0 forbids running it on the CPU.");
+  bool first;
+  {
+    std::lock_guard<std::mutex> g(fallback_mu);
+    first = fallback_counts[name]++ == 0;
+  }
+  if (first)
+    TORCH_WARN("The operator '", name, "' is not lowered for the tpu device (", why,
+               "); it runs on the CPU with copies (counted in torch.tpu.fallback_ops()).");
+  pj_metric_add(PJ_METRIC_FALLBACKS, 1);
+  at::native::cpu_fallback(op, stack);
+}
+
+std::string base_name(const c10::FunctionSchema& schema) {
+  std::string n = schema.name();
+  if (n.rfind("aten::", 0) == 0) n = n.substr(6);
+  // in-place variant: trailing single underscore (not dunder names like __and__)
+  if (n.size() > 1 && n.back() == '_' && n[n.size() - 2] != '_') n.pop_back();
+  return n;
+}
+
+bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
+
+// Meta tensors mirroring the tpu arguments: running the op on them gives output shapes, dtypes
+// and strides, and raises exactly the errors CPU raises for bad shapes or dtypes.
+c10::IValue to_meta(const c10::IValue& v) {
+  auto conv = [](const at::Tensor& t) -> at::Tensor {
+    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+    auto m = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
+    return m;
+  };
+  if (v.isTensor()) return conv(v.toTensor());
+  if (v.isTensorList()) {
+    c10::List<at::Tensor> out;
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(conv(t));
+    return out;
+  }
+  if (v.isOptionalTensorList()) {
+    c10::List<std::optional<at::Tensor>> out;
+    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
+      out.push_back(t.has_value() ? std::optional<at::Tensor>(conv(*t)) : std::nullopt);
+    return out;
+  }
+  if (v.isList()) {
+    // generic lists of optional tensors arrive as List[Optional[Tensor]] IValues
+    auto l = v.toList();
+    if (l.size() > 0 && (l.get(0).isTensor() || l.get(0).isNone())) {
+      bool tensors = true;
+      for (const c10::IValue& e : l) tensors = tensors && (e.isTensor() || e.isNone());
+      if (tensors) {
+        c10::List<std::optional<at::Tensor>> out;
+        for (const c10::IValue& e : l)
+          out.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(conv(e.toTensor())));
+        return out;
+      }
+    }
+  }
+  return v;
+}
+
+std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
+  std::vector<at::Tensor> out;
+  if (v.isTensor()) {
+    out.push_back(v.toTensor());
+  } else if (v.isTensorList()) {
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+  } else if (v.isList()) {
+    for (const c10::IValue& e : v.toList())
+      out.push_back(e.isTensor() ? e.toTensor() : at::Tensor());
+  }
+  return out;
+}
+
+int call_device(const torch::jit::Stack& args) {
+  for (const c10::IValue& v : args)
+    for (const at::Tensor& t : tensors_of(v))
+      if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1)
+        return t.device().index() < 0 ? 0 : t.device().index();
+  return 0;
+}
+
+bool is_random_op(const c10::FunctionSchema& schema) {
+  for (const auto& a : schema.arguments())
+    if (a.type()->kind() == c10::TypeKind::OptionalType &&
+        a.type()->expectRef<c10::OptionalType>().getElementType()->kind() ==
+            c10::TypeKind::GeneratorType)
+      return true;
+  return false;
+}
+
+// Philox counter values a random op consumes: one per output element, rounded up to 4 as
+// Philox produces 4 words per counter step. Offsets only need to be disjoint between calls.
+uint64_t rng_increment(const std::vector<at::Tensor>& outs) {
+  uint64_t n = 0;
+  for (const at::Tensor& t : outs) n += static_cast<uint64_t>(t.numel());
+  return (n + 3) / 4 * 4 + 4;
+}
+
+void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v) {
+  const std::string& name = arg.name();
+  if (v.isNone()) return b.add_none(name);
+  c10::TypePtr type = arg.real_type();
+  if (type->kind() == c10::TypeKind::OptionalType)
+    type = type->expectRef<c10::OptionalType>().getElementType();
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType: return b.add_tensor(name, v.toTensor());
+    case c10::TypeKind::NumberType: return b.add_scalar(name, v.toScalar());
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:
+      return b.add_int(name, v.isSymInt() ? v.toSymInt().guard_int(__FILE__, __LINE__)
+                                          : v.toInt());
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType: return b.add_float(name, v.toDouble());
+    case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType: return b.add_bool(name, v.toBool());
+    case c10::TypeKind::StringType: return b.add_str(name, v.toStringRef());
+    case c10::TypeKind::ScalarTypeType:
+      return b.add_int(name, to_pj_dtype(static_cast<at::ScalarType>(v.toInt())));
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::DeviceObjType:
+    case c10::TypeKind::MemoryFormatType:
+    case c10::TypeKind::GeneratorType: return b.add_none(name);
+    case c10::TypeKind::ListType: {
+      auto elem = type->expectRef<c10::ListType>().getElementType();
+      auto ek = elem->kind();
+      if (ek == c10::TypeKind::OptionalType)
+        ek = elem->expectRef<c10::OptionalType>().getElementType()->kind();
+      if (ek == c10::TypeKind::TensorType) return b.add_tensor_list(name, tensors_of(v));
+      if (ek == c10::TypeKind::IntType || ek == c10::TypeKind::SymIntType) {
+        std::vector<int64_t> ints;
+        if (v.isIntList()) {
+          ints = v.toIntVector();
+        } else {
+          for (const c10::IValue& e : v.toList())
+            ints.push_back(e.isSymInt() ? e.toSymInt().guard_int(__FILE__, __LINE__) : e.toInt());
+        }
+        return b.add_ints(name, ints);
+      }
+      if (ek == c10::TypeKind::FloatType) return b.add_floats(name, v.toDoubleVector());
+      if (ek == c10::TypeKind::BoolType) {
+        std::vector<int64_t> ints;
+        for (bool x : v.toBoolList()) ints.push_back(x);
+        return b.add_ints(name, ints);
+      }
+      if (ek == c10::TypeKind::NumberType) {
+        // Scalar[] (e.g. _foreach_add.ScalarList): values are compile-time attributes here
+        std::vector<double> fs;
+        for (const c10::IValue& e : v.toList()) fs.push_back(e.toScalar().toDouble());
+        return b.add_floats(name, fs);
+      }
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "argument type ", type->str(), " of ", name);
+      return;
+    }
+    default:
+      if (v.isTensor()) return b.add_tensor(name, v.toTensor());
+      if (v.isScalar()) return b.add_scalar(name, v.toScalar());
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "argument type ", type->str(), " of ", name);
+  }
+}
+
+void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                  const std::string& base) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  torch::jit::Stack args(stack->end() - nargs, stack->end());
+  const int device = call_device(args);
+  c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
+
+  // 1. Output metadata from the Meta kernel (also raises CPU's errors for bad input).
+  torch::jit::Stack meta;
+  meta.reserve(nargs);
+  for (const c10::IValue& v : args) meta.push_back(to_meta(v));
+  op.callBoxed(&meta);
+  std::vector<c10::IValue> meta_returns(meta.begin(), meta.end());
+
+  // 2. Destinations: returns first (fresh tensors, or the mutated arguments they alias), then
+  //    mutated arguments no return aliases (e.g. batch-norm running stats, foreach in-place).
+  std::vector<at::Tensor> dests;
+  std::vector<c10::IValue> returns;
+  std::set<size_t> covered_args;
+  const auto& rets = schema.returns();
+  for (size_t r = 0; r < rets.size(); r++) {
+    const c10::Argument& ret = rets[r];
+    int aliased = -1;
+    if (ret.alias_info() && ret.alias_info()->isWrite()) {
+      for (size_t a = 0; a < nargs; a++)
+        if (schema.arguments()[a].alias_info() &&
+            schema.arguments()[a].alias_info()->beforeSets() == ret.alias_info()->beforeSets())
+          aliased = static_cast<int>(a);
+    }
+    if (aliased >= 0) {
+      covered_args.insert(aliased);
+      std::vector<at::Tensor> ts = tensors_of(args[aliased]);
+      std::vector<at::Tensor> ms = tensors_of(meta_returns[r]);
+      for (size_t i = 0; i < ts.size(); i++) {
+        // out= tensors of the wrong shape are resized as CPU does
+        if (i < ms.size() && ms[i].defined() && !ts[i].sizes().equals(ms[i].sizes()))
+          at::native::resize_output(ts[i], ms[i].sizes());
+        dests.push_back(ts[i]);
+      }
+      returns.push_back(args[aliased]);
+    } else {
+      const c10::IValue& m = meta_returns[r];
+      if (m.isTensor()) {
+        const at::Tensor& mt = m.toTensor();
+        at::Tensor t = at::empty_strided(
+            mt.sizes(), mt.strides(),
+            mt.options().device(c10::Device(c10::DeviceType::PrivateUse1, device)));
+        dests.push_back(t);
+        returns.push_back(t);
+      } else if (m.isTensorList()) {
+        c10::List<at::Tensor> l;
+        for (const at::Tensor& mt : m.toTensorList()) {
+          at::Tensor t = at::empty_strided(
+              mt.sizes(), mt.strides(),
+              mt.options().device(c10::Device(c10::DeviceType::PrivateUse1, device)));
+          dests.push_back(t);
+          l.push_back(t);
+        }
+        returns.push_back(l);
+      } else {
+        returns.push_back(m);  // non-tensor returns (rare for lowered ops) come from meta
+      }
+    }
+  }
+  for (size_t a = 0; a < nargs; a++)
+    if (is_write(schema.arguments()[a]) && !covered_args.count(a))
+      for (const at::Tensor& t : tensors_of(args[a]))
+        if (t.defined()) dests.push_back(t);
+
+  // 3. The call.
+  CallBuilder b(base, schema.overload_name(), device);
+  for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
+  if (is_random_op(schema)) {
+    std::optional<at::Generator> gen;
+    for (size_t a = 0; a < nargs; a++)
+      if (args[a].isGenerator()) gen = args[a].toGenerator();
+    auto [seed, offset] = rng_next(gen, device, rng_increment(dests));
+    b.add_scalar("__seed", c10::Scalar(static_cast<int64_t>(seed)));
+    b.add_scalar("__offset", c10::Scalar(static_cast<int64_t>(offset)));
+  }
+  for (const at::Tensor& d : dests) {
+    if (d.numel() == 0) continue;  // nothing to write; keeps programs free of empty outputs
+    b.add_out(d);
+  }
+  if (b.call().nout > 0) b.run();
+
+  torch::jit::drop(*stack, nargs);
+  for (auto& r : returns) stack->push_back(std::move(r));
+}
+
+void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const std::string base = base_name(op.schema());
+  if (!pj_lowering_find(base.c_str()))
+    return run_cpu_fallback(op, stack, "no lowering");
+  lowered_call(op, stack, base);
+}
+
+}  // namespace
+
+std::map<std::string, int64_t> fallback_ops() {
+  std::lock_guard<std::mutex> g(fallback_mu);
+  return fallback_counts;
+}
+
+}  // namespace torch_pjrt
+
+TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::boxed_fallback>());
+}

@@ -1,0 +1,149 @@
+// The kernels PyTorch requires a backend to provide itself (tensor creation, metadata-only
+// views, resize/set_, copies, item()). Everything else goes through dispatch.cpp's fallback.
+#include <ATen/EmptyTensor.h>
+#include <ATen/native/Resize.h>
+#include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_native.h>
+#include <ATen/ops/_reshape_alias_native.h>
+#include <torch/library.h>
+
+#include "call_builder.h"
+
+namespace torch_pjrt {
+namespace {
+
+c10::Device tpu_device(std::optional<c10::Device> d) {
+  int idx = d && d->has_index() ? d->index() : c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
+  return c10::Device(c10::DeviceType::PrivateUse1, idx);
+}
+
+at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
+                               std::optional<at::Layout> layout, std::optional<at::Device> device,
+                               std::optional<bool> pin_memory,
+                               std::optional<at::MemoryFormat> memory_format) {
+  c10::DeviceGuard g(tpu_device(device));
+  auto dt = c10::dtype_or_default(dtype);
+  to_pj_dtype(dt);  // unsupported dtypes fail here, with a TypeError
+  return at::detail::empty_generic(size, device_allocator(),
+                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt,
+                                   memory_format);
+}
+
+at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
+                         std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+                         std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  c10::DeviceGuard g(tpu_device(device));
+  auto dt = c10::dtype_or_default(dtype);
+  to_pj_dtype(dt);
+  return at::detail::empty_strided_generic(size, stride, device_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt);
+}
+
+// Grows the storage if the new shape needs more bytes; sizes/strides become contiguous (or the
+// requested memory format), as CPU's resize_ does.
+const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
+                          std::optional<at::MemoryFormat> memory_format) {
+  auto* impl = self.unsafeGetTensorImpl();
+  impl->set_sizes_contiguous(size);
+  if (memory_format && *memory_format != at::MemoryFormat::Preserve)
+    impl->empty_tensor_restride(*memory_format);
+  if (self.numel() > 0) {
+    size_t needed = static_cast<size_t>(
+        (impl->storage_offset() + at::detail::computeStorageNbytes(self.sizes(), self.strides(), 1)) *
+        self.element_size());
+    if (needed > self.storage().nbytes())
+      resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
+  }
+  return self;
+}
+
+at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storage_offset,
+                        c10::SymIntArrayRef size, c10::SymIntArrayRef stride) {
+  auto off = storage_offset.guard_int(__FILE__, __LINE__);
+  auto sizes = C10_AS_INTARRAYREF_SLOW(size);
+  auto strides = C10_AS_INTARRAYREF_SLOW(stride);
+  auto* impl = self.unsafeGetTensorImpl();
+  TORCH_CHECK(storage_of(source) != nullptr || source.nbytes() == 0,
+              "Expected a tpu storage in set_, but got one on ", source.device());
+  impl->set_storage_keep_dtype(std::move(source));
+  impl->set_storage_offset(off);
+  if (strides.empty())
+    impl->set_sizes_contiguous(sizes);
+  else
+    impl->set_sizes_and_strides(sizes, strides);
+  if (self.numel() > 0) {
+    size_t needed = static_cast<size_t>(
+        (off + at::detail::computeStorageNbytes(self.sizes(), self.strides(), 1)) * self.element_size());
+    if (needed > self.storage().nbytes())
+      resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
+  }
+  return self;
+}
+
+at::Tensor& set_source_storage(at::Tensor& self, at::Storage source) {
+  size_t item = self.element_size();
+  int64_t n = static_cast<int64_t>(source.nbytes() / item);
+  std::vector<c10::SymInt> size{c10::SymInt(n)};
+  return set_storage(self, std::move(source), 0, size, {});
+}
+
+at::Tensor& set_source_tensor(at::Tensor& self, const at::Tensor& src) {
+  if (self.is_same(src)) return self;
+  return set_storage(self, src.storage(), src.sym_storage_offset(), src.sym_sizes(),
+                     src.sym_strides());
+}
+
+at::Tensor& set_empty(at::Tensor& self) {
+  at::Tensor fresh = at::empty({0}, self.options());
+  return set_storage(self, fresh.storage(), 0, std::vector<c10::SymInt>{c10::SymInt(0)}, {});
+}
+
+at::Tensor copy_from_kernel(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  return copy_from(self, dst, non_blocking);
+}
+
+at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
+  if (!dst.sizes().equals(self.sizes())) dst.resize_(self.sizes());
+  return copy_from(self, dst, false);
+}
+
+c10::Scalar local_scalar_dense(const at::Tensor& self) {
+  at::Tensor host = self.to(c10::kCPU);
+  return host.item();
+}
+
+at::Tensor view_dtype(const at::Tensor& self, at::ScalarType dtype) {
+  TORCH_CHECK_NOT_IMPLEMENTED(static_cast<int64_t>(c10::elementSize(dtype)) == self.element_size() ||
+                                  dtype == self.scalar_type(),
+                              "view(dtype) with a different element size is not supported on tpu");
+  if (dtype == self.scalar_type()) return self.alias();
+  // same element size: a reinterpreting view of the same storage
+  auto out = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(self.storage()), self.key_set(), c10::scalarTypeToTypeMeta(dtype));
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides(),
+                                                   self.storage_offset());
+  return out;
+}
+
+}  // namespace
+}  // namespace torch_pjrt
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  using namespace torch_pjrt;
+  m.impl("empty.memory_format", TORCH_FN(empty_memory_format));
+  m.impl("empty_strided", TORCH_FN(empty_strided));
+  m.impl("as_strided", TORCH_FN(at::native::as_strided_tensorimpl));
+  m.impl("view", TORCH_FN(at::native::view));
+  m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
+  m.impl("unfold", TORCH_FN(at::native::unfold));
+  m.impl("view.dtype", TORCH_FN(view_dtype));
+  m.impl("resize_", TORCH_FN(resize_));
+  m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
+  m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
+  m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
+  m.impl("set_", TORCH_FN(set_empty));
+  m.impl("_copy_from", TORCH_FN(copy_from_kernel));
+  m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
+  m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+}

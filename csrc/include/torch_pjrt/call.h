@@ -1,0 +1,113 @@
+/* An op call as the runtime sees it: an aten op's base name, its arguments by schema name, the
+ * storages its tensors live in (slots), and where each result goes. The bridge fills it from a
+ * PyTorch boxed call; pj_call_run turns it into one program (cached under a key serialized from
+ * everything here except scalar values and storage identities) and executes it.
+ *
+ * Results: the lowering produces values for outs[0..nout). Each out is a view (dtype, sizes,
+ * strides, offset) into a storage slot; the program writes the value into that view and returns
+ * the slot's whole new buffer, which replaces the storage's buffer. In-place ops and out= ops
+ * are therefore the same lowering as the functional op with different destinations. */
+#ifndef TORCH_PJRT_CALL_H
+#define TORCH_PJRT_CALL_H
+#include <stdbool.h>
+#include <stdint.h>
+#include "torch_pjrt/dtype.h"
+#include "torch_pjrt/hlo.h"
+#include "torch_pjrt/status.h"
+#include "torch_pjrt/storage.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define PJ_CALL_MAX_ARGS 40
+#define PJ_CALL_MAX_TENSORS 512
+#define PJ_CALL_MAX_INTS 512
+#define PJ_CALL_MAX_SLOTS 512
+#define PJ_CALL_MAX_SCALARS 64
+#define PJ_CALL_MAX_OUTS 512
+
+typedef enum {
+  PJ_ARG_NONE = 0, /* None / undefined optional */
+  PJ_ARG_TENSOR,   /* tensors[first] */
+  PJ_ARG_TENSORS,  /* tensors[first .. first+count) (an element may be absent: rank < 0) */
+  PJ_ARG_SCALAR,   /* a runtime value passed as a 0-d argument: scalars[first] */
+  PJ_ARG_INT,      /* i (also dtype codes: pj_dtype_t, and enums) */
+  PJ_ARG_FLOAT,    /* f */
+  PJ_ARG_BOOL,     /* i */
+  PJ_ARG_INTS,     /* ints[first .. first+count) */
+  PJ_ARG_FLOATS,   /* floats[first .. first+count) */
+  PJ_ARG_STR       /* s (static or owned by the caller for the call's duration) */
+} pj_arg_kind_t;
+
+typedef struct {
+  pj_dtype_t dtype;
+  int rank; /* < 0: absent element of an optional-tensor list */
+  int64_t sizes[PJ_MAX_RANK];
+  int64_t strides[PJ_MAX_RANK];
+  int64_t offset;  /* in elements */
+  int slot;        /* storage slot; -1 for a scalar tensor passed by value (see scalar) */
+  int scalar;      /* for slot == -1: index into scalars */
+  bool wrapped;    /* a Python number wrapped as a 0-d tensor (type promotion treats it so) */
+} pj_tensor_desc_t;
+
+typedef struct {
+  const char *name;
+  pj_arg_kind_t kind;
+  int first, count;
+  int64_t i;
+  double f;
+  const char *s;
+} pj_arg_t;
+
+typedef struct {
+  pj_dtype_t dtype; /* PJ_F64, PJ_I64, PJ_BOOL or PJ_C128 for Python numbers; else a tensor's */
+  double f;
+  int64_t i;
+  double imag;
+} pj_scalar_t;
+
+typedef struct {
+  pj_storage_t *storage; /* borrowed for the call */
+  pj_dtype_t dtype;      /* element type the program sees for this storage */
+  int64_t numel;         /* storage size in elements of dtype */
+  bool read;             /* passed to the program (read by a tensor arg or partly written) */
+} pj_slot_t;
+
+typedef struct {
+  const char *op; /* aten base name without overload or in-place suffix, e.g. "add" */
+  const char *overload;
+  int device;
+  int nargs;
+  pj_arg_t args[PJ_CALL_MAX_ARGS];
+  int ntensors;
+  pj_tensor_desc_t tensors[PJ_CALL_MAX_TENSORS];
+  int nints;
+  int64_t ints[PJ_CALL_MAX_INTS];
+  int nfloats;
+  double floats[PJ_CALL_MAX_INTS];
+  int nscalars;
+  pj_scalar_t scalars[PJ_CALL_MAX_SCALARS];
+  int nslots;
+  pj_slot_t slots[PJ_CALL_MAX_SLOTS];
+  int nout;
+  pj_tensor_desc_t outs[PJ_CALL_MAX_OUTS];
+} pj_call_t;
+
+typedef struct pj_lower pj_lower_t;
+typedef pj_status_t *(*pj_lower_fn)(pj_lower_t *L);
+
+/* The lowering registered for a base op name, or NULL. */
+pj_lower_fn pj_lowering_find(const char *op);
+/* Calls fn(name, user) for every op with a lowering. */
+void pj_lowering_each(void (*fn)(const char *name, void *user), void *user);
+
+/* Compiles (or finds in the cache) and executes the call's program; on success every written
+ * slot's storage holds its new buffer. Thread-safe. */
+pj_status_t *pj_call_run(pj_call_t *c);
+/* The StableHLO text the call would compile (for debugging and tests). Caller frees. */
+pj_status_t *pj_call_text(pj_call_t *c, char **text);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

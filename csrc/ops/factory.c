@@ -1,0 +1,6 @@
+/* Lowerings: factory family. */
+#include "table.h"
+
+const pj_lowering_entry_t pj_lowerings_factory[] = {
+    {NULL, NULL},
+};

@@ -1,0 +1,6 @@
+/* Lowerings: linalg family. */
+#include "table.h"
+
+const pj_lowering_entry_t pj_lowerings_linalg[] = {
+    {NULL, NULL},
+};

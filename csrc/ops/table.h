@@ -1,0 +1,28 @@
+/* Each lowering family (one .c file) exports a NULL-terminated table of entries; table.c lists
+ * the families. Adding an op is adding a row to its family's table. */
+#ifndef TORCH_PJRT_TABLE_H
+#define TORCH_PJRT_TABLE_H
+#include "lower.h"
+
+typedef struct {
+  const char *name; /* aten base name */
+  pj_lower_fn fn;
+} pj_lowering_entry_t;
+
+#define PJ_FAMILIES(X) \
+  X(elementwise)       \
+  X(reduce)            \
+  X(linalg)            \
+  X(shape)             \
+  X(index)             \
+  X(nn)                \
+  X(conv)              \
+  X(random)            \
+  X(factory)           \
+  X(optim)
+
+#define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];
+PJ_FAMILIES(PJ_DECLARE_FAMILY)
+#undef PJ_DECLARE_FAMILY
+
+#endif

@@ -1,0 +1,13 @@
+/* Reading a strided view out of a storage's 1-D buffer, and writing a value into one. */
+#ifndef TORCH_PJRT_VIEW_IO_H
+#define TORCH_PJRT_VIEW_IO_H
+#include "torch_pjrt/call.h"
+#include "torch_pjrt/hlo.h"
+
+/* The view (d) of the 1-D storage value `full`, as a value of shape d->sizes. */
+pj_val_t pj_view_read(pj_hlo_t *h, pj_val_t full, const pj_tensor_desc_t *d);
+/* `full` (may be invalid: a fresh storage of `numel` elements, unwritten parts become zero)
+ * with the view d overwritten by v (shape d->sizes, dtype = full's). Returns the new 1-D value. */
+pj_val_t pj_view_write(pj_hlo_t *h, pj_val_t full, int64_t numel, pj_dtype_t dt,
+                       const pj_tensor_desc_t *d, pj_val_t v);
+#endif
