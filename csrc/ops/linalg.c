@@ -1,6 +1,140 @@
-/* Lowerings: linalg family. */
+/* Lowerings: linalg family (matrix products).
+ *
+ * Every product here is one stablehlo.dot_general (default precision) with batch and
+ * contracting dimension lists from a table row; the add-variants (addmm, baddbmm, addbmm, addmv)
+ * combine it with `self` as beta * self + alpha * product. matmul, linear, outer, einsum and
+ * scaled_dot_product_attention are CompositeImplicitAutograd in PyTorch and reach us as these
+ * ops (plus views), so they need no rows of their own.
+ *
+ * Compute dtype: the output dtype, except that float16/bfloat16 products accumulate in float32
+ * (dot_general with an f32 result, as CPU's kernels accumulate in float) and the add-variant's
+ * arithmetic stays in float32 until the single final rounding. Bool products are rejected as
+ * on CPU; integer products wrap like CPU's. */
+#include <string.h>
+
 #include "table.h"
 
+#define H (L->h)
+
+/* Dimension numbers of one product op, for the operand ranks the schema guarantees (the Meta
+ * kernel has already checked ranks and sizes, so shapes are valid here). */
+typedef struct {
+  const char *name;
+  const char *a, *b; /* argument names of the two factors */
+  int nb;            /* batch dims */
+  int64_t lb[2], rb[2];
+  int nc; /* contracting dims */
+  int64_t lc[2], rc[2];
+  bool add;    /* beta * self + alpha * product */
+  bool conj_a; /* vdot: conjugate the first factor */
+} product_row_t;
+
+static const product_row_t kProducts[] = {
+    {"mm", "self", "mat2", 0, {0}, {0}, 1, {1}, {0}, false, false},
+    {"bmm", "self", "mat2", 1, {0}, {0}, 1, {2}, {1}, false, false},
+    {"mv", "self", "vec", 0, {0}, {0}, 1, {1}, {0}, false, false},
+    {"dot", "self", "tensor", 0, {0}, {0}, 1, {0}, {0}, false, false},
+    {"vdot", "self", "other", 0, {0}, {0}, 1, {0}, {0}, false, true},
+    {"addmm", "mat1", "mat2", 0, {0}, {0}, 1, {1}, {0}, true, false},
+    {"_addmm_activation", "mat1", "mat2", 0, {0}, {0}, 1, {1}, {0}, true, false},
+    {"baddbmm", "batch1", "batch2", 1, {0}, {0}, 1, {2}, {1}, true, false},
+    /* addbmm sums the batch of products: contract over the batch dim as well */
+    {"addbmm", "batch1", "batch2", 0, {0}, {0}, 2, {0, 2}, {0, 1}, true, false},
+    {"addmv", "mat", "vec", 0, {0}, {0}, 1, {1}, {0}, true, false},
+    {NULL, NULL, NULL, 0, {0}, {0}, 0, {0}, {0}, false, false},
+};
+
+static const product_row_t *find_row(const char *op) {
+  for (const product_row_t *r = kProducts; r->name; r++)
+    if (!strcmp(r->name, op)) return r;
+  return NULL;
+}
+
+static bool is_low_float(pj_dtype_t dt) { return dt == PJ_F16 || dt == PJ_BF16; }
+
+/* A Scalar argument (beta/alpha) as a value of dtype dt broadcast to t's shape. */
+static pj_val_t scalar_like(pj_lower_t *L, const char *name, pj_type_t t) {
+  pj_val_t s = pj_convert(H, pj_scalar(L, name), t.dtype);
+  return pj_broadcast_to(H, s, t.rank, t.dims);
+}
+
+static pj_status_t *lower_product(pj_lower_t *L) {
+  const product_row_t *row = find_row(L->c->op);
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t a = pj_tensor(L, row->a), b = pj_tensor(L, row->b);
+  if (a.id < 0 || b.id < 0) return NULL;
+  pj_dtype_t in_dt = a.t.dtype;
+  if (in_dt != b.t.dtype) {
+    /* Meta checks this for most ops; dot/vdot report it in the CPU kernel */
+    pj_fail(L, PJ_ERR_RUNTIME,
+            "%s: expected both vectors to have same dtype, but found %s and %s", L->c->op,
+            pj_dtype_info(in_dt)->name, pj_dtype_info(b.t.dtype)->name);
+    return NULL;
+  }
+  if (in_dt == PJ_BOOL) {
+    pj_fail(L, PJ_ERR_RUNTIME, "\"%s\" not implemented for 'Bool'", L->c->op);
+    return NULL;
+  }
+  /* out_dtype overloads (mm.dtype etc.) only widen low floats to float32: ot covers them */
+  pj_dtype_t ct = is_low_float(in_dt) || is_low_float(ot.dtype) ? PJ_F32 : ot.dtype;
+  if (row->conj_a && pj_dtype_info(in_dt)->is_complex) {
+    pj_type_t rt = pj_type_with_dtype(a.t, in_dt == PJ_C128 ? PJ_F64 : PJ_F32);
+    pj_val_t re = pj_hlo_op(H, "stablehlo.real", &a, 1, NULL, rt);
+    pj_val_t im = pj_hlo_op(H, "stablehlo.imag", &a, 1, NULL, rt);
+    pj_val_t parts[2] = {re, pj_unary(H, "stablehlo.negate", im)};
+    a = pj_hlo_op(H, "stablehlo.complex", parts, 2, NULL, a.t);
+  }
+  /* Low floats stay low on the operands (the MXU's native input type); the product comes out
+   * in float32. Other dtypes compute in the output dtype. */
+  if (!is_low_float(in_dt)) {
+    a = pj_convert(H, a, ct);
+    b = pj_convert(H, b, ct);
+  }
+  pj_val_t p = pj_dot_general(H, a, b, row->lb, row->rb, row->nb, row->lc, row->rc, row->nc, ct);
+  if (!row->add) {
+    pj_set_result(L, 0, p);
+    return NULL;
+  }
+  pj_type_t pt = pj_type_with_dtype(ot, ct);
+  p = pj_binary(H, "stablehlo.multiply", scalar_like(L, "alpha", pt), p);
+  pj_val_t self = pj_broadcast_to(H, pj_convert(H, pj_tensor(L, "self"), ct), pt.rank, pt.dims);
+  pj_val_t beta = scalar_like(L, "beta", pt);
+  /* beta == 0 ignores self entirely (NaN/Inf in self do not propagate), as on CPU; beta is a
+   * runtime value, so the choice is a select. */
+  pj_val_t zero = pj_full(H, pt, 0);
+  pj_val_t scaled = pj_select(H, pj_compare(H, "EQ", beta, zero), zero,
+                              pj_binary(H, "stablehlo.multiply", beta, self));
+  pj_val_t r = pj_binary(H, "stablehlo.add", scaled, p);
+  if (!strcmp(row->name, "_addmm_activation")) {
+    if (pj_bool(L, "use_gelu", false)) {
+      /* the fused kernels use the tanh approximation of GELU */
+      pj_val_t x3 = pj_binary(H, "stablehlo.multiply", pj_binary(H, "stablehlo.multiply", r, r), r);
+      pj_val_t inner = pj_binary(
+          H, "stablehlo.multiply", pj_full(H, pt, 0.7978845608028654),
+          pj_binary(H, "stablehlo.add", r,
+                    pj_binary(H, "stablehlo.multiply", pj_full(H, pt, 0.044715), x3)));
+      pj_val_t cdf = pj_binary(H, "stablehlo.multiply", pj_full(H, pt, 0.5),
+                               pj_binary(H, "stablehlo.add", pj_full(H, pt, 1),
+                                         pj_unary(H, "stablehlo.tanh", inner)));
+      r = pj_binary(H, "stablehlo.multiply", r, cdf);
+    } else {
+      r = pj_binary(H, "stablehlo.maximum", r, zero);
+    }
+  }
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_linalg[] = {
+    {"mm", lower_product},
+    {"bmm", lower_product},
+    {"mv", lower_product},
+    {"dot", lower_product},
+    {"vdot", lower_product},
+    {"addmm", lower_product},
+    {"_addmm_activation", lower_product},
+    {"baddbmm", lower_product},
+    {"addbmm", lower_product},
+    {"addmv", lower_product},
     {NULL, NULL},
 };
