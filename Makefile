@@ -6,6 +6,9 @@ TORCH_ABI := $(shell $(PYTHON) -c "import torch;print(int(torch._C._GLIBCXX_USE_
 EXT := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 PYINC := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 HDR := build/include/pjrt_c_api.h
+# The C tests that run programs need the plugin file; take it from the installed CPU plugin.
+TORCH_PJRT_PLUGIN ?= $(shell $(PYTHON) -c "import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)" 2>/dev/null)
+export TORCH_PJRT_PLUGIN
 
 C_SRCS := $(wildcard csrc/runtime/*.c csrc/hlo/*.c csrc/ops/*.c)
 CXX_SRCS := $(wildcard csrc/bridge/*.cpp)
@@ -59,7 +62,7 @@ build/tests-asan/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR)
 
 ctest-asan-run: $(C_TESTS)
 	@set -e; for t in $(C_TESTS); do echo "== $$t"; \
-	  ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 ./$$t; done
+	  ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/c/lsan.supp ./$$t; done
 
 clean:
 	rm -rf build/obj build/tests build/tests-asan $(EXT_SO)

@@ -15,6 +15,7 @@ static struct {
 } oom_status = {PJ_ERR_OOM, "out of memory"};
 
 static pj_status_t *status_alloc(pj_code_t code, const char *fmt, va_list ap) {
+  if (!fmt) fmt = "";
   va_list ap2;
   va_copy(ap2, ap);
   int n = vsnprintf(NULL, 0, fmt, ap);
