@@ -1,0 +1,77 @@
+"""Shared pytest configuration for the torch_pjrt tests.
+
+- Imports torch_pjrt explicitly (autoload does the same at ``import torch`` once the package is
+  installed; the explicit import keeps the tests working from a plain checkout).
+- Registers the ``slow`` marker. Slow tests still run by default; deselect with ``-m "not slow"``.
+- ``fallbacks``: a fixture measuring CPU fallbacks during a test. It never skips anything; a test
+  that claims "no fallback" calls ``fallbacks.assert_none()``, whose message names the ops that
+  fell back (from the runtime's per-op counts).
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import torch_pjrt  # noqa: F401  (registers the "tpu" device)
+from torch_pjrt import _C
+
+TPU = torch.device("tpu")
+
+
+def pytest_configure(config):
+    config.addinivalue_line(
+        "markers", "slow: long-running test (runs by default; deselect with -m 'not slow')"
+    )
+
+
+def fallback_count() -> int:
+    """Total CPU fallbacks executed in this process so far."""
+    return int(_C.metrics()["cpu_fallbacks"])
+
+
+def fallback_ops() -> dict:
+    """Per-op counts of CPU fallbacks so far ({} when the runtime does not expose them)."""
+    for source in (_C, torch.tpu):
+        fn = getattr(source, "fallback_ops", None)
+        if fn is not None:
+            return dict(fn())
+    return {}
+
+
+class FallbackCounter:
+    """Counts CPU fallbacks from its creation (or the last ``reset``) on."""
+
+    def __init__(self) -> None:
+        self.reset()
+
+    def reset(self) -> None:
+        self._start = fallback_count()
+        self._start_ops = fallback_ops()
+
+    @property
+    def delta(self) -> int:
+        return fallback_count() - self._start
+
+    def new_ops(self) -> dict:
+        """ops whose fallback count grew since the start, with the increase"""
+        now = fallback_ops()
+        return {k: v - self._start_ops.get(k, 0) for k, v in now.items()
+                if v != self._start_ops.get(k, 0)}
+
+    def assert_none(self, what: str = "") -> None:
+        d = self.delta
+        assert d == 0, (
+            f"{d} CPU fallback(s){' during ' + what if what else ''}; ops that fell back: "
+            f"{self.new_ops() or '(the runtime does not expose per-op counts)'}"
+        )
+
+
+@pytest.fixture
+def fallbacks() -> FallbackCounter:
+    """A FallbackCounter started at the beginning of the test."""
+    return FallbackCounter()
+
+
+@pytest.fixture(scope="session")
+def tpu() -> torch.device:
+    return TPU
