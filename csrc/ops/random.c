@@ -1,6 +1,542 @@
-/* Lowerings: random family. */
+/* Random lowerings. The bridge appends two 0-d int64 arguments to every op whose schema has a
+ * Generator: "__seed" and "__offset", and advances the generator's offset by at least one counter
+ * value per output element (plus slack) for every such call. Bits come from Philox-4x32-10
+ * computed here in plain integer StableHLO (StableHLO's rng_bit_generator needs a ui64 state,
+ * which this builder's dtypes cannot spell; the hand-written Philox also gives the same bits on
+ * every backend):
+ *
+ *   key     = (seed mod 2^32, seed div 2^32)
+ *   counter = (c mod 2^32, c div 2^32, 0, 0) with c = offset + i for output element i
+ *
+ * so element i gets four independent 32-bit words, the same seed and offset always give the
+ * same tensor, and calls with different offsets use disjoint counters (the bridge's offset
+ * increment is >= the element count). Every 32-bit word is carried as an int64 in [0, 2^32):
+ * a product of two such words fits 64 bits, and its high half is a logical right shift.
+ *
+ * Values from bits: uniform floats take exactly as many random bits as the dtype has mantissa
+ * digits (so they are exact in the dtype and never round up to 1), normals use Box-Muller,
+ * integers use a modulo of 64 random bits over the requested range, permutations sort random
+ * keys. Distribution checks that PyTorch's Meta kernels do not make are made here with CPU's
+ * exception types and messages. */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
 #include "table.h"
 
+#define H (L->h)
+#define ADD(a, b) pj_binary(H, "stablehlo.add", a, b)
+#define SUB(a, b) pj_binary(H, "stablehlo.subtract", a, b)
+#define MUL(a, b) pj_binary(H, "stablehlo.multiply", a, b)
+#define DIV(a, b) pj_binary(H, "stablehlo.divide", a, b)
+#define AND(a, b) pj_binary(H, "stablehlo.and", a, b)
+#define OR(a, b) pj_binary(H, "stablehlo.or", a, b)
+#define XOR(a, b) pj_binary(H, "stablehlo.xor", a, b)
+#define U(op, a) pj_unary(H, "stablehlo." op, a)
+#define CMP(dir, a, b) pj_compare(H, dir, a, b)
+#define SEL(p, a, b) pj_select(H, p, a, b)
+
+static const int64_t kMask32 = 0xFFFFFFFFLL;
+
+/* An int64 constant broadcast to t (exact for all 64-bit values, unlike pj_full). */
+static pj_val_t ifull(pj_lower_t *L, pj_type_t t, int64_t v) {
+  return pj_broadcast_in_dim(H, pj_const_i(H, PJ_I64, v), pj_type_with_dtype(t, PJ_I64), NULL);
+}
+static pj_val_t fcst(pj_lower_t *L, pj_val_t like, double v) { return pj_full(H, like.t, v); }
+static pj_val_t shr(pj_lower_t *L, pj_val_t x, int n) {
+  return pj_binary(H, "stablehlo.shift_right_logical", x, ifull(L, x.t, n));
+}
+static pj_val_t shl(pj_lower_t *L, pj_val_t x, int n) {
+  return pj_binary(H, "stablehlo.shift_left", x, ifull(L, x.t, n));
+}
+/* A 0-d value broadcast to t's shape. */
+static pj_val_t bcast(pj_lower_t *L, pj_val_t s, pj_type_t t) {
+  return pj_broadcast_in_dim(H, s, pj_type_with_dtype(t, s.t.dtype), NULL);
+}
+
+/* ---- Philox-4x32-10 ---- */
+
+/* The four 32-bit words (int64 in [0, 2^32)) of element i of shape t, i in row-major order. */
+static bool philox(pj_lower_t *L, pj_type_t shape, pj_val_t w[4]) {
+  if (!pj_has(L, "__seed") || !pj_has(L, "__offset")) {
+    pj_fail(L, PJ_ERR_RUNTIME, "internal: aten::%s reached a random lowering without generator "
+            "state (__seed/__offset)", L->c->op);
+    return false;
+  }
+  pj_type_t t = pj_type_with_dtype(shape, PJ_I64);
+  int64_t n = pj_type_numel(&t);
+  pj_type_t flat = pj_type(PJ_I64, 1, &n);
+  pj_val_t seed = pj_convert(H, pj_scalar(L, "__seed"), PJ_I64);
+  pj_val_t off = pj_convert(H, pj_scalar(L, "__offset"), PJ_I64);
+  /* Counter budget: the bridge advances the offset by at least B = the destinations' element
+   * count per call, so counters [offset, offset + B) are this call's alone. Draws beyond B
+   * (e.g. multinomial's per-category keys) reuse that range with the third counter word set to
+   * i / B: for every value of that word, calls still use disjoint ranges. */
+  int64_t budget = 0;
+  for (int k = 0; k < pj_nout(L); k++) {
+    pj_type_t ot = pj_out_type(L, k);
+    budget += pj_type_numel(&ot);
+  }
+  if (budget < 1) budget = 1;
+  pj_val_t idx = pj_iota(H, flat, 0);
+  pj_val_t c2 = ifull(L, flat, 0);
+  if (n > budget) {
+    pj_val_t b = ifull(L, flat, budget);
+    c2 = pj_binary(H, "stablehlo.divide", idx, b);
+    idx = pj_binary(H, "stablehlo.remainder", idx, b);
+  }
+  pj_val_t ctr = ADD(idx, bcast(L, off, flat));
+  ctr = pj_reshape(H, ctr, t.rank, t.dims);
+  c2 = pj_reshape(H, c2, t.rank, t.dims);
+  pj_val_t m32 = pj_const_i(H, PJ_I64, kMask32), s32 = pj_const_i(H, PJ_I64, 32);
+  pj_val_t k0 = AND(seed, m32);
+  pj_val_t k1 = pj_binary(H, "stablehlo.shift_right_logical", seed, s32);
+  pj_val_t c0 = AND(ctr, ifull(L, t, kMask32)), c1 = shr(L, ctr, 32);
+  pj_val_t c3 = ifull(L, t, 0);
+  pj_val_t mul0 = ifull(L, t, 0xD2511F53LL), mul1 = ifull(L, t, 0xCD9E8D57LL);
+  pj_val_t mask = ifull(L, t, kMask32);
+  for (int r = 0; r < 10; r++) {
+    if (r > 0) { /* key schedule: Weyl sequence mod 2^32 */
+      k0 = AND(ADD(k0, pj_const_i(H, PJ_I64, 0x9E3779B9LL)), m32);
+      k1 = AND(ADD(k1, pj_const_i(H, PJ_I64, 0xBB67AE85LL)), m32);
+    }
+    pj_val_t p0 = MUL(mul0, c0), p1 = MUL(mul1, c2); /* < 2^64: exact modulo 2^64 */
+    pj_val_t hi0 = shr(L, p0, 32), lo0 = AND(p0, mask);
+    pj_val_t hi1 = shr(L, p1, 32), lo1 = AND(p1, mask);
+    pj_val_t n0 = XOR(XOR(hi1, c1), bcast(L, k0, t));
+    pj_val_t n2 = XOR(XOR(hi0, c3), bcast(L, k1, t));
+    c0 = n0;
+    c1 = lo1;
+    c2 = n2;
+    c3 = lo0;
+  }
+  w[0] = c0;
+  w[1] = c1;
+  w[2] = c2;
+  w[3] = c3;
+  return pj_hlo_ok(H);
+}
+
+/* 64 random bits (any int64) from two words. */
+static pj_val_t bits64(pj_lower_t *L, pj_val_t hi, pj_val_t lo) { return OR(shl(L, hi, 32), lo); }
+
+/* ---- bits to values ---- */
+
+/* Mantissa digits of a float dtype (the random bits a uniform in [0, 1) of it can hold). */
+static int digits_of(pj_dtype_t dt) {
+  switch (dt) {
+    case PJ_F64: return 53;
+    case PJ_F16: return 11;
+    case PJ_BF16: return 8;
+    default: return 24;
+  }
+}
+
+/* Compute dtype of a distribution: double for double, float otherwise (CPU's dist_acctype). */
+static pj_dtype_t compute_of(pj_dtype_t dt) { return dt == PJ_F64 ? PJ_F64 : PJ_F32; }
+
+/* Uniform in [0, 1) with `digits` random bits (<= 24 from word a; <= 53 from a and b), in ct:
+ * k * 2^-digits with k < 2^digits, exact in ct. */
+static pj_val_t unit(pj_lower_t *L, pj_val_t a, pj_val_t b, int digits, pj_dtype_t ct) {
+  pj_val_t k;
+  if (digits <= 32) {
+    k = shr(L, a, 32 - digits);
+  } else {
+    k = OR(shl(L, AND(a, ifull(L, a.t, (1LL << (digits - 32)) - 1)), 32), b);
+  }
+  pj_val_t f = pj_convert(H, k, ct);
+  return MUL(f, fcst(L, f, ldexp(1.0, -digits)));
+}
+
+/* Uniform in the open interval (0, 1): (2k + 1) * 2^-digits with k < 2^(digits-1). */
+static pj_val_t unit_open(pj_lower_t *L, pj_val_t a, pj_val_t b, pj_dtype_t ct) {
+  int digits = ct == PJ_F64 ? 53 : 24;
+  pj_val_t k;
+  if (digits <= 32) {
+    k = shr(L, a, 33 - digits);
+  } else {
+    k = OR(shl(L, AND(a, ifull(L, a.t, (1LL << (digits - 33)) - 1)), 32), b);
+  }
+  k = ADD(shl(L, k, 1), ifull(L, k.t, 1));
+  pj_val_t f = pj_convert(H, k, ct);
+  return MUL(f, fcst(L, f, ldexp(1.0, -digits)));
+}
+
+/* Uniform [0, 1) in ct for an output of dtype dt, from words w[0..1]. */
+static pj_val_t unit_for(pj_lower_t *L, const pj_val_t *w, pj_dtype_t dt, pj_dtype_t ct) {
+  int d = pj_dtype_info(dt)->is_float ? digits_of(dt) : (ct == PJ_F64 ? 53 : 24);
+  if (d > digits_of(ct)) d = digits_of(ct);
+  return unit(L, w[0], w[1], d, ct);
+}
+
+/* Standard normal in ct by Box-Muller from all four words: sqrt(-2 log u1) cos(2 pi u2) with
+ * u1 in (0, 1] (so the log is finite) and u2 in [0, 1). */
+static pj_val_t std_normal(pj_lower_t *L, const pj_val_t *w, pj_dtype_t ct) {
+  int d = digits_of(ct);
+  pj_val_t u0 = unit(L, w[0], w[1], d, ct);
+  pj_val_t u1 = SUB(fcst(L, u0, 1), u0);
+  pj_val_t u2 = unit(L, w[2], w[3], d, ct);
+  pj_val_t r = U("sqrt", MUL(fcst(L, u1, -2.0), U("log", u1)));
+  return MUL(r, U("cosine", MUL(fcst(L, u2, 2.0 * M_PI), u2)));
+}
+
+/* ---- argument helpers ---- */
+
+/* A float or Tensor distribution parameter as a value of ct at shape t (None: dflt). */
+static pj_val_t param(pj_lower_t *L, const char *name, double dflt, pj_type_t t, pj_dtype_t ct) {
+  const pj_arg_t *a = pj_arg(L, name);
+  pj_val_t v;
+  if (a && a->kind == PJ_ARG_TENSOR) v = pj_convert(H, pj_tensor(L, name), ct);
+  else if (a && a->kind == PJ_ARG_SCALAR) v = pj_convert(H, pj_scalar(L, name), ct);
+  else v = pj_const(H, ct, pj_float(L, name, dflt));
+  return pj_broadcast_to(H, v, t.rank, t.dims);
+}
+
+static bool require_float(pj_lower_t *L, pj_dtype_t dt, pj_code_t code, const char *what) {
+  if (pj_dtype_info(dt)->is_float) return true;
+  if (code == PJ_ERR_UNIMPLEMENTED)
+    pj_fail(L, code, "\"%s\" not implemented for '%s'", what, pj_dtype_info(dt)->name);
+  else
+    pj_fail(L, code, "%s", what);
+  return false;
+}
+
+/* ---- lowerings ---- */
+
+static pj_status_t *lower_uniform(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  if (!require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "check_uniform_bounds")) return NULL;
+  double from = pj_float(L, "from", 0.0), to = pj_float(L, "to", 1.0);
+  if (from > to) {
+    pj_fail(L, PJ_ERR_RUNTIME, "uniform_ expects to return a [from, to) range, but found from=%g "
+            "> to=%g", from, to);
+    return NULL;
+  }
+  pj_dtype_t ct = compute_of(t.dtype);
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_val_t u = unit_for(L, w, t.dtype, ct);
+  /* CPU: from and to are cast to the dtype first, then x * (to - from) + from in ct */
+  pj_val_t lo = pj_convert(H, pj_const(H, t.dtype, from), ct);
+  pj_val_t hi = pj_convert(H, pj_const(H, t.dtype, to), ct);
+  pj_val_t r = ADD(MUL(u, bcast(L, SUB(hi, lo), u.t)), bcast(L, lo, u.t));
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
+static pj_status_t *lower_normal(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  if (!require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "normal_kernel_cpu")) return NULL;
+  pj_dtype_t ct = compute_of(t.dtype);
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_val_t z = std_normal(L, w, ct);
+  pj_val_t r = ADD(MUL(z, param(L, "std", 1.0, t, ct)), param(L, "mean", 0.0, t, ct));
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
+static pj_status_t *lower_log_normal(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  if (!require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "log_normal_cpu")) return NULL;
+  pj_dtype_t ct = compute_of(t.dtype);
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_val_t z = std_normal(L, w, ct);
+  pj_val_t r = ADD(MUL(z, param(L, "std", 2.0, t, ct)), param(L, "mean", 1.0, t, ct));
+  pj_set_result(L, 0, U("exponential", r));
+  return NULL;
+}
+
+/* bernoulli_.float (p float), bernoulli_.Tensor (p tensor, broadcast to self), bernoulli.out
+ * (p = self): 1 where u < p. */
+static pj_status_t *lower_bernoulli(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  const pj_arg_t *pa = pj_arg(L, "p");
+  const char *pname = pa && pa->kind != PJ_ARG_NONE ? "p" : "self";
+  pj_dtype_t ct = PJ_F32;
+  if (pa && pa->kind == PJ_ARG_FLOAT) {
+    double p = pa->f;
+    if (!(p >= 0 && p <= 1)) {
+      pj_fail(L, PJ_ERR_RUNTIME, "bernoulli_ expects p to be in [0, 1], but got p=%g", p);
+      return NULL;
+    }
+  } else if (pj_arg_dtype(L, pname) == PJ_F64) {
+    ct = PJ_F64;
+  }
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_val_t u = unit(L, w[0], w[1], digits_of(ct), ct);
+  pj_val_t p = param(L, pname, 0.5, t, ct);
+  pj_set_result(L, 0, CMP("LT", u, p));
+  return NULL;
+}
+
+static pj_status_t *lower_exponential(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  if (!pj_dtype_info(t.dtype)->is_float) {
+    pj_fail(L, PJ_ERR_RUNTIME, "Exponential distribution is a continuous probability "
+            "distribution. dtype must be a floating point but you specified %s",
+            pj_dtype_info(t.dtype)->name);
+    return NULL;
+  }
+  pj_dtype_t ct = compute_of(t.dtype);
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  /* -log(u) / lambda with u in (0, 1): finite and positive */
+  pj_val_t u = unit_open(L, w[0], w[1], ct);
+  pj_val_t lambd = param(L, "lambd", 1.0, t, ct);
+  pj_set_result(L, 0, DIV(U("negate", U("log", u)), lambd));
+  return NULL;
+}
+
+static pj_status_t *lower_geometric(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  pj_dtype_t ct = compute_of(t.dtype);
+  double p = pj_float(L, "p", 0.5);
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  /* number of trials to the first success: ceil(log(u) / log(1 - p)), u in (0, 1) */
+  pj_val_t u = unit_open(L, w[0], w[1], ct);
+  pj_val_t r = U("ceil", DIV(U("log", u), fcst(L, u, log1p(-p))));
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
+static pj_status_t *lower_cauchy(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  if (!require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "cauchy_cpu")) return NULL;
+  pj_dtype_t ct = compute_of(t.dtype);
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_val_t u = unit_open(L, w[0], w[1], ct);
+  pj_val_t x = pj_unary(H, "chlo.tan", MUL(fcst(L, u, M_PI), SUB(u, fcst(L, u, 0.5))));
+  pj_val_t r = ADD(param(L, "median", 0.0, t, ct), MUL(param(L, "sigma", 1.0, t, ct), x));
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
+/* Largest value random_() may produce for dtype (inclusive): the type's max for integers,
+ * 2^digits for floats (every integer up to it is exact), true for bool. */
+static int64_t random_max(pj_dtype_t dt) {
+  if (dt == PJ_BOOL) return 1;
+  if (pj_dtype_info(dt)->is_float) return (int64_t)1 << digits_of(dt);
+  if (dt == PJ_I64) return INT64_MAX; /* pj_dtype_highest(I64) rounds up to 2^63 as a double */
+  return (int64_t)pj_dtype_highest(dt);
+}
+
+/* Smallest value an integer dtype holds (floats: -2^digits). */
+static int64_t random_min(pj_dtype_t dt) {
+  if (pj_dtype_info(dt)->is_float) return -random_max(dt);
+  if (dt == PJ_I64) return INT64_MIN;
+  return (int64_t)pj_dtype_lowest(dt);
+}
+
+/* random_: integers uniform in [from, to) (to exclusive), or [from, max] when to is None, or
+ * [0, max] with no bounds; 64 random bits reduced modulo the range (a compile-time constant;
+ * 0 stands for 2^64). Results are from + r, exact in every dtype by the range checks. */
+static pj_status_t *lower_random(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  pj_dtype_t dt = t.dtype;
+  if (pj_dtype_info(dt)->is_complex) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"random_\" not implemented for '%s'",
+            pj_dtype_info(dt)->name);
+    return NULL;
+  }
+  bool has_from = pj_has(L, "from"), has_to = pj_has(L, "to");
+  int64_t from = has_from ? pj_int(L, "from", 0) : 0;
+  uint64_t range; /* 0: 2^64 */
+  if (has_to) {
+    int64_t to = pj_int(L, "to", 0);
+    if (from >= to) {
+      pj_fail(L, PJ_ERR_RUNTIME, "random_ expects 'from' to be less than 'to', but got from=%lld "
+              ">= to=%lld", (long long)from, (long long)to);
+      return NULL;
+    }
+    if (!pj_dtype_info(dt)->is_float) {
+      if (from < random_min(dt)) {
+        pj_fail(L, PJ_ERR_RUNTIME, "from is out of bounds for %s", pj_dtype_info(dt)->name);
+        return NULL;
+      }
+      if (to - 1 > random_max(dt)) {
+        pj_fail(L, PJ_ERR_RUNTIME, "to - 1 is out of bounds for %s", pj_dtype_info(dt)->name);
+        return NULL;
+      }
+    }
+    range = (uint64_t)to - (uint64_t)from;
+  } else if (!has_from || from != INT64_MIN) {
+    int64_t to_inc = random_max(dt);
+    if (from > to_inc || (!pj_dtype_info(dt)->is_float && from < random_min(dt))) {
+      pj_fail(L, PJ_ERR_RUNTIME, "from is out of bounds for %s", pj_dtype_info(dt)->name);
+      return NULL;
+    }
+    range = (uint64_t)to_inc - (uint64_t)from + 1;
+  } else {
+    range = 0;
+  }
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_val_t b = bits64(L, w[0], w[1]);
+  pj_val_t r;
+  if (range == 0) {
+    r = b;
+  } else if (range <= ((uint64_t)1 << 63)) {
+    /* non-negative 63-bit value; signed remainder equals the unsigned one */
+    pj_val_t nb = AND(b, ifull(L, b.t, INT64_MAX));
+    r = range == ((uint64_t)1 << 63) ? nb
+                                     : pj_binary(H, "stablehlo.remainder", nb,
+                                                 ifull(L, b.t, (int64_t)range));
+  } else {
+    /* 2^63 < range < 2^64: b mod range is b, or b - range when b >= range (unsigned);
+     * unsigned order is signed order with the sign bit flipped */
+    pj_val_t flip = ifull(L, b.t, INT64_MIN);
+    pj_val_t ge = CMP("GE", XOR(b, flip), XOR(ifull(L, b.t, (int64_t)range), flip));
+    r = SEL(ge, SUB(b, ifull(L, b.t, (int64_t)range)), b);
+  }
+  pj_val_t v = ADD(r, ifull(L, b.t, from));
+  pj_set_result(L, 0, dt == PJ_BOOL ? CMP("NE", v, ifull(L, v.t, 0)) : pj_convert(H, v, dt));
+  return NULL;
+}
+
+/* Sorts `key` (1-D) ascending carrying `payload`; returns the sorted payload. */
+static pj_val_t sort_by_key(pj_lower_t *L, pj_val_t key, pj_val_t payload) {
+  pj_type_t sts[4] = {pj_type_scalar(key.t.dtype), pj_type_scalar(key.t.dtype),
+                      pj_type_scalar(payload.t.dtype), pj_type_scalar(payload.t.dtype)};
+  pj_val_t args[4];
+  pj_hlo_region_begin(H, sts, 4, args);
+  pj_val_t lt = CMP("LT", args[0], args[1]);
+  char *region = pj_hlo_region_end(H, &lt, 1);
+  pj_val_t ins[2] = {key, payload}, outs[2];
+  pj_type_t ots[2] = {key.t, payload.t};
+  if (!region) return pj_hlo_fail(H, PJ_ERR_OOM, "out of memory building a sort");
+  pj_hlo_op_multi(H, "stablehlo.sort", ins, 2, region, "dimension = 0 : i64, is_stable = true",
+                  ots, 2, outs);
+  free(region);
+  return outs[1];
+}
+
+/* randperm: the order of n random 64-bit keys (ties keep index order; they are rare). */
+static pj_status_t *lower_randperm(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  int64_t n = t.rank == 1 ? t.dims[0] : pj_int(L, "n", 0);
+  pj_type_t flat = pj_type(PJ_I64, 1, &n);
+  pj_val_t w[4];
+  if (!philox(L, flat, w)) return NULL;
+  pj_val_t perm = sort_by_key(L, bits64(L, w[0], w[1]), pj_iota(H, flat, 0));
+  pj_set_result(L, 0, perm);
+  return NULL;
+}
+
+/* Inclusive cumulative sum along dim 1 of a 2-D value: a reduce_window whose window spans the
+ * whole row, padded on the left (exact f32/f64 adds; a matmul by a triangular matrix could run
+ * at reduced precision on accelerators). */
+static pj_val_t cumsum_last(pj_lower_t *L, pj_val_t x) {
+  int64_t n = x.t.dims[1];
+  pj_type_t st = pj_type_scalar(x.t.dtype);
+  pj_type_t sts[2] = {st, st};
+  pj_val_t args[2];
+  pj_hlo_region_begin(H, sts, 2, args);
+  pj_val_t sum = ADD(args[0], args[1]);
+  char *region = pj_hlo_region_end(H, &sum, 1);
+  if (!region) return pj_hlo_fail(H, PJ_ERR_OOM, "out of memory building a cumsum");
+  char attrs[256];
+  snprintf(attrs, sizeof attrs,
+           "window_dimensions = array<i64: 1, %lld>, padding = dense<[[0, 0], [%lld, 0]]> : "
+           "tensor<2x2xi64>",
+           (long long)n, (long long)(n - 1));
+  pj_val_t ins[2] = {x, pj_const(H, x.t.dtype, 0)}, out;
+  pj_hlo_op_multi(H, "stablehlo.reduce_window", ins, 2, region, attrs, &x.t, 1, &out);
+  free(region);
+  return out;
+}
+
+/* multinomial over the last dim of a 1-D or 2-D weight tensor.
+ * With replacement: inverse CDF, the index is the number of categories whose cumulative weight
+ * is <= u * total (zero-weight categories can never be chosen).
+ * Without: Gumbel top-k, the k largest log(w) - log(-log(u)) in decreasing order. */
+static pj_status_t *lower_multinomial(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t p = pj_tensor(L, "self");
+  if (p.id < 0) return NULL;
+  bool repl = pj_bool(L, "replacement", false);
+  int64_t k = ot.dims[ot.rank - 1];
+  pj_dtype_t ct = p.t.dtype == PJ_F64 ? PJ_F64 : PJ_F32;
+  int64_t rows = p.t.rank == 2 ? p.t.dims[0] : 1, ncat = p.t.dims[p.t.rank - 1];
+  int64_t pd[2] = {rows, ncat};
+  pj_val_t w = pj_reshape(H, pj_convert(H, p, ct), 2, pd);
+  pj_val_t idx;
+  if (repl) {
+    pj_val_t cdf = cumsum_last(L, w);
+    int64_t sd[2] = {rows, k};
+    pj_type_t st = pj_type(ct, 2, sd);
+    pj_val_t r4[4];
+    if (!philox(L, st, r4)) return NULL;
+    pj_val_t u = unit(L, r4[0], r4[1], digits_of(ct), ct);
+    int64_t last = ncat - 1;
+    int64_t s0[2] = {0, last}, s1[2] = {rows, ncat}, one[2] = {1, 1};
+    pj_val_t total = pj_slice(H, cdf, s0, s1, one); /* [rows, 1] */
+    pj_val_t target = MUL(u, pj_broadcast_to(H, total, 2, sd)); /* [rows, k] */
+    int64_t d3[3] = {rows, k, ncat};
+    pj_type_t t3 = pj_type(ct, 3, d3);
+    int64_t bc[2] = {0, 2}, bt[2] = {0, 1};
+    pj_val_t c3 = pj_broadcast_in_dim(H, cdf, t3, bc);
+    pj_val_t tg3 = pj_broadcast_in_dim(H, target, t3, bt);
+    pj_val_t cnt = pj_convert(H, CMP("LE", c3, tg3), PJ_I64);
+    int64_t rd = 2;
+    idx = pj_reduce(H, cnt, &rd, 1, "add");
+    idx = pj_binary(H, "stablehlo.minimum", idx, ifull(L, idx.t, last));
+  } else {
+    pj_type_t wt = pj_type(ct, 2, pd);
+    pj_val_t r4[4];
+    if (!philox(L, wt, r4)) return NULL;
+    pj_val_t u = unit_open(L, r4[0], r4[1], ct);
+    pj_val_t g = U("negate", U("log", U("negate", U("log", u))));
+    pj_val_t key = ADD(U("log", w), g); /* zero weight: -inf, chosen last */
+    /* sort each row descending by key carrying the category index */
+    pj_type_t it = pj_type(PJ_I64, 2, pd);
+    pj_type_t sts[4] = {pj_type_scalar(ct), pj_type_scalar(ct), pj_type_scalar(PJ_I64),
+                        pj_type_scalar(PJ_I64)};
+    pj_val_t args[4];
+    pj_hlo_region_begin(H, sts, 4, args);
+    pj_val_t gt = CMP("GT", args[0], args[1]);
+    char *region = pj_hlo_region_end(H, &gt, 1);
+    if (!region) return NULL;
+    pj_val_t ins[2] = {key, pj_iota(H, it, 1)}, outs[2];
+    pj_type_t ots[2] = {key.t, it};
+    pj_hlo_op_multi(H, "stablehlo.sort", ins, 2, region, "dimension = 1 : i64, is_stable = true",
+                    ots, 2, outs);
+    free(region);
+    int64_t s0[2] = {0, 0}, s1[2] = {rows, k}, one[2] = {1, 1};
+    idx = pj_slice(H, outs[1], s0, s1, one);
+  }
+  pj_set_result(L, 0, pj_reshape(H, idx, ot.rank, ot.dims));
+  return NULL;
+}
+
+/* native_dropout_backward(grad, mask, scale) = grad * mask * scale in the opmath type. */
+static pj_status_t *lower_native_dropout_backward(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  pj_dtype_t ct = pj_dtype_info(t.dtype)->is_float ? compute_of(t.dtype) : t.dtype;
+  pj_val_t g = pj_broadcast_to(H, pj_convert(H, pj_tensor(L, "grad_output"), ct), t.rank, t.dims);
+  pj_val_t m = pj_broadcast_to(H, pj_convert(H, pj_tensor(L, "mask"), ct), t.rank, t.dims);
+  pj_val_t s = pj_full(H, g.t, pj_float(L, "scale", 1.0));
+  pj_set_result(L, 0, MUL(MUL(g, m), s));
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_random[] = {
+    {"uniform", lower_uniform},
+    {"normal", lower_normal},
+    {"log_normal", lower_log_normal},
+    {"bernoulli", lower_bernoulli},
+    {"exponential", lower_exponential},
+    {"geometric", lower_geometric},
+    {"cauchy", lower_cauchy},
+    {"random", lower_random},
+    {"randperm", lower_randperm},
+    {"multinomial", lower_multinomial},
+    {"native_dropout_backward", lower_native_dropout_backward},
     {NULL, NULL},
 };
