@@ -1,6 +1,1004 @@
-/* Lowerings: conv family. */
+/* Lowerings: conv family (convolution, pooling, upsampling; forward and backward).
+ *
+ * Spatial ops read their geometry (kernel, stride, padding, dilation, sizes) as compile-time
+ * int lists and take output sizes from the destinations (PyTorch's Meta kernels computed and
+ * validated them), so only the arithmetic lives here. Layout: inputs are [lead..., spatial...]
+ * with nsp = 1..3 trailing spatial dims (the op name's digit, or rank - 2 for convolution).
+ *
+ * Compute dtype: float16/bfloat16 accumulate in float32 (as CPU's kernels do) and are rounded
+ * once when the destination is set; other dtypes compute in their own type.
+ *
+ * Index tables that depend only on sizes (upsampling sources and weights, pooling divisors,
+ * adaptive-pool windows) are computed here in C with CPU's formulas and emitted as constants,
+ * so results match CPU's choices exactly (including its float32 index arithmetic). */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "../hlo/strbuf.h"
 #include "table.h"
 
+#define H (L->h)
+#define MAXSP 3
+
+static const pj_val_t kBad = {.id = -1, .sub = -1};
+
+static pj_dtype_t acc_dtype(pj_dtype_t dt) { return dt == PJ_F16 || dt == PJ_BF16 ? PJ_F32 : dt; }
+
+/* ---- attribute text helpers ---- */
+
+static void sb_array(pj_sb_t *b, const char *name, const int64_t *v, int n) {
+  pj_sb_printf(b, "%s = array<i64", name);
+  for (int i = 0; i < n; i++) pj_sb_printf(b, i ? ", %lld" : ": %lld", (long long)v[i]);
+  pj_sb_puts(b, ">");
+}
+
+static void sb_padding(pj_sb_t *b, const int64_t *lo, const int64_t *hi, int n) {
+  pj_sb_puts(b, "padding = dense<[");
+  for (int i = 0; i < n; i++)
+    pj_sb_printf(b, "%s[%lld, %lld]", i ? ", " : "", (long long)lo[i], (long long)hi[i]);
+  pj_sb_printf(b, "]> : tensor<%dx2xi64>", n);
+}
+
+/* Emits op with attributes accumulated in b (freed); optional region text. */
+static bool emit(pj_lower_t *L, const char *op, const pj_val_t *ins, int n, const char *region,
+                 pj_sb_t *b, const pj_type_t *outs, int nout, pj_val_t *res) {
+  char *attrs = pj_sb_take(b, NULL);
+  if (!attrs) {
+    pj_fail(L, PJ_ERR_OOM, "out of memory building %s", op);
+    for (int i = 0; i < nout; i++) res[i] = kBad;
+    return false;
+  }
+  bool ok = pj_hlo_op_multi(H, op, ins, n, region, attrs, outs, nout, res);
+  free(attrs);
+  return ok;
+}
+
+/* A 1-D constant of n values of dtype dt (ints exact up to 2^53 via the double array). */
+static pj_val_t const_vec(pj_lower_t *L, pj_dtype_t dt, const double *v, int64_t n) {
+  pj_sb_t b = {0};
+  pj_type_t t = pj_type(dt, 1, &n);
+  char ts[64];
+  bool is_f = pj_dtype_info(dt)->is_float;
+  pj_sb_puts(&b, "value = dense<[");
+  for (int64_t i = 0; i < n; i++) {
+    if (is_f)
+      pj_sb_printf(&b, i ? ", %.17e" : "%.17e", v[i]);
+    else
+      pj_sb_printf(&b, i ? ", %lld" : "%lld", (long long)v[i]);
+  }
+  pj_sb_printf(&b, "]> : %s", pj_type_str(&t, ts, sizeof ts));
+  pj_val_t r;
+  emit(L, "stablehlo.constant", NULL, 0, NULL, &b, &t, 1, &r);
+  return r;
+}
+
+/* A 1-D table broadcast along dim `axis` of shape t (dtype of t). */
+static pj_val_t table_along(pj_lower_t *L, const double *v, pj_type_t t, int axis) {
+  pj_val_t c = const_vec(L, t.dtype, v, t.dims[axis]);
+  int64_t d = axis;
+  return pj_broadcast_in_dim(H, c, t, &d);
+}
+
+static double *dalloc(pj_lower_t *L, int64_t n) {
+  double *p = calloc((size_t)(n > 0 ? n : 1), sizeof(double));
+  if (!p) pj_fail(L, PJ_ERR_OOM, "out of host memory building a constant table");
+  return p;
+}
+
+/* Reads an int[nsp] geometry argument; a single value applies to every spatial dim, an empty
+ * or missing list gives dflt (NULL: all `fill`). Returns false (error recorded) on a bad
+ * length. */
+static bool geom(pj_lower_t *L, const char *name, int nsp, int64_t *out, const int64_t *dflt,
+                 int64_t fill) {
+  int64_t v[8];
+  int n = pj_ints(L, name, v, 8);
+  if (n <= 0) {
+    for (int i = 0; i < nsp; i++) out[i] = dflt ? dflt[i] : fill;
+    return true;
+  }
+  if (n != 1 && n != nsp) {
+    pj_fail(L, PJ_ERR_VALUE, "%s: expected %d values for %s, got %d", L->c->op, nsp, name, n);
+    return false;
+  }
+  for (int i = 0; i < nsp; i++) out[i] = v[n == 1 ? 0 : i];
+  return true;
+}
+
+/* The digit in an op name ("max_pool3d_with_indices" -> 3); 0 if none. */
+static int name_nsp(const char *op) {
+  for (const char *p = op; *p; p++)
+    if (*p >= '1' && *p <= '3' && p[1] == 'd') return *p - '0';
+  return 0;
+}
+
+/* ---- convolution core ---- */
+
+/* Layout of a convolution: per operand, the roles of dims 0 and 1 ("bf", "fb", "oi", "io");
+ * the spatial dims follow in order. */
+typedef struct {
+  int nsp;
+  const char *lhs, *rhs, *out;
+  int64_t stride[MAXSP], lo[MAXSP], hi[MAXSP], lhs_dil[MAXSP], rhs_dil[MAXSP];
+  int64_t fgc, bgc;
+} conv_spec_t;
+
+static int role_pos(const char *two, char role) { return two[0] == role ? 0 : 1; }
+
+static void sb_layout(pj_sb_t *b, const char *two, int nsp) {
+  pj_sb_printf(b, "[%c, %c", two[0], two[1]);
+  for (int i = 0; i < nsp; i++) pj_sb_printf(b, ", %d", i);
+  pj_sb_puts(b, "]");
+}
+
+/* stablehlo.convolution with result dtype ct. Negative padding (a crop) is applied to the
+ * lhs with an explicit pad first (which also carries the lhs dilation then), since windows
+ * take only non-negative padding. */
+static pj_val_t conv_emit(pj_lower_t *L, pj_val_t lhs, pj_val_t rhs, conv_spec_t s,
+                          pj_dtype_t ct) {
+  if (lhs.id < 0 || rhs.id < 0) return kBad;
+  int nsp = s.nsp;
+  bool neg = false;
+  for (int i = 0; i < nsp; i++) neg = neg || s.lo[i] < 0 || s.hi[i] < 0;
+  if (neg) {
+    int64_t lo[PJ_MAX_RANK] = {0}, hi[PJ_MAX_RANK] = {0}, in[PJ_MAX_RANK] = {0};
+    for (int i = 0; i < nsp; i++) {
+      lo[2 + i] = s.lo[i] < 0 ? s.lo[i] : 0;
+      hi[2 + i] = s.hi[i] < 0 ? s.hi[i] : 0;
+      in[2 + i] = s.lhs_dil[i] - 1;
+      s.lo[i] -= lo[2 + i];
+      s.hi[i] -= hi[2 + i];
+      s.lhs_dil[i] = 1;
+    }
+    lhs = pj_pad(H, lhs, pj_const(H, lhs.t.dtype, 0), lo, hi, in);
+    if (lhs.id < 0) return kBad;
+  }
+  pj_type_t ot = {.dtype = ct, .rank = nsp + 2};
+  int lb = role_pos(s.lhs, 'b'), ro = role_pos(s.rhs, 'o');
+  ot.dims[role_pos(s.out, 'b')] = lhs.t.dims[lb] / s.bgc;
+  ot.dims[role_pos(s.out, 'f')] = rhs.t.dims[ro];
+  for (int i = 0; i < nsp; i++) {
+    int64_t in = lhs.t.dims[2 + i], k = rhs.t.dims[2 + i];
+    int64_t padded = (in > 0 ? (in - 1) * s.lhs_dil[i] + 1 : 0) + s.lo[i] + s.hi[i];
+    int64_t win = (k - 1) * s.rhs_dil[i] + 1;
+    ot.dims[2 + i] = padded < win ? 0 : (padded - win) / s.stride[i] + 1;
+  }
+  pj_sb_t b = {0};
+  pj_sb_puts(&b, "dimension_numbers = #stablehlo.conv<");
+  sb_layout(&b, s.lhs, nsp);
+  pj_sb_puts(&b, "x");
+  sb_layout(&b, s.rhs, nsp);
+  pj_sb_puts(&b, "->");
+  sb_layout(&b, s.out, nsp);
+  pj_sb_puts(&b, ">, ");
+  sb_array(&b, "window_strides", s.stride, nsp);
+  pj_sb_puts(&b, ", ");
+  sb_padding(&b, s.lo, s.hi, nsp);
+  pj_sb_puts(&b, ", ");
+  sb_array(&b, "lhs_dilation", s.lhs_dil, nsp);
+  pj_sb_puts(&b, ", ");
+  sb_array(&b, "rhs_dilation", s.rhs_dil, nsp);
+  pj_sb_printf(&b, ", feature_group_count = %lld : i64, batch_group_count = %lld : i64",
+               (long long)s.fgc, (long long)s.bgc);
+  pj_val_t ins[2] = {lhs, rhs}, r;
+  emit(L, "stablehlo.convolution", ins, 2, NULL, &b, &ot, 1, &r);
+  return r;
+}
+
+/* Operands of a convolution in compute dtype ct: low floats stay low (the product comes out
+ * in f32 from the convolution itself); others convert. */
+static pj_val_t conv_operand(pj_lower_t *L, pj_val_t x, pj_dtype_t ct) {
+  return x.t.dtype == PJ_F16 || x.t.dtype == PJ_BF16 ? x : pj_convert(H, x, ct);
+}
+
+typedef struct {
+  int nsp;
+  int64_t stride[MAXSP], pad[MAXSP], dil[MAXSP], outpad[MAXSP];
+  int64_t groups;
+} conv_geom_t;
+
+static conv_spec_t spec_init(int nsp, const char *lhs, const char *rhs, const char *out) {
+  conv_spec_t s = {.nsp = nsp, .lhs = lhs, .rhs = rhs, .out = out, .fgc = 1, .bgc = 1};
+  for (int i = 0; i < MAXSP; i++) s.stride[i] = s.lhs_dil[i] = s.rhs_dil[i] = 1;
+  return s;
+}
+
+/* y = conv(x, w): x [N, C, sp], w [O, C/g, k] -> [N, O, osp]. */
+static pj_val_t conv_fwd(pj_lower_t *L, pj_val_t x, pj_val_t w, const conv_geom_t *g,
+                         pj_dtype_t ct) {
+  conv_spec_t s = spec_init(g->nsp, "bf", "oi", "bf");
+  for (int i = 0; i < g->nsp; i++) {
+    s.stride[i] = g->stride[i];
+    s.lo[i] = s.hi[i] = g->pad[i];
+    s.rhs_dil[i] = g->dil[i];
+  }
+  s.fgc = g->groups;
+  return conv_emit(L, conv_operand(L, x, ct), conv_operand(L, w, ct), s, ct);
+}
+
+/* Transposed convolution (the input-gradient of conv_fwd): x [N, Cin, sp], w [Cin, O/g, k]
+ * -> [N, O, osp] with osp = (sp-1)*s - 2p + d(k-1) + 1 + outpad. As a forward convolution:
+ * lhs dilated by the stride, padded by d(k-1) - p (+ outpad at the end), with the kernel's
+ * spatial dims reversed and its feature dims swapped within each group. */
+static pj_val_t conv_tr(pj_lower_t *L, pj_val_t x, pj_val_t w, const conv_geom_t *g,
+                        pj_dtype_t ct) {
+  if (x.id < 0 || w.id < 0) return kBad;
+  int nsp = g->nsp;
+  int64_t G = g->groups, cin = w.t.dims[0], og = w.t.dims[1], cg = cin / G;
+  int64_t d5[PJ_MAX_RANK], perm[PJ_MAX_RANK], d3[PJ_MAX_RANK], rev[MAXSP];
+  d5[0] = G;
+  d5[1] = cg;
+  d5[2] = og;
+  perm[0] = 0;
+  perm[1] = 2;
+  perm[2] = 1;
+  d3[0] = G * og;
+  d3[1] = cg;
+  for (int i = 0; i < nsp; i++) {
+    d5[3 + i] = w.t.dims[2 + i];
+    perm[3 + i] = 3 + i;
+    d3[2 + i] = w.t.dims[2 + i];
+    rev[i] = 2 + i;
+  }
+  pj_val_t wt = pj_reshape(H, conv_operand(L, w, ct), 3 + nsp, d5);
+  wt = pj_transpose(H, wt, perm);
+  wt = pj_reshape(H, wt, 2 + nsp, d3);
+  pj_sb_t b = {0};
+  sb_array(&b, "dimensions", rev, nsp);
+  pj_val_t wr;
+  emit(L, "stablehlo.reverse", &wt, 1, NULL, &b, &wt.t, 1, &wr);
+  conv_spec_t s = spec_init(nsp, "bf", "oi", "bf");
+  for (int i = 0; i < nsp; i++) {
+    int64_t span = g->dil[i] * (w.t.dims[2 + i] - 1);
+    s.lo[i] = span - g->pad[i];
+    s.hi[i] = span - g->pad[i] + g->outpad[i];
+    s.lhs_dil[i] = g->stride[i];
+    s.rhs_dil[i] = g->dil[i];
+  }
+  s.fgc = G;
+  return conv_emit(L, conv_operand(L, x, ct), wr, s, ct);
+}
+
+/* Weight gradient of conv_fwd: x [N, C, sp], go [N, O, osp] -> [O, C/g, k]. The batch is
+ * contracted (it is the convolution's feature dim), the window walks x with the dilation as
+ * stride, and groups pair slices of x's channels with groups of go's channels
+ * (batch_group_count). */
+static pj_val_t conv_wgrad(pj_lower_t *L, pj_val_t x, pj_val_t go, const int64_t *k,
+                           const conv_geom_t *g, pj_dtype_t ct) {
+  if (x.id < 0 || go.id < 0) return kBad;
+  conv_spec_t s = spec_init(g->nsp, "fb", "io", "fb");
+  for (int i = 0; i < g->nsp; i++) {
+    int64_t in = x.t.dims[2 + i], on = go.t.dims[2 + i];
+    s.stride[i] = g->dil[i];
+    s.rhs_dil[i] = g->stride[i];
+    s.lo[i] = g->pad[i];
+    s.hi[i] = g->dil[i] * (k[i] - 1) + g->stride[i] * (on - 1) + 1 - in - g->pad[i];
+  }
+  s.bgc = g->groups;
+  return conv_emit(L, conv_operand(L, x, ct), conv_operand(L, go, ct), s, ct);
+}
+
+static bool conv_geometry(pj_lower_t *L, int nsp, conv_geom_t *g) {
+  g->nsp = nsp;
+  g->groups = pj_int(L, "groups", 1);
+  if (g->groups < 1) {
+    pj_fail(L, PJ_ERR_VALUE, "non-positive groups is not supported");
+    return false;
+  }
+  return geom(L, "stride", nsp, g->stride, NULL, 1) && geom(L, "padding", nsp, g->pad, NULL, 0) &&
+         geom(L, "dilation", nsp, g->dil, NULL, 1) &&
+         geom(L, "output_padding", nsp, g->outpad, NULL, 0);
+}
+
+static bool conv_dtype_ok(pj_lower_t *L, pj_dtype_t dt) {
+  if (pj_dtype_info(dt)->is_float || pj_dtype_info(dt)->is_complex) return true;
+  pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", L->c->op,
+          pj_dtype_info(dt)->name);
+  return false;
+}
+
+static void set_checked(pj_lower_t *L, int k, pj_val_t v) {
+  pj_type_t t = pj_out_type(L, k);
+  if (v.id >= 0 && !pj_type_same_shape(&v.t, &t)) {
+    pj_fail(L, PJ_ERR_RUNTIME, "internal: %s result %d has the wrong shape", L->c->op, k);
+    return;
+  }
+  pj_set_result(L, k, v);
+}
+
+static pj_status_t *lower_convolution(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "input"), w = pj_tensor(L, "weight");
+  if (x.id < 0 || w.id < 0) return NULL;
+  int nsp = x.t.rank - 2;
+  if (nsp < 1 || nsp > MAXSP || w.t.rank != x.t.rank) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "convolution of rank-%d input", x.t.rank);
+    return NULL;
+  }
+  if (!conv_dtype_ok(L, x.t.dtype)) return NULL;
+  conv_geom_t g;
+  if (!conv_geometry(L, nsp, &g)) return NULL;
+  pj_dtype_t ct = acc_dtype(pj_out_type(L, 0).dtype);
+  pj_val_t y = pj_bool(L, "transposed", false) ? conv_tr(L, x, w, &g, ct)
+                                               : conv_fwd(L, x, w, &g, ct);
+  if (pj_has(L, "bias") && y.id >= 0) {
+    int64_t one = 1;
+    pj_val_t b = pj_convert(H, pj_tensor(L, "bias"), ct);
+    y = pj_binary(H, "stablehlo.add", y, pj_broadcast_in_dim(H, b, y.t, &one));
+  }
+  set_checked(L, 0, y);
+  return NULL;
+}
+
+/* Gradients per output_mask. Destinations: one per true mask entry (undefined returns have
+ * none), or all three for the out= overload (a masked-off out tensor keeps its value). */
+static pj_status_t *lower_convolution_backward(pj_lower_t *L) {
+  pj_val_t go = pj_tensor(L, "grad_output"), x = pj_tensor(L, "input");
+  pj_val_t w = pj_tensor(L, "weight");
+  if (go.id < 0 || x.id < 0 || w.id < 0) return NULL;
+  int nsp = x.t.rank - 2;
+  if (nsp < 1 || nsp > MAXSP) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "convolution_backward of rank-%d input", x.t.rank);
+    return NULL;
+  }
+  if (!conv_dtype_ok(L, x.t.dtype)) return NULL;
+  conv_geom_t g;
+  if (!conv_geometry(L, nsp, &g)) return NULL;
+  int64_t mask[3] = {1, 1, 1};
+  pj_ints(L, "output_mask", mask, 3);
+  bool transposed = pj_bool(L, "transposed", false);
+  int nout = pj_nout(L);
+  static const char *const outs[3] = {"out0", "out1", "out2"};
+  int k = 0;
+  for (int i = 0; i < 3; i++) {
+    if (!mask[i]) {
+      if (nout == 3 && pj_has(L, outs[i])) pj_set_result(L, k++, pj_tensor(L, outs[i]));
+      continue;
+    }
+    if (k >= nout) break; /* an empty gradient has no destination */
+    pj_dtype_t ct = acc_dtype(pj_out_type(L, k).dtype);
+    pj_val_t r;
+    if (i == 0) {
+      if (transposed) {
+        r = conv_fwd(L, go, w, &g, ct);
+      } else {
+        /* output padding that restores the input's size */
+        conv_geom_t gi = g;
+        for (int j = 0; j < nsp; j++)
+          gi.outpad[j] = x.t.dims[2 + j] - ((go.t.dims[2 + j] - 1) * g.stride[j] -
+                                            2 * g.pad[j] + g.dil[j] * (w.t.dims[2 + j] - 1) + 1);
+        r = conv_tr(L, go, w, &gi, ct);
+      }
+    } else if (i == 1) {
+      /* a transposed convolution's weight gradient is the forward one with the roles of
+       * input and output gradient exchanged */
+      r = transposed ? conv_wgrad(L, go, x, &w.t.dims[2], &g, ct)
+                     : conv_wgrad(L, x, go, &w.t.dims[2], &g, ct);
+    } else {
+      int64_t dims[PJ_MAX_RANK];
+      int n = 0;
+      for (int j = 0; j < go.t.rank; j++)
+        if (j != 1) dims[n++] = j;
+      r = pj_reduce(H, pj_convert(H, go, ct), dims, n, "add");
+    }
+    set_checked(L, k++, r);
+  }
+  return NULL;
+}
+
+/* ---- windows (pooling) ---- */
+
+/* reduce_window over full-rank window arrays; n operands with n init values; `region` is the
+ * combiner's text. Results have types outs[0..n). */
+static bool reduce_window(pj_lower_t *L, const pj_val_t *xs, const pj_val_t *inits, int n,
+                          const char *region, const int64_t *win, const int64_t *str,
+                          const int64_t *dil, const int64_t *lo, const int64_t *hi,
+                          pj_val_t *res) {
+  pj_val_t ins[4];
+  pj_type_t outs[2];
+  int r = xs[0].t.rank;
+  for (int i = 0; i < n; i++) {
+    ins[i] = xs[i];
+    ins[n + i] = inits[i];
+    outs[i] = xs[i].t;
+    for (int d = 0; d < r; d++) {
+      int64_t padded = xs[i].t.dims[d] + lo[d] + hi[d];
+      int64_t w = (win[d] - 1) * (dil ? dil[d] : 1) + 1;
+      outs[i].dims[d] = padded < w ? 0 : (padded - w) / str[d] + 1;
+    }
+  }
+  pj_sb_t b = {0};
+  sb_array(&b, "window_dimensions", win, r);
+  pj_sb_puts(&b, ", ");
+  sb_array(&b, "window_strides", str, r);
+  if (dil) {
+    pj_sb_puts(&b, ", ");
+    sb_array(&b, "window_dilations", dil, r);
+  }
+  pj_sb_puts(&b, ", ");
+  sb_padding(&b, lo, hi, r);
+  return emit(L, "stablehlo.reduce_window", ins, 2 * n, region, &b, outs, n, res);
+}
+
+static pj_val_t window_sum(pj_lower_t *L, pj_val_t x, const int64_t *win, const int64_t *str,
+                           const int64_t *lo, const int64_t *hi) {
+  if (x.id < 0) return kBad;
+  pj_type_t st = pj_type_scalar(x.t.dtype);
+  pj_type_t sts[2] = {st, st};
+  pj_val_t a[2];
+  pj_hlo_region_begin(H, sts, 2, a);
+  pj_val_t s = pj_binary(H, "stablehlo.add", a[0], a[1]);
+  char *region = pj_hlo_region_end(H, &s, 1);
+  pj_val_t init = pj_const(H, x.t.dtype, 0), r = kBad;
+  if (region) reduce_window(L, &x, &init, 1, region, win, str, NULL, lo, hi, &r);
+  free(region);
+  return r;
+}
+
+/* Slices the trailing nsp dims of x to [start, start + size). */
+static pj_val_t slice_spatial(pj_lower_t *L, pj_val_t x, int nsp, const int64_t *start,
+                              const int64_t *size) {
+  if (x.id < 0) return kBad;
+  int lead = x.t.rank - nsp;
+  int64_t s[PJ_MAX_RANK], e[PJ_MAX_RANK];
+  for (int i = 0; i < x.t.rank; i++) {
+    s[i] = 0;
+    e[i] = x.t.dims[i];
+  }
+  for (int j = 0; j < nsp; j++) {
+    s[lead + j] = start[j];
+    e[lead + j] = start[j] + size[j];
+  }
+  return pj_slice(H, x, s, e, NULL);
+}
+
+typedef struct {
+  int nsp, lead;
+  int64_t k[MAXSP], s[MAXSP], p[MAXSP], d[MAXSP];
+  int64_t in[MAXSP], out[MAXSP];
+} pool_geom_t;
+
+/* Pool geometry from the schema (stride defaults to the kernel) and the input/output sizes. */
+static bool pool_geometry(pj_lower_t *L, int nsp, pj_type_t in, pj_type_t out, pool_geom_t *g) {
+  g->nsp = nsp;
+  g->lead = in.rank - nsp;
+  if (nsp < 1 || g->lead < 0 || out.rank != in.rank) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", L->c->op, in.rank);
+    return false;
+  }
+  if (!geom(L, "kernel_size", nsp, g->k, NULL, 1) || !geom(L, "stride", nsp, g->s, g->k, 1) ||
+      !geom(L, "padding", nsp, g->p, NULL, 0) || !geom(L, "dilation", nsp, g->d, NULL, 1))
+    return false;
+  for (int j = 0; j < nsp; j++) {
+    g->in[j] = in.dims[g->lead + j];
+    g->out[j] = out.dims[g->lead + j];
+    if (g->s[j] < 1 || g->k[j] < 1 || g->d[j] < 1) {
+      pj_fail(L, PJ_ERR_VALUE, "%s: kernel, stride and dilation must be positive", L->c->op);
+      return false;
+    }
+  }
+  return true;
+}
+
+/* Full-rank window arrays of a pool over x's trailing dims: window k, stride s, dilation d,
+ * padding p before and enough after to produce at least `out` windows (ceil_mode windows may
+ * overhang); callers slice to `out`. */
+static void pool_window(const pool_geom_t *g, int rank, int64_t *win, int64_t *str,
+                        int64_t *dil, int64_t *lo, int64_t *hi) {
+  for (int i = 0; i < rank; i++) {
+    win[i] = str[i] = dil[i] = 1;
+    lo[i] = hi[i] = 0;
+  }
+  for (int j = 0; j < g->nsp; j++) {
+    int i = g->lead + j;
+    win[i] = g->k[j];
+    str[i] = g->s[j];
+    dil[i] = g->d[j];
+    lo[i] = g->p[j];
+    int64_t need = (g->out[j] - 1) * g->s[j] + g->d[j] * (g->k[j] - 1) + 1 - g->in[j] - g->p[j];
+    hi[i] = need > g->p[j] ? need : g->p[j];
+  }
+}
+
+/* max_pool{1,2,3}d_with_indices: (max, flat index of the max within its plane). Ties go to
+ * the first element in scan order, a NaN wins (the last NaN), as in CPU's loop. */
+static pj_status_t *lower_max_pool(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  if (x.id < 0) return NULL;
+  pool_geom_t g;
+  if (!pool_geometry(L, name_nsp(L->c->op), x.t, pj_out_type(L, 0), &g)) return NULL;
+  int r = x.t.rank;
+  pj_dtype_t dt = x.t.dtype;
+  /* flat index of every element within its plane */
+  pj_type_t it = pj_type_with_dtype(x.t, PJ_I64);
+  pj_val_t idx = pj_full(H, it, 0);
+  int64_t mult = 1;
+  for (int j = g.nsp - 1; j >= 0; j--) {
+    pj_val_t io = pj_iota(H, it, g.lead + j);
+    idx = pj_binary(H, "stablehlo.add", idx,
+                    pj_binary(H, "stablehlo.multiply", io, pj_full(H, it, (double)mult)));
+    mult *= g.in[j];
+  }
+  pj_type_t sv = pj_type_scalar(dt), si = pj_type_scalar(PJ_I64);
+  pj_type_t sts[4] = {sv, si, sv, si};
+  pj_val_t a[4];
+  pj_hlo_region_begin(H, sts, 4, a);
+  {
+    pj_val_t an = pj_compare(H, "NE", a[0], a[0]), bn = pj_compare(H, "NE", a[2], a[2]);
+    pj_val_t not_bn = pj_unary(H, "stablehlo.not", bn);
+    pj_val_t gt = pj_compare(H, "GT", a[0], a[2]), eq = pj_compare(H, "EQ", a[0], a[2]);
+    pj_val_t ilt = pj_compare(H, "LT", a[1], a[3]), igt = pj_compare(H, "GT", a[1], a[3]);
+    /* a NaN: keep it unless the other is a later NaN; otherwise larger, or equal and earlier */
+    pj_val_t if_nan = pj_binary(H, "stablehlo.or", not_bn, igt);
+    pj_val_t if_num = pj_binary(H, "stablehlo.and", not_bn,
+                                pj_binary(H, "stablehlo.or", gt,
+                                          pj_binary(H, "stablehlo.and", eq, ilt)));
+    pj_val_t pick_a = pj_select(H, an, if_nan, if_num);
+    pj_val_t rv[2] = {pj_select(H, pick_a, a[0], a[2]), pj_select(H, pick_a, a[1], a[3])};
+    char *region = pj_hlo_region_end(H, rv, 2);
+    pj_val_t inits[2] = {dt == PJ_I64 ? pj_const_i(H, dt, INT64_MIN)
+                                      : pj_const(H, dt, pj_dtype_lowest(dt)),
+                         pj_const_i(H, PJ_I64, INT64_MAX)};
+    int64_t win[PJ_MAX_RANK], str[PJ_MAX_RANK], dil[PJ_MAX_RANK], lo[PJ_MAX_RANK],
+        hi[PJ_MAX_RANK];
+    pool_window(&g, r, win, str, dil, lo, hi);
+    pj_val_t xs[2] = {x, idx}, res[2] = {kBad, kBad};
+    if (region) reduce_window(L, xs, inits, 2, region, win, str, dil, lo, hi, res);
+    free(region);
+    int64_t zero[MAXSP] = {0};
+    set_checked(L, 0, slice_spatial(L, res[0], g.nsp, zero, g.out));
+    if (pj_nout(L) > 1) set_checked(L, 1, slice_spatial(L, res[1], g.nsp, zero, g.out));
+  }
+  return NULL;
+}
+
+/* Scatter-adds grad_output into each plane at the saved flat indices. */
+static pj_status_t *lower_max_pool_backward(pj_lower_t *L) {
+  pj_val_t go = pj_tensor(L, "grad_output"), ix = pj_tensor(L, "indices");
+  pj_type_t ot = pj_out_type(L, 0);
+  int nsp = name_nsp(L->c->op);
+  if (go.id < 0 || ix.id < 0) return NULL;
+  int lead = ot.rank - nsp;
+  if (lead < 0 || go.t.rank != ot.rank || !pj_type_same_shape(&go.t, &ix.t)) {
+    pj_fail(L, PJ_ERR_RUNTIME, "%s: grad_output and indices must match", L->c->op);
+    return NULL;
+  }
+  int64_t planes = 1, osz = 1, isz = 1;
+  for (int i = 0; i < lead; i++) planes *= ot.dims[i];
+  for (int j = 0; j < nsp; j++) {
+    osz *= go.t.dims[lead + j];
+    isz *= ot.dims[lead + j];
+  }
+  pj_dtype_t ct = acc_dtype(ot.dtype);
+  int64_t d2[2] = {planes, osz}, n1 = planes * osz, all = planes * isz;
+  pj_type_t t2 = pj_type(PJ_I64, 2, d2);
+  pj_val_t gidx = pj_binary(
+      H, "stablehlo.add", pj_reshape(H, pj_convert(H, ix, PJ_I64), 2, d2),
+      pj_binary(H, "stablehlo.multiply", pj_iota(H, t2, 0), pj_full(H, t2, (double)isz)));
+  pj_val_t upd = pj_reshape(H, pj_convert(H, go, ct), 1, &n1);
+  pj_val_t z = pj_full(H, pj_type(ct, 1, &all), 0);
+  pj_val_t r = pj_scatter_1d(H, z, pj_reshape(H, gidx, 1, &n1), upd, "add");
+  pj_set_result(L, 0, pj_reshape(H, r, ot.rank, ot.dims));
+  return NULL;
+}
+
+/* avg_pool divisor along one dim for each output position (CPU's formula): the window
+ * clipped to the padded input (count_include_pad) or to the input. */
+static void avg_counts(const pool_geom_t *g, int j, bool include_pad, double *cnt) {
+  for (int64_t o = 0; o < g->out[j]; o++) {
+    int64_t start = o * g->s[j] - g->p[j];
+    int64_t end = start + g->k[j];
+    if (end > g->in[j] + g->p[j]) end = g->in[j] + g->p[j];
+    int64_t pool = end - start;
+    if (start < 0) start = 0;
+    if (end > g->in[j]) end = g->in[j];
+    cnt[o] = (double)(include_pad ? pool : end - start);
+  }
+}
+
+/* The divisor tensor of an avg_pool over output type t (dtype ct). */
+static pj_val_t avg_divisor(pj_lower_t *L, const pool_geom_t *g, pj_type_t t) {
+  if (pj_has(L, "divisor_override")) {
+    int64_t dv = pj_int(L, "divisor_override", 1);
+    if (dv == 0) {
+      pj_fail(L, PJ_ERR_RUNTIME, "divisor must be not zero");
+      return kBad;
+    }
+    return pj_full(H, t, (double)dv);
+  }
+  bool incl = pj_bool(L, "count_include_pad", true);
+  pj_val_t div = kBad;
+  for (int j = 0; j < g->nsp; j++) {
+    double *cnt = dalloc(L, g->out[j]);
+    if (!cnt) return kBad;
+    avg_counts(g, j, incl, cnt);
+    pj_val_t c = table_along(L, cnt, t, g->lead + j);
+    free(cnt);
+    div = j == 0 ? c : pj_binary(H, "stablehlo.multiply", div, c);
+  }
+  return div;
+}
+
+static pj_status_t *lower_avg_pool(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  if (x.id < 0) return NULL;
+  pool_geom_t g;
+  if (!pool_geometry(L, name_nsp(L->c->op), x.t, ot, &g)) return NULL;
+  pj_dtype_t ct = acc_dtype(ot.dtype);
+  int64_t win[PJ_MAX_RANK], str[PJ_MAX_RANK], dil[PJ_MAX_RANK], lo[PJ_MAX_RANK], hi[PJ_MAX_RANK];
+  pool_window(&g, x.t.rank, win, str, dil, lo, hi);
+  int64_t zero[MAXSP] = {0};
+  pj_val_t s = slice_spatial(L, window_sum(L, pj_convert(H, x, ct), win, str, lo, hi), g.nsp,
+                             zero, g.out);
+  pj_val_t div = avg_divisor(L, &g, pj_type_with_dtype(ot, ct));
+  set_checked(L, 0, pj_binary(H, "stablehlo.divide", s, div));
+  return NULL;
+}
+
+/* Each input element receives grad/divisor of every window covering it: the divided grads,
+ * dilated by the stride, summed over a stride-1 window of the kernel's size. */
+static pj_status_t *lower_avg_pool_backward(pj_lower_t *L) {
+  pj_val_t go = pj_tensor(L, "grad_output"), x = pj_tensor(L, "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  if (go.id < 0 || x.id < 0) return NULL;
+  pool_geom_t g;
+  if (!pool_geometry(L, name_nsp(L->c->op), ot, go.t, &g)) return NULL;
+  pj_dtype_t ct = acc_dtype(ot.dtype);
+  pj_val_t q = pj_convert(H, go, ct);
+  q = pj_binary(H, "stablehlo.divide", q, avg_divisor(L, &g, q.t));
+  int r = ot.rank;
+  int64_t lo[PJ_MAX_RANK] = {0}, hi[PJ_MAX_RANK] = {0}, in[PJ_MAX_RANK] = {0};
+  int64_t win[PJ_MAX_RANK], one[PJ_MAX_RANK], zero[PJ_MAX_RANK] = {0};
+  for (int i = 0; i < r; i++) win[i] = one[i] = 1;
+  for (int j = 0; j < g.nsp; j++) {
+    int i = g.lead + j;
+    int64_t reach = (g.out[j] - 1) * g.s[j] + g.k[j];
+    int64_t extra = g.p[j] + g.in[j] - reach;
+    lo[i] = g.k[j] - 1;
+    hi[i] = g.k[j] - 1 + (extra > 0 ? extra : 0);
+    in[i] = g.s[j] - 1;
+    win[i] = g.k[j];
+  }
+  q = pj_pad(H, q, pj_const(H, ct, 0), lo, hi, in);
+  pj_val_t s = window_sum(L, q, win, one, zero, zero);
+  set_checked(L, 0, slice_spatial(L, s, g.nsp, g.p, g.in));
+  return NULL;
+}
+
+/* ---- adaptive average pooling ---- */
+
+/* dot_general at HIGHEST precision (pooling weights must not round through bf16 passes). */
+static pj_val_t dot_exact(pj_lower_t *L, pj_val_t a, pj_val_t b, int64_t lc) {
+  if (a.id < 0 || b.id < 0) return kBad;
+  pj_type_t t = {.dtype = a.t.dtype, .rank = 0};
+  for (int i = 0; i < a.t.rank; i++)
+    if (i != lc) t.dims[t.rank++] = a.t.dims[i];
+  t.dims[t.rank++] = b.t.dims[1];
+  pj_sb_t s = {0};
+  pj_sb_printf(&s,
+               "dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [%lld], "
+               "rhs_contracting_dimensions = [0]>, precision_config = "
+               "[#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]",
+               (long long)lc);
+  pj_val_t ins[2] = {a, b}, r;
+  emit(L, "stablehlo.dot_general", ins, 2, NULL, &s, &t, 1, &r);
+  return r;
+}
+
+/* Window [start, end) of output o of an adaptive pool from `in` to `out` (CPU's formula). */
+static void adaptive_window(int64_t o, int64_t in, int64_t out, int64_t *start, int64_t *end) {
+  *start = (o * in) / out;
+  *end = ((o + 1) * in + out - 1) / out;
+}
+
+/* Membership matrix of dim j, [in, out] (forward) or [out, in] (backward), 0/1 values. */
+static pj_val_t adaptive_matrix(pj_lower_t *L, int64_t in, int64_t out, bool backward,
+                                pj_dtype_t ct) {
+  double *m = dalloc(L, in * out);
+  if (!m) return kBad;
+  for (int64_t o = 0; o < out; o++) {
+    int64_t s, e;
+    adaptive_window(o, in, out, &s, &e);
+    for (int64_t i = s; i < e; i++) m[backward ? o * in + i : i * out + o] = 1;
+  }
+  int64_t n = in * out, d[2] = {backward ? out : in, backward ? in : out};
+  pj_val_t v = pj_reshape(H, const_vec(L, ct, m, n), 2, d);
+  free(m);
+  return v;
+}
+
+/* Product of per-dim window sizes over the trailing nsp dims of t. */
+static pj_val_t adaptive_counts(pj_lower_t *L, int nsp, const int64_t *in, pj_type_t t) {
+  int lead = t.rank - nsp;
+  pj_val_t div = kBad;
+  for (int j = 0; j < nsp; j++) {
+    int64_t out = t.dims[lead + j];
+    double *c = dalloc(L, out);
+    if (!c) return kBad;
+    for (int64_t o = 0; o < out; o++) {
+      int64_t s, e;
+      adaptive_window(o, in[j], out, &s, &e);
+      c[o] = (double)(e - s);
+    }
+    pj_val_t cv = table_along(L, c, t, lead + j);
+    free(c);
+    div = j == 0 ? cv : pj_binary(H, "stablehlo.multiply", div, cv);
+  }
+  return div;
+}
+
+static pj_status_t *lower_adaptive_avg_pool(pj_lower_t *L) {
+  bool backward = strstr(L->c->op, "backward") != NULL;
+  int nsp = name_nsp(L->c->op);
+  pj_val_t x = pj_tensor(L, backward ? "grad_output" : "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  if (x.id < 0) return NULL;
+  int lead = ot.rank - nsp;
+  if (nsp < 1 || lead < 0 || x.t.rank != ot.rank) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", L->c->op, ot.rank);
+    return NULL;
+  }
+  pj_dtype_t ct = acc_dtype(ot.dtype);
+  /* in: the pooled (large) sizes; out: the pooled-to sizes */
+  int64_t in[MAXSP], out[MAXSP];
+  bool uniform = true;
+  for (int j = 0; j < nsp; j++) {
+    in[j] = (backward ? ot : x.t).dims[lead + j];
+    out[j] = (backward ? x.t : ot).dims[lead + j];
+    uniform = uniform && out[j] > 0 && in[j] % out[j] == 0;
+  }
+  pj_val_t v = pj_convert(H, x, ct);
+  if (!backward) {
+    if (uniform) {
+      /* equal windows: a strided window sum */
+      int64_t win[PJ_MAX_RANK], zero[PJ_MAX_RANK] = {0};
+      double kk = 1;
+      for (int i = 0; i < ot.rank; i++) win[i] = 1;
+      for (int j = 0; j < nsp; j++) {
+        win[lead + j] = in[j] / out[j];
+        kk *= (double)win[lead + j];
+      }
+      v = window_sum(L, v, win, win, zero, zero);
+      v = pj_binary(H, "stablehlo.divide", v, pj_full(H, v.t, kk));
+    } else {
+      /* contracting dim `lead` each time moves the pooled dim last: order is restored */
+      for (int j = 0; j < nsp; j++)
+        v = dot_exact(L, v, adaptive_matrix(L, in[j], out[j], false, ct), lead);
+      v = pj_binary(H, "stablehlo.divide", v, adaptive_counts(L, nsp, in, v.t));
+    }
+    set_checked(L, 0, v);
+    return NULL;
+  }
+  if (uniform) {
+    /* each input element gets its window's grad / window size: broadcast and merge dims */
+    int64_t big[PJ_MAX_RANK], map[PJ_MAX_RANK];
+    double kk = 1;
+    int nb = 0;
+    for (int i = 0; i < lead; i++) {
+      map[i] = nb;
+      big[nb++] = ot.dims[i];
+    }
+    for (int j = 0; j < nsp; j++) {
+      map[lead + j] = nb;
+      big[nb++] = out[j];
+      big[nb++] = in[j] / out[j];
+      kk *= (double)(in[j] / out[j]);
+    }
+    if (nb > PJ_MAX_RANK) {
+      pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s: rank too large", L->c->op);
+      return NULL;
+    }
+    v = pj_binary(H, "stablehlo.divide", v, pj_full(H, v.t, kk));
+    v = pj_broadcast_in_dim(H, v, pj_type(ct, nb, big), map);
+    set_checked(L, 0, pj_reshape(H, v, ot.rank, ot.dims));
+    return NULL;
+  }
+  v = pj_binary(H, "stablehlo.divide", v, adaptive_counts(L, nsp, in, v.t));
+  for (int j = 0; j < nsp; j++)
+    v = dot_exact(L, v, adaptive_matrix(L, in[j], out[j], true, ct), lead);
+  set_checked(L, 0, v);
+  return NULL;
+}
+
+/* ---- upsampling ---- */
+
+typedef enum { UP_NEAREST, UP_NEAREST_EXACT, UP_LINEAR } up_mode_t;
+
+/* Per output position along one dim: source indices i0/i1 and weights w0/w1 (linear), or i0
+ * (nearest), with CPU's float (double for float64) arithmetic. */
+static void up_table(up_mode_t mode, bool align, bool has_scale, double scale_arg, int64_t in,
+                     int64_t out, bool dbl, double *i0, double *i1, double *w0, double *w1) {
+  for (int64_t o = 0; o < out; o++) {
+    if (mode != UP_LINEAR) {
+      int64_t src;
+      float sc = has_scale && scale_arg > 0 ? (float)(1.0 / scale_arg) : (float)in / (float)out;
+      if (mode == UP_NEAREST && out == in)
+        src = o;
+      else if (mode == UP_NEAREST && out == 2 * in)
+        src = o >> 1;
+      else if (mode == UP_NEAREST)
+        src = (int64_t)floorf((float)o * sc);
+      else
+        src = (int64_t)floorf((float)(((double)o + 0.5) * (double)sc));
+      i0[o] = (double)(src < in - 1 ? src : in - 1);
+      continue;
+    }
+    if (out == in) {
+      i0[o] = i1[o] = (double)o;
+      w0[o] = 1;
+      w1[o] = 0;
+      continue;
+    }
+    int64_t idx;
+    if (dbl) {
+      double sc = align ? (out > 1 ? (double)(in - 1) / (double)(out - 1) : 0)
+                        : (has_scale && scale_arg > 0 ? 1.0 / scale_arg : (double)in / (double)out);
+      double src = align ? sc * (double)o : sc * ((double)o + 0.5) - 0.5;
+      if (!align && src < 0) src = 0;
+      idx = (int64_t)floor(src);
+      if (idx > in - 1) idx = in - 1;
+      double l = src - (double)idx;
+      l = l < 0 ? 0 : l > 1 ? 1 : l;
+      w1[o] = l;
+      w0[o] = 1.0 - l;
+    } else {
+      float sc = align ? (out > 1 ? (float)(in - 1) / (float)(out - 1) : 0.0f)
+                       : (has_scale && scale_arg > 0 ? (float)(1.0 / scale_arg)
+                                                     : (float)in / (float)out);
+      float src = align ? sc * (float)o : sc * ((float)o + 0.5f) - 0.5f;
+      if (!align && src < 0) src = 0;
+      idx = (int64_t)floorf(src);
+      if (idx > in - 1) idx = in - 1;
+      float l = src - (float)idx;
+      l = l < 0 ? 0 : l > 1 ? 1 : l;
+      w1[o] = l;
+      w0[o] = 1.0f - l;
+    }
+    i0[o] = (double)idx;
+    i1[o] = (double)(idx < in - 1 ? idx + 1 : idx);
+  }
+}
+
+static pj_val_t index_column(pj_lower_t *L, const double *idx, int64_t n) {
+  int64_t d[2] = {n, 1};
+  return pj_reshape(H, const_vec(L, PJ_I64, idx, n), 2, d);
+}
+
+/* x with dim `axis` replaced by x[..., idx[o], ...] for o < n. */
+static pj_val_t gather_axis(pj_lower_t *L, pj_val_t x, int axis, const double *idx, int64_t n) {
+  if (x.id < 0) return kBad;
+  pj_val_t iv = index_column(L, idx, n);
+  pj_type_t t = x.t;
+  t.dims[axis] = n;
+  int64_t offs[PJ_MAX_RANK], sizes[PJ_MAX_RANK];
+  int no = 0;
+  for (int i = 0; i < x.t.rank; i++) {
+    if (i != axis) offs[no++] = i;
+    sizes[i] = i == axis ? 1 : x.t.dims[i];
+  }
+  pj_sb_t b = {0};
+  pj_sb_puts(&b, "dimension_numbers = #stablehlo.gather<offset_dims = [");
+  for (int i = 0; i < no; i++) pj_sb_printf(&b, i ? ", %lld" : "%lld", (long long)offs[i]);
+  pj_sb_printf(&b, "], collapsed_slice_dims = [%d], start_index_map = [%d], index_vector_dim = 1>, ",
+               axis, axis);
+  sb_array(&b, "slice_sizes", sizes, x.t.rank);
+  pj_sb_puts(&b, ", indices_are_sorted = false");
+  pj_val_t ins[2] = {x, iv}, r;
+  emit(L, "stablehlo.gather", ins, 2, NULL, &b, &t, 1, &r);
+  return r;
+}
+
+/* The transpose of gather_axis: zeros with dim `axis` of size `size`, u[..., o, ...] added at
+ * idx[o]. */
+static pj_val_t scatter_add_axis(pj_lower_t *L, pj_val_t u, int axis, const double *idx,
+                                 int64_t size) {
+  if (u.id < 0) return kBad;
+  int64_t n = u.t.dims[axis];
+  pj_val_t iv = index_column(L, idx, n);
+  pj_type_t t = u.t;
+  t.dims[axis] = size;
+  pj_val_t z = pj_full(H, t, 0);
+  pj_type_t st = pj_type_scalar(t.dtype);
+  pj_type_t sts[2] = {st, st};
+  pj_val_t a[2];
+  pj_hlo_region_begin(H, sts, 2, a);
+  pj_val_t s = pj_binary(H, "stablehlo.add", a[0], a[1]);
+  char *region = pj_hlo_region_end(H, &s, 1);
+  pj_sb_t b = {0};
+  pj_sb_puts(&b, "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [");
+  int no = 0;
+  for (int i = 0; i < u.t.rank; i++)
+    if (i != axis) pj_sb_printf(&b, no++ ? ", %d" : "%d", i);
+  pj_sb_printf(&b,
+               "], inserted_window_dims = [%d], scatter_dims_to_operand_dims = [%d], "
+               "index_vector_dim = 1>, indices_are_sorted = false, unique_indices = false",
+               axis, axis);
+  pj_val_t ins[3] = {z, iv, u}, r = kBad;
+  if (region) emit(L, "stablehlo.scatter", ins, 3, region, &b, &t, 1, &r);
+  else pj_sb_free(&b);
+  free(region);
+  return r;
+}
+
+static pj_status_t *lower_upsample(pj_lower_t *L) {
+  const char *op = L->c->op;
+  bool backward = strstr(op, "backward") != NULL;
+  up_mode_t mode = strstr(op, "nearest_exact") ? UP_NEAREST_EXACT
+                   : strstr(op, "nearest")     ? UP_NEAREST
+                                               : UP_LINEAR;
+  int nsp = name_nsp(op);
+  pj_val_t x = pj_tensor(L, backward ? "grad_output" : "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  if (x.id < 0) return NULL;
+  int lead = ot.rank - nsp;
+  if (nsp < 1 || lead < 0 || x.t.rank != ot.rank) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", op, ot.rank);
+    return NULL;
+  }
+  static const char *const names1[] = {"scales"};
+  static const char *const names2[] = {"scales_h", "scales_w"};
+  static const char *const names3[] = {"scales_d", "scales_h", "scales_w"};
+  const char *const *scale_names = nsp == 1 ? names1 : nsp == 2 ? names2 : names3;
+  bool align = pj_bool(L, "align_corners", false);
+  pj_dtype_t ct = mode == UP_LINEAR || backward ? acc_dtype(ot.dtype) : ot.dtype;
+  bool dbl = ct == PJ_F64;
+  pj_val_t v = pj_convert(H, x, ct);
+  /* forward: innermost dim first, so the last weights applied are the outermost dim's, the
+   * same association as CPU's nested interpolation */
+  for (int jj = 0; jj < nsp; jj++) {
+    int j = backward ? jj : nsp - 1 - jj;
+    int axis = lead + j;
+    int64_t in = (backward ? ot : x.t).dims[axis], out = (backward ? x.t : ot).dims[axis];
+    double *tab = dalloc(L, 4 * out);
+    if (!tab) return NULL;
+    double *i0 = tab, *i1 = tab + out, *w0 = tab + 2 * out, *w1 = tab + 3 * out;
+    up_table(mode, align, pj_has(L, scale_names[j]), pj_float(L, scale_names[j], 0), in, out,
+             dbl, i0, i1, w0, w1);
+    if (mode != UP_LINEAR) {
+      v = backward ? scatter_add_axis(L, v, axis, i0, in) : gather_axis(L, v, axis, i0, out);
+    } else if (!backward) {
+      pj_type_t t = v.t;
+      t.dims[axis] = out;
+      pj_val_t a = pj_binary(H, "stablehlo.multiply", gather_axis(L, v, axis, i0, out),
+                             table_along(L, w0, t, axis));
+      pj_val_t b = pj_binary(H, "stablehlo.multiply", gather_axis(L, v, axis, i1, out),
+                             table_along(L, w1, t, axis));
+      v = pj_binary(H, "stablehlo.add", a, b);
+    } else {
+      pj_val_t a = scatter_add_axis(
+          L, pj_binary(H, "stablehlo.multiply", v, table_along(L, w0, v.t, axis)), axis, i0, in);
+      pj_val_t b = scatter_add_axis(
+          L, pj_binary(H, "stablehlo.multiply", v, table_along(L, w1, v.t, axis)), axis, i1, in);
+      v = pj_binary(H, "stablehlo.add", a, b);
+    }
+    free(tab);
+  }
+  set_checked(L, 0, v);
+  return NULL;
+}
+
+#define UPSAMPLE_ROWS(X)                                                                      \
+  X(upsample_nearest1d) X(upsample_nearest2d) X(upsample_nearest3d)                           \
+  X(_upsample_nearest_exact1d) X(_upsample_nearest_exact2d) X(_upsample_nearest_exact3d)      \
+  X(upsample_linear1d) X(upsample_bilinear2d) X(upsample_trilinear3d)
+#define UP_ENTRY(n) {#n, lower_upsample}, {#n "_backward", lower_upsample},
+
 const pj_lowering_entry_t pj_lowerings_conv[] = {
+    {"convolution", lower_convolution},
+    {"convolution_backward", lower_convolution_backward},
+    {"max_pool2d_with_indices", lower_max_pool},
+    {"max_pool3d_with_indices", lower_max_pool},
+    {"max_pool2d_with_indices_backward", lower_max_pool_backward},
+    {"max_pool3d_with_indices_backward", lower_max_pool_backward},
+    {"avg_pool2d", lower_avg_pool},
+    {"avg_pool3d", lower_avg_pool},
+    {"avg_pool2d_backward", lower_avg_pool_backward},
+    {"avg_pool3d_backward", lower_avg_pool_backward},
+    {"_adaptive_avg_pool2d", lower_adaptive_avg_pool},
+    {"_adaptive_avg_pool3d", lower_adaptive_avg_pool},
+    {"_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool},
+    {"_adaptive_avg_pool3d_backward", lower_adaptive_avg_pool},
+    UPSAMPLE_ROWS(UP_ENTRY)
     {NULL, NULL},
 };
