@@ -28,18 +28,25 @@ LDFLAGS_EXT := -shared -L$(TORCH_DIR)/lib -Wl,-rpath,$(TORCH_DIR)/lib \
 
 EXT_SO := torch_pjrt/_C$(EXT)
 
-all: $(EXT_SO)
+# Several people may run make at once in this checkout: the lock makes concurrent builds wait
+# instead of compiling the same objects side by side.
+all:
+	@mkdir -p build
+	@flock build/.make.lock $(MAKE) --no-print-directory PYTHON=$(PYTHON) $(EXT_SO)
 
 $(HDR):
 	PYTHON=$(PYTHON) bash tools/fetch_pjrt_header.sh build/include
 
-build/obj/%.o: csrc/%.c $(HDR) $(wildcard csrc/include/torch_pjrt/*.h csrc/runtime/*.h csrc/hlo/*.h csrc/ops/*.h)
+# -MMD: each object depends on exactly the headers it includes (build/obj/**/*.d).
+build/obj/%.o: csrc/%.c $(HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) -c $< -o $@
+	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-build/obj/%.o: csrc/%.cpp $(HDR) $(wildcard csrc/include/torch_pjrt/*.h csrc/bridge/*.h)
+build/obj/%.o: csrc/%.cpp $(HDR)
 	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -c $< -o $@
+	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
+
+-include $(C_OBJS:.o=.d) $(CXX_OBJS:.o=.d)
 
 $(EXT_SO): $(C_OBJS) $(CXX_OBJS)
 	$(CXX) -o $@ $^ $(LDFLAGS_EXT)
