@@ -72,7 +72,8 @@ static pj_status_t *lower_product(pj_lower_t *L) {
     return NULL;
   }
   if (in_dt == PJ_BOOL) {
-    pj_fail(L, PJ_ERR_RUNTIME, "\"%s\" not implemented for 'Bool'", L->c->op);
+    /* CPU raises NotImplementedError from its dtype dispatch */
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for 'Bool'", L->c->op);
     return NULL;
   }
   /* out_dtype overloads (mm.dtype etc.) only widen low floats to float32: ot covers them */
