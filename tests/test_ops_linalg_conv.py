@@ -123,6 +123,14 @@ def test_add_variants(dtype, fallbacks):
     fallbacks.assert_none()
 
 
+@pytest.mark.parametrize("use_gelu", [False, True])
+def test_addmm_activation(use_gelu, fallbacks):
+    compare(lambda s, a, b: torch.ops.aten._addmm_activation(s, a, b, beta=0.5, alpha=2,
+                                                             use_gelu=use_gelu),
+            rnd(3), rnd(4, 5, seed=1, scale=2), rnd(5, 3, seed=2))
+    fallbacks.assert_none()
+
+
 def test_beta_zero_ignores_nan_self(fallbacks):
     s = torch.full((4, 3), float("nan"))
     out = compare(lambda s, a, b: torch.addmm(s, a, b, beta=0), s, rnd(4, 5), rnd(5, 3, seed=1))

@@ -108,15 +108,12 @@ static pj_status_t *lower_product(pj_lower_t *L) {
   pj_val_t r = pj_binary(H, "stablehlo.add", scaled, p);
   if (!strcmp(row->name, "_addmm_activation")) {
     if (pj_bool(L, "use_gelu", false)) {
-      /* the fused kernels use the tanh approximation of GELU */
-      pj_val_t x3 = pj_binary(H, "stablehlo.multiply", pj_binary(H, "stablehlo.multiply", r, r), r);
-      pj_val_t inner = pj_binary(
-          H, "stablehlo.multiply", pj_full(H, pt, 0.7978845608028654),
-          pj_binary(H, "stablehlo.add", r,
-                    pj_binary(H, "stablehlo.multiply", pj_full(H, pt, 0.044715), x3)));
+      /* CPU's kernel applies the exact (erf) GELU */
+      pj_val_t e = pj_unary(H, "chlo.erf",
+                            pj_binary(H, "stablehlo.multiply", r,
+                                      pj_full(H, pt, 0.70710678118654752440)));
       pj_val_t cdf = pj_binary(H, "stablehlo.multiply", pj_full(H, pt, 0.5),
-                               pj_binary(H, "stablehlo.add", pj_full(H, pt, 1),
-                                         pj_unary(H, "stablehlo.tanh", inner)));
+                               pj_binary(H, "stablehlo.add", pj_full(H, pt, 1), e));
       r = pj_binary(H, "stablehlo.multiply", r, cdf);
     } else {
       r = pj_binary(H, "stablehlo.maximum", r, zero);
