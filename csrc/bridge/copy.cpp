@@ -1,6 +1,7 @@
 // Copies between host and device and within the device, and storage growth. A device copy into
 // a view is the "_pj_copy" lowering with the view as destination (dtype conversion and
 // broadcasting included), so copy_ into slices, transposes or diagonals updates the base.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/ops/empty.h>
 
 #include "call_builder.h"
@@ -67,6 +68,8 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (dst.numel() == 0) return dst;
   if (is_tpu(self) && is_tpu(dst)) {
     if (self.device() == dst.device()) {
+      at::assert_no_internal_overlap(dst);
+      at::assert_no_partial_overlap(dst, self);
       device_copy(self, dst);
     } else {
       from_host(to_host(self), dst);

@@ -2,6 +2,7 @@
 // a pj_call_t (arguments by name), output metadata from PyTorch's Meta kernels (so dtype
 // promotion, broadcasting and error checks match CPU), destinations for functional, in-place
 // and out= variants, and the CPU fallback for ops without a lowering. No op semantics here.
+#include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <c10/util/irange.h>
@@ -264,6 +265,20 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     if (is_write(schema.arguments()[a]) && !covered_args.count(a))
       for (const at::Tensor& t : tensors_of(args[a]))
         if (t.defined()) dests.push_back(t);
+
+  // Writes into existing tensors get CPU's overlap checks (TensorIterator's): no element of a
+  // destination may alias another of its elements, or partially alias an input. The fake
+  // device addresses of storages make PyTorch's own checks work here.
+  for (size_t a = 0; a < nargs; a++)
+    if (is_write(schema.arguments()[a]))
+      for (const at::Tensor& d : tensors_of(args[a])) {
+        if (!d.defined()) continue;
+        at::assert_no_internal_overlap(d);
+        for (size_t i = 0; i < nargs; i++)
+          if (!is_write(schema.arguments()[i]))
+            for (const at::Tensor& in : tensors_of(args[i]))
+              if (in.defined() && in.device() == d.device()) at::assert_no_partial_overlap(d, in);
+      }
 
   // 3. The call.
   CallBuilder b(base, schema.overload_name(), device);

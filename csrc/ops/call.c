@@ -149,13 +149,9 @@ static pj_status_t *build_program(pj_call_t *c, pj_lower_fn fn, char **text, siz
   for (int o = 0; o < c->nout && pj_hlo_ok(h); o++) {
     const pj_tensor_desc_t *d = &c->outs[o];
     const pj_slot_t *sl = &c->slots[d->slot];
-    if (d->dtype != sl->dtype) {
-      pj_hlo_fail(h, PJ_ERR_UNIMPLEMENTED,
-                  "writing %s into a storage holding %s (dtype-reinterpreting view)",
-                  pj_dtype_info(d->dtype)->name, pj_dtype_info(sl->dtype)->name);
-      break;
-    }
-    full[d->slot] = pj_view_write(h, full[d->slot], sl->numel, sl->dtype, d, results[o]);
+    /* a view(dtype) destination: write its bits in the storage's element type */
+    pj_val_t v = pj_view_bitcast(h, results[o], sl->dtype);
+    full[d->slot] = pj_view_write(h, full[d->slot], sl->numel, sl->dtype, d, v);
     is_written[d->slot] = true;
   }
   pj_val_t outs[PJ_CALL_MAX_SLOTS];

@@ -171,3 +171,15 @@ pj_val_t pj_view_write(pj_hlo_t *h, pj_val_t full, int64_t numel, pj_dtype_t dt,
   }
   return pj_scatter_1d(h, full, linear_indices(h, d), v, NULL);
 }
+
+pj_val_t pj_view_bitcast(pj_hlo_t *h, pj_val_t full, pj_dtype_t dt) {
+  if (full.id < 0 || full.t.dtype == dt) return full;
+  size_t a = pj_dtype_info(full.t.dtype)->itemsize, b = pj_dtype_info(dt)->itemsize;
+  if (a != b)
+    return pj_hlo_fail(h, PJ_ERR_UNIMPLEMENTED,
+                       "a %s view of a storage holding %s (different element sizes) is not "
+                       "supported on tpu",
+                       pj_dtype_info(dt)->name, pj_dtype_info(full.t.dtype)->name);
+  if (full.t.dtype == PJ_BOOL || dt == PJ_BOOL) return pj_convert(h, full, dt);
+  return pj_hlo_op(h, "stablehlo.bitcast_convert", &full, 1, NULL, pj_type_with_dtype(full.t, dt));
+}
