@@ -461,3 +461,31 @@ def test_tiny_gpt_attention_forward_backward():
     for p, pt in zip(m.parameters(), mt.parameters()):
         torch.testing.assert_close(pt.grad.cpu(), p.grad, atol=1e-4, rtol=1e-3)
     assert lowered_fallbacks(before) == {}
+
+
+# ---------------------------------------------------------------- dtype support as on CPU
+
+SPATIAL_OPS = {
+    "conv": lambda x: F.conv2d(x, torch.ones(1, 2, 3, 3, dtype=x.dtype, device=x.device),
+                               stride=2, padding=1),
+    "max_pool": lambda x: F.max_pool2d(x, 2, return_indices=True)[0],
+    "avg_pool": lambda x: F.avg_pool2d(x, 2, 1, 1),
+    "adaptive_avg_pool": lambda x: F.adaptive_avg_pool2d(x, (3, 4)),
+    "nearest": lambda x: F.interpolate(x, size=(7, 8)),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8, torch.bool])
+@pytest.mark.parametrize("name", sorted(SPATIAL_OPS))
+def test_integer_dtypes_supported_or_refused_like_cpu(name, dtype):
+    fn = SPATIAL_OPS[name]
+    x = torch.randint(0, 9, (1, 2, 6, 6), generator=torch.Generator().manual_seed(0)).to(dtype)
+    try:
+        ref = fn(x)
+    except Exception as e:  # CPU refuses this dtype: so must we, with the same type
+        with pytest.raises(type(e)):
+            fn(x.to(TPU)).cpu()
+        return
+    out = fn(x.to(TPU))
+    assert out.dtype == ref.dtype
+    assert torch.equal(out.cpu(), ref)

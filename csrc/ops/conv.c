@@ -291,11 +291,26 @@ static bool conv_geometry(pj_lower_t *L, int nsp, conv_geom_t *g) {
          geom(L, "output_padding", nsp, g->outpad, NULL, 0);
 }
 
+/* The dtypes CPU's kernels accept, per op (others raise NotImplementedError there too). */
+enum {
+  DT_FLOAT = 1,  /* floating point and complex */
+  DT_I64 = 2,
+  DT_U8 = 4,
+  DT_INT = 8, /* every integer type (not bool) */
+};
+
+static bool dtype_ok(pj_lower_t *L, pj_dtype_t dt, int allowed) {
+  const pj_dtype_info_t *i = pj_dtype_info(dt);
+  bool ok = ((allowed & DT_FLOAT) && (i->is_float || i->is_complex)) ||
+            ((allowed & DT_I64) && dt == PJ_I64) || ((allowed & DT_U8) && dt == PJ_U8) ||
+            ((allowed & DT_INT) && pj_dtype_is_integral(dt));
+  if (!ok)
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", L->c->op, i->name);
+  return ok;
+}
+
 static bool conv_dtype_ok(pj_lower_t *L, pj_dtype_t dt) {
-  if (pj_dtype_info(dt)->is_float || pj_dtype_info(dt)->is_complex) return true;
-  pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", L->c->op,
-          pj_dtype_info(dt)->name);
-  return false;
+  return dtype_ok(L, dt, DT_FLOAT | DT_INT);
 }
 
 static void set_checked(pj_lower_t *L, int k, pj_val_t v) {
@@ -505,6 +520,7 @@ static void pool_window(const pool_geom_t *g, int rank, int64_t *win, int64_t *s
 static pj_status_t *lower_max_pool(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   if (x.id < 0) return NULL;
+  if (!dtype_ok(L, x.t.dtype, DT_FLOAT | DT_INT)) return NULL;
   pool_geom_t g;
   if (!pool_geometry(L, name_nsp(L->c->op), x.t, pj_out_type(L, 0), &g)) return NULL;
   int r = x.t.rank;
@@ -622,7 +638,7 @@ static pj_val_t avg_divisor(pj_lower_t *L, const pool_geom_t *g, pj_type_t t) {
 static pj_status_t *lower_avg_pool(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   pj_type_t ot = pj_out_type(L, 0);
-  if (x.id < 0) return NULL;
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT | DT_I64)) return NULL;
   pool_geom_t g;
   if (!pool_geometry(L, name_nsp(L->c->op), x.t, ot, &g)) return NULL;
   pj_dtype_t ct = acc_dtype(ot.dtype);
@@ -733,7 +749,7 @@ static pj_status_t *lower_adaptive_avg_pool(pj_lower_t *L) {
   int nsp = name_nsp(L->c->op);
   pj_val_t x = pj_tensor(L, backward ? "grad_output" : "self");
   pj_type_t ot = pj_out_type(L, 0);
-  if (x.id < 0) return NULL;
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT)) return NULL;
   int lead = ot.rank - nsp;
   if (nsp < 1 || lead < 0 || x.t.rank != ot.rank) {
     pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", L->c->op, ot.rank);
@@ -930,7 +946,11 @@ static pj_status_t *lower_upsample(pj_lower_t *L) {
   int nsp = name_nsp(op);
   pj_val_t x = pj_tensor(L, backward ? "grad_output" : "self");
   pj_type_t ot = pj_out_type(L, 0);
-  if (x.id < 0) return NULL;
+  /* uint8 nearest is a copy and matches CPU; CPU's uint8 linear kernel is a fixed-point
+   * algorithm whose rounding we do not reproduce, so it is refused rather than approximated */
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, mode == UP_LINEAR || backward ? DT_FLOAT
+                                                                      : DT_FLOAT | DT_U8))
+    return NULL;
   int lead = ot.rank - nsp;
   if (nsp < 1 || lead < 0 || x.t.rank != ot.rank) {
     pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", op, ot.rank);
