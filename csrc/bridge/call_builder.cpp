@@ -28,7 +28,11 @@ at::ScalarType from_pj_dtype(pj_dtype_t t) {
 }
 
 CallBuilder::CallBuilder(const std::string& op, const std::string& overload, int device)
-    : c_(new pj_call_t()) {
+    : c_(static_cast<pj_call_t*>(std::malloc(sizeof(pj_call_t)))) {
+  // Only the counters are cleared: the arrays are large (for long foreach lists) and every
+  // element is fully written before it is counted.
+  if (!c_) throw std::bad_alloc();
+  c_->nargs = c_->ntensors = c_->nints = c_->nfloats = c_->nscalars = c_->nslots = c_->nout = 0;
   c_->op = keep(op);
   c_->overload = keep(overload);
   c_->device = device;
@@ -88,6 +92,7 @@ void CallBuilder::describe(const at::Tensor& t, pj_tensor_desc_t* d, bool readin
     TORCH_CHECK(c_->nscalars < PJ_CALL_MAX_SCALARS, "too many scalar arguments");
     int si = c_->nscalars++;
     pj_scalar_t& s = c_->scalars[si];
+    s = pj_scalar_t{};
     s.dtype = d->dtype;
     if (t.is_complex()) {
       auto v = t.item<c10::complex<double>>();

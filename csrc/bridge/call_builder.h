@@ -1,6 +1,7 @@
 // Builds a pj_call_t from PyTorch values: tensors become views into storage slots, Python
 // numbers and 0-d CPU tensors become scalar arguments, destinations become outs.
 #pragma once
+#include <cstdlib>
 #include <deque>
 #include <memory>
 #include <string>
@@ -43,7 +44,10 @@ class CallBuilder {
   void describe(const at::Tensor& t, pj_tensor_desc_t* d, bool reading);
   int slot_for(const at::Tensor& t, bool reading);
 
-  std::unique_ptr<pj_call_t> c_;
+  struct FreeDeleter {
+    void operator()(pj_call_t* p) const { std::free(p); }
+  };
+  std::unique_ptr<pj_call_t, FreeDeleter> c_;
   std::deque<std::string> strings_;
   std::unordered_map<pj_storage_t*, int> slots_;
   std::vector<bool> slot_read_;

@@ -68,6 +68,9 @@ c10::IValue to_meta(const c10::IValue& v) {
     return m;
   };
   if (v.isTensor()) return conv(v.toTensor());
+  // factory ops (no tensor inputs) carry the device as an argument: point it at meta too, or
+  // the call would dispatch back here
+  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
   if (v.isTensorList()) {
     c10::List<at::Tensor> out;
     for (const at::Tensor& t : v.toTensorList()) out.push_back(conv(t));
@@ -117,7 +120,10 @@ int call_device(const torch::jit::Stack& args) {
   return 0;
 }
 
-bool is_random_op(const c10::FunctionSchema& schema) {
+// Ops that draw random numbers: those with a Generator? argument, and a few without one that
+// use the default generator (native_dropout).
+bool is_random_op(const c10::FunctionSchema& schema, const std::string& base) {
+  if (base == "native_dropout") return true;
   for (const auto& a : schema.arguments())
     if (a.type()->kind() == c10::TypeKind::OptionalType &&
         a.type()->expectRef<c10::OptionalType>().getElementType()->kind() ==
@@ -208,7 +214,17 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   torch::jit::Stack meta;
   meta.reserve(nargs);
   for (const c10::IValue& v : args) meta.push_back(to_meta(v));
-  op.callBoxed(&meta);
+  bool fresh_returns = false;
+  for (const c10::Argument& r : schema.returns()) fresh_returns = fresh_returns || !is_write(r);
+  try {
+    op.callBoxed(&meta);
+  } catch (const c10::NotImplementedError&) {
+    // No Meta kernel. Data-dependent output shapes (nonzero, masked_select, ...) cannot be
+    // known without running: those take the CPU path. Ops whose only outputs are their mutated
+    // arguments (fused optimizer steps) need no metadata and run lowered without it.
+    if (fresh_returns) return run_cpu_fallback(op, stack, "no Meta kernel for its output shapes");
+    meta.assign(schema.returns().size(), c10::IValue());  // returns alias the arguments
+  }
   std::vector<c10::IValue> meta_returns(meta.begin(), meta.end());
 
   // 2. Destinations: returns first (fresh tensors, or the mutated arguments they alias), then
@@ -283,7 +299,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   // 3. The call.
   CallBuilder b(base, schema.overload_name(), device);
   for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
-  if (is_random_op(schema)) {
+  if (is_random_op(schema, base)) {
     std::optional<at::Generator> gen;
     for (size_t a = 0; a < nargs; a++)
       if (args[a].isGenerator()) gen = args[a].toGenerator();

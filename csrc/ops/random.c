@@ -526,7 +526,33 @@ static pj_status_t *lower_native_dropout_backward(pj_lower_t *L) {
   return NULL;
 }
 
+/* native_dropout(input, p, train) -> (output, mask): mask ~ bernoulli(1 - p) (u >= p with u
+ * uniform in [0, 1)), output = input * mask / (1 - p) (0 when p == 1), in the opmath type.
+ * Eval mode (train == False) is the identity with an all-true mask. The bridge passes
+ * __seed/__offset for this op although its schema has no Generator. */
+static pj_status_t *lower_native_dropout(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  pj_dtype_t ct = pj_dtype_info(t.dtype)->is_float ? compute_of(t.dtype) : t.dtype;
+  pj_val_t x = pj_convert(H, pj_tensor(L, "input"), ct);
+  double p = pj_float(L, "p", 0.5);
+  if (pj_has(L, "train") && !pj_bool(L, "train", true)) {
+    pj_set_result(L, 0, x);
+    pj_set_result(L, 1, pj_full(H, pj_type_with_dtype(t, PJ_BOOL), 1));
+    return NULL;
+  }
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_dtype_t uct = ct == PJ_F64 ? PJ_F64 : PJ_F32;
+  pj_val_t u = unit(L, w[0], w[1], digits_of(uct), uct);
+  pj_val_t keep = CMP("GE", u, fcst(L, u, p));
+  pj_val_t scale = pj_full(H, x.t, p >= 1.0 ? 0.0 : 1.0 / (1.0 - p));
+  pj_set_result(L, 0, MUL(MUL(x, pj_convert(H, keep, ct)), scale));
+  pj_set_result(L, 1, keep);
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_random[] = {
+    {"native_dropout", lower_native_dropout},
     {"uniform", lower_uniform},
     {"normal", lower_normal},
     {"log_normal", lower_log_normal},
