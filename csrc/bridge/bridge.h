@@ -8,6 +8,7 @@ extern "C" {
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/status.h"
 #include "torch_pjrt/storage.h"
+#include "torch_pjrt/stream.h"
 }
 
 namespace torch_pjrt {
@@ -34,6 +35,9 @@ c10::DataPtr allocate_storage(int device, size_t nbytes);
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);
 c10::DeviceIndex device_count() noexcept;
+// Milliseconds between two recorded markers' completions (waits for both; throws if either
+// is NULL, i.e. an event that was never recorded).
+double elapsed_ms(pj_marker_t* start, pj_marker_t* end);
 
 // pinned.cpp: the host allocator behind pin_memory() (plain aligned host memory; PJRT copies
 // from any host memory, so "pinned" only promises is_pinned() and recognizes its own blocks).
