@@ -1,0 +1,181 @@
+// torch_pjrt._C: the Python bindings. Thin: each function converts arguments, calls the runtime
+// or another bridge file, and lets torch's wrapper turn c10 exceptions into Python ones.
+// Functions that may wait for the device release the GIL (the runtime never takes it).
+#include "bridge.h"
+
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/Generator.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <memory>
+#include <mutex>
+#include <string>
+#include <tuple>
+
+extern "C" {
+#include "torch_pjrt/metrics.h"
+}
+
+namespace py = pybind11;
+
+namespace torch_pjrt {
+
+void bind_dispatch(py::module_& m);  // dispatch_bindings.cpp: lowered ops, fallback counts
+
+namespace {
+
+using torch::wrap_pybind_function;
+using torch::wrap_pybind_function_no_gil;
+
+// An event snapshot (stream.h) owned by Python; unrecorded until record() is called. Shared so
+// that a wait running without the GIL keeps its snapshot alive while another thread re-records.
+struct Marker {
+  std::shared_ptr<pj_marker_t> m;
+};
+
+int checked_device(int device) {
+  const int index = device < 0 ? current_device() : device;
+  const int count = device_count();
+  if (count == 0) runtime();
+  TORCH_CHECK_INDEX(index >= 0 && index < count, "tpu device index ", index,
+                    " out of range (", count, " device(s))");
+  return index;
+}
+
+void bind_runtime(py::module_& m) {
+  m.def("_configure", wrap_pybind_function([](const std::string& plugin_path,
+                                              int cpu_device_count) {
+          check(pj_runtime_configure(plugin_path.c_str(), cpu_device_count));
+        }),
+        py::arg("plugin_path"), py::arg("cpu_device_count") = 1,
+        "Chooses the plugin file and the CPU plugin's device count; before _init only.");
+  m.def("_init", wrap_pybind_function_no_gil([] { runtime(); }),
+        "Loads the plugin and creates the client; raises why it cannot.");
+  m.def("is_initialized", [] { return pj_runtime_ready(); });
+  m.def("device_count", wrap_pybind_function_no_gil([] { return int(device_count()); }),
+        "Number of devices; 0 when the runtime cannot start.");
+  m.def("get_device_name", wrap_pybind_function([](int device) {
+          return std::string(pj_runtime_device_kind(runtime(), checked_device(device)));
+        }),
+        py::arg("device") = -1);
+  m.def("platform_name",
+        wrap_pybind_function([] { return std::string(pj_runtime_platform_name(runtime())); }));
+  m.def("platform_version", wrap_pybind_function([] {
+          return std::string(pj_runtime_platform_version(runtime()));
+        }));
+  m.def("plugin_path",
+        wrap_pybind_function([] { return std::string(pj_runtime_plugin_path(runtime())); }));
+  m.def("api_version", wrap_pybind_function([] {
+          int major = 0, minor = 0;
+          pj_runtime_api_version(runtime(), &major, &minor);
+          return std::make_tuple(major, minor);
+        }));
+  m.def("identity",
+        wrap_pybind_function([] { return std::string(pj_runtime_identity(runtime())); }));
+  m.def("set_device", wrap_pybind_function([](int device) { set_device(device); }));
+  m.def("current_device", [] { return int(current_device()); });
+}
+
+void bind_memory(py::module_& m) {
+  // Counters are kept per device index by the runtime; these do not start it.
+  m.def("memory_allocated", [](int device) { return pj_storage_bytes_in_use(device); },
+        py::arg("device"));
+  m.def("max_memory_allocated", [](int device) { return pj_storage_peak_bytes(device); },
+        py::arg("device"));
+  m.def("reset_peak_memory_stats", [](int device) { pj_storage_reset_peak(device); },
+        py::arg("device"));
+  m.def("live_storages", [] { return pj_storage_live_count(); });
+}
+
+// torch.Event keeps its backend event (a pj_marker_t*, see guard.cpp) as `event_id`.
+// torch.Event.elapsed_time only accepts an exact torch.Event as its argument, so the device
+// module's Event subclass times through here. Both events must be alive and recorded; the GIL
+// stays held so no Python thread can re-record (and free) either marker meanwhile.
+double event_elapsed_ms(int64_t start_id, int64_t end_id) {
+  return elapsed_ms(reinterpret_cast<pj_marker_t*>(static_cast<intptr_t>(start_id)),
+                    reinterpret_cast<pj_marker_t*>(static_cast<intptr_t>(end_id)));
+}
+
+void bind_sync(py::module_& m) {
+  m.def("synchronize",
+        wrap_pybind_function_no_gil([](int device) { check(pj_stream_synchronize(device)); }),
+        py::arg("device") = -1, "Waits for the device's executions (-1: all devices).");
+  m.def("pending_executions", [](int device) { return pj_stream_pending(device); },
+        py::arg("device") = -1);
+  py::class_<Marker>(m, "Marker")
+      .def(py::init<>())
+      .def("record", wrap_pybind_function([](Marker& self, int device) {
+             pj_marker_t* fresh = nullptr;
+             check(pj_marker_record(checked_device(device), &fresh));
+             self.m.reset(fresh, &pj_marker_free);
+           }),
+           py::arg("device") = -1)
+      .def("query", [](Marker& self) { return !self.m || pj_marker_query(self.m.get()); })
+      .def("wait", wrap_pybind_function([](Marker& self) {
+             std::shared_ptr<pj_marker_t> keep = self.m;
+             py::gil_scoped_release no_gil;
+             if (keep) check(pj_marker_wait(keep.get()));
+           }))
+      .def("elapsed_ms", wrap_pybind_function([](Marker& self, Marker& end) {
+             std::shared_ptr<pj_marker_t> a = self.m, b = end.m;
+             py::gil_scoped_release no_gil;
+             return elapsed_ms(a.get(), b.get());
+           }));
+  m.def("_event_elapsed_ms", wrap_pybind_function(event_elapsed_ms), py::arg("start_event_id"),
+        py::arg("end_event_id"));
+}
+
+void bind_metrics(py::module_& m) {
+  m.def("metrics", [] {
+    py::dict d;
+    for (int i = 0; i < PJ_NUM_METRICS; i++) {
+      const auto metric = static_cast<pj_metric_t>(i);
+      d[py::str(pj_metric_name(metric))] = pj_metric_get(metric);
+    }
+    return d;
+  });
+  m.def("reset_metrics", [] { pj_metrics_reset(); });
+}
+
+void bind_random(py::module_& m) {
+  // A new Python wrapper around the device's default generator each call; torch_pjrt.device
+  // caches one per device (torch.Generator identity matters to users comparing them).
+  m.def("default_generator", wrap_pybind_function([](int device) {
+          return py::reinterpret_steal<py::object>(
+              THPGenerator_initDefaultGenerator(default_generator(checked_device(device))));
+        }),
+        py::arg("device") = -1);
+  m.def("get_rng_state", wrap_pybind_function([](int device) {
+          at::Generator g = default_generator(checked_device(device));
+          std::lock_guard<std::mutex> lock(g.mutex());
+          return g.get_state();
+        }),
+        py::arg("device") = -1);
+  m.def("set_rng_state", wrap_pybind_function([](const at::Tensor& state, int device) {
+          at::Generator g = default_generator(checked_device(device));
+          std::lock_guard<std::mutex> lock(g.mutex());
+          g.set_state(state);
+        }),
+        py::arg("state"), py::arg("device") = -1);
+  m.def("manual_seed", wrap_pybind_function([](uint64_t seed) {
+          for (int i = 0, n = device_count(); i < n; i++) {
+            at::Generator g = default_generator(i);
+            std::lock_guard<std::mutex> lock(g.mutex());
+            g.set_current_seed(seed);
+          }
+        }),
+        py::arg("seed"), "Seeds every device's default generator.");
+}
+
+}  // namespace
+}  // namespace torch_pjrt
+
+PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
+  m.doc() = "torch_pjrt native bindings (runtime, device state, events, RNG)";
+  torch_pjrt::bind_runtime(m);
+  torch_pjrt::bind_memory(m);
+  torch_pjrt::bind_sync(m);
+  torch_pjrt::bind_metrics(m);
+  torch_pjrt::bind_random(m);
+  torch_pjrt::bind_dispatch(m);
+}
