@@ -1,0 +1,123 @@
+"""torch_pjrt: a native PyTorch "tpu" device that runs every op through an OpenXLA PJRT plugin.
+
+``import torch`` loads it automatically (entry point ``torch.backends``); ``import torch_pjrt``
+does the same explicitly. After that ``torch.device("tpu")`` works and ``torch.tpu`` is the
+device module (see torch_pjrt/device.py).
+
+Registration (``_register``) is idempotent and happens once per process:
+  1. PyTorch's PrivateUse1 backend is renamed "tpu";
+  2. the plugin is chosen (torch_pjrt/_plugins.py) and handed to the native runtime, which
+     loads it lazily on first use;
+  3. ``torch.tpu`` is registered and the ``Tensor.tpu()`` / ``Module.tpu()`` /
+     ``Storage.tpu()`` style methods are generated.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+
+__all__ = ["diagnostics", "register"]
+
+_log = logging.getLogger("torch_pjrt")
+_register_lock = threading.Lock()
+_registered = False
+
+
+def _autoload() -> None:
+    """Entry point PyTorch calls at ``import torch``. Must leave torch importable whatever
+    happens: failures are logged once and kept for ``torch.tpu.diagnostics()``."""
+    try:
+        _register()
+    except Exception as e:  # noqa: BLE001 - a failed device must not break `import torch`
+        message = f"{type(e).__name__}: {e}"
+        _log.warning("torch_pjrt: the tpu device is disabled: %s", message)
+        try:
+            from . import device
+
+            device._note_problem("autoload", message)
+        except Exception:  # noqa: BLE001 - nothing left to record into
+            pass
+
+
+def register() -> None:
+    """Registers the tpu device (idempotent); raises if it cannot."""
+    _register()
+
+
+def _register() -> None:
+    global _registered
+    # Outside the lock: when torch is not imported yet, this import runs torch's autoload,
+    # which calls _autoload() -> _register() in this same thread and does the work.
+    import torch
+
+    with _register_lock:
+        if _registered:
+            return
+        from . import _plugins, config, device
+
+        name = torch._C._get_privateuse1_backend_name()
+        if name != "tpu":
+            if name != "privateuseone":
+                raise RuntimeError(
+                    f"PyTorch's PrivateUse1 device is already claimed by backend {name!r}; "
+                    "torch_pjrt cannot register 'tpu' in this process"
+                )
+            torch.utils.rename_privateuse1_backend("tpu")
+
+        if device._C is None:
+            # Keep torch.tpu importable so diagnostics() can say why; direct imports fail.
+            device._note_problem("extension", device._C_ERROR)
+            _register_device_module(torch, device)
+            raise ImportError(device._C_ERROR)
+
+        # A missing plugin disables the device without failing registration: torch.tpu
+        # reports it (is_available() False, _lazy_init raises the install advice).
+        try:
+            cfg = config.load()
+            choice = _plugins.resolve(cfg)
+        except (RuntimeError, ValueError) as e:
+            device._note_problem("plugin", str(e))
+        else:
+            device._set_plugin(choice)
+            if not device._C.is_initialized():
+                device._C._configure(choice.path, cfg.cpu_device_count)
+
+        _register_device_module(torch, device)
+        _registered = True
+
+
+def _register_device_module(torch, device) -> None:
+    if getattr(torch, "tpu", None) is not device:
+        torch._register_device_module("tpu", device)
+    if not hasattr(torch.Tensor, "tpu"):
+        torch.utils.generate_methods_for_privateuse1_backend(
+            for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
+        )
+
+
+def diagnostics() -> dict:
+    """Same as ``torch.tpu.diagnostics()``; works even when registration failed."""
+    from . import device
+
+    return device.diagnostics()
+
+
+def _called_by_torch_autoload() -> bool:
+    """True while torch's own import is loading backend entry points: then torch will call
+    _autoload() itself, which must not raise, so nothing is registered at import time."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        code = frame.f_code
+        if code.co_name == "_import_device_backends" and "torch" in code.co_filename:
+            return True
+        frame = frame.f_back
+    return False
+
+
+# Registration runs at import unless torch's autoload is importing us (it calls _autoload next).
+# Everything above is defined first: if `import torch` below this point triggers autoload while
+# this module is half-imported, torch finds _autoload already defined.
+if not _called_by_torch_autoload():
+    _register()

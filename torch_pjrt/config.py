@@ -1,0 +1,56 @@
+"""Every environment variable torch_pjrt reads, read here and nowhere else.
+
+Variables (documented in the README as well):
+
+``TORCH_PJRT_PLUGIN``
+    Which PJRT plugin to load: ``cpu``, ``cuda``, ``tpu``, or a path to a plugin ``.so``.
+    Unset or empty: choose automatically (a TPU, else an NVIDIA GPU, else the CPU).
+``TORCH_PJRT_CPU_DEVICE_COUNT``
+    Number of devices the CPU plugin creates (default 1).
+
+PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
+``import torch``; it is read by torch, not here.
+
+The values are read when :func:`load` is called (once, at registration), so a process sees
+one consistent configuration.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import Mapping, Optional
+
+PLUGIN_NAMES = ("cpu", "cuda", "tpu")
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    plugin: str  # "" (automatic), one of PLUGIN_NAMES, or a file path
+    cpu_device_count: int
+
+
+def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
+    raw = env.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"{name}={raw!r} is not an integer") from None
+    if value < 1:
+        raise ValueError(f"{name}={raw!r} must be at least 1")
+    return value
+
+
+def load(env: Optional[Mapping[str, str]] = None) -> Config:
+    """Reads the configuration from ``env`` (default: ``os.environ``); raises ValueError on a
+    malformed value, naming the variable."""
+    env = os.environ if env is None else env
+    plugin = env.get("TORCH_PJRT_PLUGIN", "").strip()
+    if plugin.lower() in PLUGIN_NAMES:
+        plugin = plugin.lower()
+    return Config(
+        plugin=plugin,
+        cpu_device_count=_positive_int(env, "TORCH_PJRT_CPU_DEVICE_COUNT", 1),
+    )

@@ -1,0 +1,488 @@
+"""``torch.tpu``: the device module PyTorch looks up for the "tpu" device.
+
+It mirrors the parts of ``torch.cuda`` that device-generic PyTorch code and users call:
+device selection, synchronization, RNG, memory counters, streams and events, lazy
+initialization, plus ``metrics()`` and ``diagnostics()``.
+
+Invariants:
+- Importing this module never starts the runtime and never raises, even when the native
+  extension cannot load (``is_available()`` is then False and ``diagnostics()`` says why).
+- The runtime starts in ``_lazy_init`` (PyTorch calls it before creating tpu tensors) or when
+  native code needs a device; seeds set before that are queued and applied at initialization,
+  so ``torch.manual_seed`` does not start the runtime.
+- After a fork, a child of a process whose runtime was running cannot use the device (PJRT
+  client threads do not survive fork): ``_is_in_bad_fork()`` is True there.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import os
+import threading
+from typing import Any, Callable, Optional, Union
+
+import torch
+
+try:
+    from . import _C
+except ImportError as _e:  # not built, or built against another torch
+    _C = None
+    _C_ERROR: Optional[str] = f"cannot import torch_pjrt._C: {_e}"
+else:
+    _C_ERROR = None
+
+_DeviceLike = Union[int, str, torch.device, None]
+
+# Module state. Written under _lock (except the fork flag, set in the forked child only).
+_lock = threading.RLock()
+_initialized = False
+_in_bad_fork = False
+_queued: list[Callable[[], None]] = []  # seed calls made before initialization
+_default_generators: dict[int, torch.Generator] = {}
+_device_count_cache: Optional[int] = None
+_plugin: Any = None  # a _plugins.PluginChoice once registration resolved one
+_problems: dict[str, str] = {}  # stage ("plugin", "autoload", ...) -> what went wrong
+
+
+def _after_fork_in_child() -> None:
+    global _in_bad_fork, _initialized
+    if _C is not None and _C.is_initialized():
+        _in_bad_fork = True
+    _initialized = False
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(after_in_child=_after_fork_in_child)
+
+
+# --- registration hooks (called by torch_pjrt/__init__.py) -------------------------------------
+
+
+def _set_plugin(choice: Any) -> None:
+    global _plugin
+    _plugin = choice
+
+
+def _note_problem(stage: str, message: str) -> None:
+    """Records why something failed, for diagnostics() and _lazy_init's error."""
+    with _lock:
+        _problems[stage] = message
+
+
+# --- initialization ----------------------------------------------------------------------------
+
+
+def _is_in_bad_fork() -> bool:
+    return _in_bad_fork
+
+
+def is_initialized() -> bool:
+    return _C is not None and not _in_bad_fork and _C.is_initialized()
+
+
+def _lazy_init() -> None:
+    """Starts the runtime (loads the plugin, creates the client); raises RuntimeError saying
+    why it cannot. Called by PyTorch before it creates tpu tensors."""
+    global _initialized
+    if _initialized:
+        return
+    with _lock:
+        if _initialized:
+            return
+        if _in_bad_fork:
+            raise RuntimeError(
+                "cannot re-initialize the tpu runtime in a forked subprocess; use the 'spawn' "
+                "start method for multiprocessing"
+            )
+        if _C is None:
+            raise RuntimeError(_C_ERROR)
+        if "plugin" in _problems:
+            raise RuntimeError(_problems["plugin"])
+        _C._init()
+        _initialized = True
+        queued, _queued[:] = list(_queued), []
+    for call in queued:
+        call()
+
+
+def is_available() -> bool:
+    """True when at least one tpu device can be used. Never raises."""
+    return device_count() > 0
+
+
+def device_count() -> int:
+    """Number of tpu devices; 0 when the runtime cannot start. Never raises."""
+    global _device_count_cache
+    if _device_count_cache is not None:
+        return _device_count_cache
+    if _C is None or _in_bad_fork or "plugin" in _problems:
+        return 0
+    n = _C.device_count()
+    if n > 0:
+        _device_count_cache = n
+    return n
+
+
+# --- device selection --------------------------------------------------------------------------
+
+
+def _index(device: _DeviceLike = None, optional: bool = True) -> int:
+    """The device index `device` names; None (when optional) is the current device."""
+    if isinstance(device, str):
+        device = torch.device(device)
+    if isinstance(device, torch.device):
+        if device.type != "tpu":
+            raise ValueError(f"expected a tpu device, got {device}")
+        device = device.index
+    if device is None:
+        if not optional:
+            raise ValueError("a tpu device index is required")
+        return current_device()
+    if not isinstance(device, int) or isinstance(device, bool):
+        raise TypeError(f"expected a device index, name or torch.device, got {device!r}")
+    return device
+
+
+def current_device() -> int:
+    """Index of the calling thread's current tpu device (starts at 0 in every thread)."""
+    return _C.current_device() if _C is not None else 0
+
+
+def set_device(device: _DeviceLike) -> None:
+    """Makes `device` the calling thread's current device; raises IndexError when out of range."""
+    index = _index(device)
+    if index < 0:
+        return  # like torch.cuda.set_device(-1): no change
+    _lazy_init()
+    _C.set_device(index)
+
+
+class device:
+    """Context manager that makes `device` current inside the block."""
+
+    def __init__(self, device: _DeviceLike):
+        self.idx = -1 if device is None else _index(device)
+        self.prev_idx = -1
+
+    def __enter__(self) -> None:
+        self.prev_idx = current_device()
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            set_device(self.idx)
+
+    def __exit__(self, *exc: object) -> bool:
+        if self.idx >= 0 and self.idx != self.prev_idx:
+            set_device(self.prev_idx)
+        return False
+
+
+class device_of(device):
+    """Context manager that makes the device of tensor `obj` current (no-op for non-tpu)."""
+
+    def __init__(self, obj: torch.Tensor):
+        super().__init__(obj.get_device() if obj.device.type == "tpu" else -1)
+
+
+def synchronize(device: _DeviceLike = None) -> None:
+    """Waits for all work submitted to `device` (default: the current device); raises the
+    first device error since the last synchronize."""
+    _lazy_init()
+    _C.synchronize(_index(device))
+
+
+def get_device_name(device: _DeviceLike = None) -> str:
+    """The plugin's device kind, e.g. "cpu" or "TPU v4"."""
+    _lazy_init()
+    return _C.get_device_name(_index(device))
+
+
+@dataclasses.dataclass(frozen=True)
+class _DeviceProperties:
+    name: str
+    index: int
+    platform: str
+    platform_version: str
+    plugin_path: str
+    api_version: tuple
+    total_memory: int  # bytes; 0 when the plugin does not say
+
+    def __repr__(self) -> str:
+        return (
+            f"_DeviceProperties(name='{self.name}', index={self.index}, "
+            f"platform='{self.platform}', api_version={self.api_version[0]}."
+            f"{self.api_version[1]}, total_memory={self.total_memory // (1024 * 1024)}MB)"
+        )
+
+
+def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
+    _lazy_init()
+    index = _index(device)
+    return _DeviceProperties(
+        name=_C.get_device_name(index),
+        index=index,
+        platform=_C.platform_name(),
+        platform_version=_C.platform_version(),
+        plugin_path=_C.plugin_path(),
+        api_version=tuple(_C.api_version()),
+        total_memory=0,
+    )
+
+
+def get_amp_supported_dtype() -> list[torch.dtype]:
+    return [torch.float16, torch.bfloat16]
+
+
+# --- random numbers ----------------------------------------------------------------------------
+
+
+def default_generator(device: _DeviceLike = None) -> torch.Generator:
+    """The default torch.Generator of `device` (the same object on every call)."""
+    _lazy_init()
+    index = _index(device)
+    with _lock:
+        gen = _default_generators.get(index)
+        if gen is None:
+            gen = _default_generators[index] = _C.default_generator(index)
+    return gen
+
+
+def __getattr__(name: str) -> Any:
+    if name == "default_generators":  # like torch.cuda.default_generators
+        return tuple(default_generator(i) for i in range(device_count()))
+    raise AttributeError(f"module 'torch.tpu' has no attribute {name!r}")
+
+
+def _run_or_queue(call: Callable[[], None]) -> None:
+    with _lock:
+        if not is_initialized():
+            _queued.append(call)
+            return
+    _lazy_init()
+    call()
+
+
+def manual_seed(seed: int) -> None:
+    """Seeds the current device's generator (queued until the runtime starts)."""
+    seed = int(seed)
+    index = current_device()
+    _run_or_queue(lambda: default_generator(index).manual_seed(seed))
+
+
+def manual_seed_all(seed: int) -> None:
+    """Seeds every device's generator (queued until the runtime starts)."""
+    seed = int(seed)
+
+    def apply() -> None:
+        for i in range(device_count()):
+            default_generator(i).manual_seed(seed)
+
+    _run_or_queue(apply)
+
+
+def seed() -> None:
+    """Seeds the current device's generator with a non-deterministic number."""
+    index = current_device()
+    _run_or_queue(lambda: default_generator(index).seed())
+
+
+def seed_all() -> None:
+    """Seeds every device's generator with the same non-deterministic number."""
+
+    def apply() -> None:
+        value = default_generator(0).seed()
+        for i in range(1, device_count()):
+            default_generator(i).manual_seed(value)
+
+    _run_or_queue(apply)
+
+
+def initial_seed() -> int:
+    return default_generator().initial_seed()
+
+
+def get_rng_state(device: _DeviceLike = "tpu") -> torch.Tensor:
+    """The generator state of `device`: a CPU uint8 tensor (seed, offset)."""
+    _lazy_init()
+    return _C.get_rng_state(_index(device))
+
+
+def set_rng_state(new_state: torch.Tensor, device: _DeviceLike = "tpu") -> None:
+    _lazy_init()
+    _C.set_rng_state(new_state, _index(device))
+
+
+def get_rng_state_all() -> list[torch.Tensor]:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+# --- memory ------------------------------------------------------------------------------------
+# Storages are exact-size device buffers with no cache, so allocated == reserved == active.
+
+
+def memory_allocated(device: _DeviceLike = None) -> int:
+    """Bytes held by live tpu storages on `device`."""
+    return _C.memory_allocated(_index(device)) if _C is not None else 0
+
+
+def max_memory_allocated(device: _DeviceLike = None) -> int:
+    """Peak of memory_allocated() since the start or the last reset_peak_memory_stats()."""
+    return _C.max_memory_allocated(_index(device)) if _C is not None else 0
+
+
+def reset_peak_memory_stats(device: _DeviceLike = None) -> None:
+    if _C is not None:
+        _C.reset_peak_memory_stats(_index(device))
+
+
+memory_reserved = memory_allocated
+max_memory_reserved = max_memory_allocated
+
+
+def empty_cache() -> None:
+    """Nothing is cached: freed storages return their buffers to PJRT at once."""
+
+
+def memory_stats(device: _DeviceLike = None) -> collections.OrderedDict:
+    index = _index(device)
+    current, peak = memory_allocated(index), max_memory_allocated(index)
+    stats = {}
+    for kind in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
+        stats[f"{kind}.all.current"] = current
+        stats[f"{kind}.all.peak"] = peak
+    stats["num_live_storages"] = _C.live_storages() if _C is not None else 0
+    return collections.OrderedDict(sorted(stats.items()))
+
+
+# --- streams and events ------------------------------------------------------------------------
+# One stream per device (see csrc/bridge/guard.cpp): work is ordered by data dependencies, and
+# events snapshot the executions in flight, so waiting on or timing an event is real.
+
+
+class Stream(torch.Stream):
+    """The tpu stream of a device (each device has exactly one, the default stream)."""
+
+    def __new__(cls, device: _DeviceLike = None, priority: int = 0, **kwargs: Any) -> "Stream":
+        if "stream_id" in kwargs:  # the (stream_id, device_index, device_type) form
+            return super().__new__(cls, priority=priority, **kwargs)
+        _lazy_init()
+        return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+
+
+class Event(torch.Event):
+    """A point in the device's work: record() snapshots the executions in flight;
+    synchronize()/query() wait for/poll them; elapsed_time() is the time between two events'
+    completions in milliseconds."""
+
+    def __new__(
+        cls, enable_timing: bool = False, blocking: bool = False, interprocess: bool = False
+    ) -> "Event":
+        _lazy_init()
+        return super().__new__(
+            cls,
+            device=torch.device("tpu", current_device()),
+            enable_timing=enable_timing,
+            blocking=blocking,
+            interprocess=interprocess,
+        )
+
+    def elapsed_time(self, end_event: torch.Event) -> float:
+        """Milliseconds from this event's completion to `end_event`'s (waits for both)."""
+        if type(end_event) is torch.Event:
+            return super().elapsed_time(end_event)
+        # torch.Event.elapsed_time rejects subclasses as its argument; time the two backend
+        # events (their event_id is the runtime marker) directly instead.
+        if not isinstance(end_event, torch.Event) or end_event.device.type != "tpu":
+            raise TypeError(f"expected a tpu Event, got {end_event!r}")
+        return _C._event_elapsed_ms(self.event_id, end_event.event_id)
+
+
+def current_stream(device: _DeviceLike = None) -> Stream:
+    return Stream(device)
+
+
+default_stream = current_stream
+
+
+def set_stream(stream: torch.Stream) -> None:
+    """Accepts a tpu stream; as each device has one stream there is nothing to switch."""
+    if stream.device.type != "tpu":
+        raise ValueError(f"expected a tpu stream, got {stream}")
+
+
+class stream:
+    """Context manager selecting `stream`'s device (its only stream is always current)."""
+
+    def __init__(self, s: Optional[torch.Stream]):
+        self._device = device(s.device if s is not None else None)
+
+    def __enter__(self) -> None:
+        self._device.__enter__()
+
+    def __exit__(self, *exc: object) -> bool:
+        return self._device.__exit__(*exc)
+
+
+def pending_executions(device: _DeviceLike = None) -> int:
+    """Executions submitted to `device` and not yet complete (shows asynchrony)."""
+    return _C.pending_executions(_index(device)) if _C is not None else 0
+
+
+# --- observability -----------------------------------------------------------------------------
+
+
+def metrics() -> dict[str, int]:
+    """Process-wide counters: compiles, cache hits/misses, executions, transfers, fallbacks."""
+    return _C.metrics() if _C is not None else {}
+
+
+def fallback_ops() -> dict[str, int]:
+    """aten ops that ran on the CPU through the fallback, with their counts."""
+    return dict(_C.fallback_ops()) if _C is not None else {}
+
+
+def reset_metrics() -> None:
+    if _C is not None:
+        _C.reset_metrics()
+
+
+def diagnostics() -> dict[str, Any]:
+    """What torch_pjrt found: extension, plugin, runtime, devices, and, when the device is
+    unavailable, why. Starts the runtime if it can; never raises."""
+    from . import config
+
+    info: dict[str, Any] = {"extension": "loaded" if _C is not None else _C_ERROR}
+    try:
+        info["config"] = dataclasses.asdict(config.load())
+    except ValueError as e:
+        info["config"] = str(e)
+    if _plugin is not None:
+        info["plugin"] = dataclasses.asdict(_plugin)
+    with _lock:
+        info["problems"] = dict(_problems)
+    info["bad_fork"] = _in_bad_fork
+    reason = None
+    try:
+        _lazy_init()
+    except Exception as e:  # the answer to "why is it unavailable"
+        reason = str(e)
+    info["initialized"] = is_initialized()
+    if reason is None and is_initialized():
+        info.update(
+            device_count=device_count(),
+            device_name=_C.get_device_name(0),
+            platform=_C.platform_name(),
+            platform_version=_C.platform_version(),
+            plugin_path=_C.plugin_path(),
+            api_version=tuple(_C.api_version()),
+            identity=_C.identity(),
+        )
+    else:
+        info["device_count"] = 0
+    info["available"] = reason is None and device_count() > 0
+    info["reason"] = reason
+    return info
