@@ -1,33 +1,15 @@
 /* Completion tracking (stream.c) against the real plugin: executions are tracked, markers wait for
  * and time exactly the work recorded before them, synchronize drains everything.
- * Needs TORCH_PJRT_PLUGIN=/path/to/plugin.so; prints SKIP and succeeds without it. */
+ * Needs TORCH_PJRT_PLUGIN=/path/to/plugin.so (make ctest sets it). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "ctest.h"
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/stream.h"
 #include "torch_pjrt/transfer.h"
-
-static int failures;
-#define EXPECT(cond)                                                     \
-  do {                                                                   \
-    if (!(cond)) {                                                       \
-      fprintf(stderr, "%s:%d: expected %s\n", __FILE__, __LINE__, #cond); \
-      failures++;                                                        \
-    }                                                                    \
-  } while (0)
-#define OK(expr)                                                                  \
-  do {                                                                            \
-    pj_status_t *st_ = (expr);                                                    \
-    if (st_) {                                                                    \
-      fprintf(stderr, "%s:%d: %s failed: %s\n", __FILE__, __LINE__, #expr,        \
-              pj_status_message(st_));                                            \
-      pj_status_free(st_);                                                        \
-      exit(1);                                                                    \
-    }                                                                             \
-  } while (0)
 
 /* A matmul big enough to take milliseconds on a CPU, so work is still in flight when we look. */
 #define N 768
@@ -41,9 +23,9 @@ static const char kProgram[] =
     "}\n";
 
 int main(void) {
-  if (!getenv("TORCH_PJRT_PLUGIN") || !strchr(getenv("TORCH_PJRT_PLUGIN"), '/')) {
-    printf("SKIP test_stream: set TORCH_PJRT_PLUGIN to a plugin .so\n");
-    return 0;
+  if (!getenv("TORCH_PJRT_PLUGIN")) {
+    fprintf(stderr, "TORCH_PJRT_PLUGIN must name the CPU plugin .so (make ctest sets it)\n");
+    return 1;
   }
   pj_runtime_t *rt;
   OK(pj_runtime_get(&rt));
@@ -113,10 +95,5 @@ int main(void) {
   pj_buffer_destroy(in);
   pj_program_free(p);
   free(host);
-  if (failures) {
-    fprintf(stderr, "test_stream: %d failure(s)\n", failures);
-    return 1;
-  }
-  printf("test_stream: ok\n");
-  return 0;
+  CTEST_DONE();
 }
