@@ -70,10 +70,8 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
 c10::DeviceAllocator* device_allocator() { return &g_allocator; }
 
 c10::DataPtr allocate_storage(int device, size_t nbytes) {
-  const c10::DeviceIndex count = device_count();
-  if (count == 0) runtime();  // throws the reason the runtime cannot start
-  TORCH_CHECK_INDEX(device >= 0 && device < count, "tpu device index ", device,
-                    " out of range (", count, " device(s))");
+  TORCH_CHECK_INDEX(device >= 0, "tpu device index ", device, " is negative");
+  checked_device(device);
   // Zero-byte storages get a storage object too: every tpu DataPtr then has a context and a
   // distinct address, so no code path needs a "no storage" case.
   pj_storage_t* s = nullptr;

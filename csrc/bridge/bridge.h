@@ -35,6 +35,9 @@ c10::DataPtr allocate_storage(int device, size_t nbytes);
 c10::DeviceIndex current_device();
 void set_device(c10::DeviceIndex index);
 c10::DeviceIndex device_count() noexcept;
+// `index` (< 0: the current device) after checking it names a device: throws the runtime's
+// failure when there are no devices, IndexError when it is out of range.
+int checked_device(int index);
 // Milliseconds between two recorded markers' completions (waits for both; throws if either
 // is NULL, i.e. an event that was never recorded).
 double elapsed_ms(pj_marker_t* start, pj_marker_t* end);

@@ -92,12 +92,10 @@ class PjrtGenerator final : public c10::GeneratorImpl {
 };
 
 c10::DeviceIndex checked_index(int device) {
-  const c10::DeviceIndex index = device < 0 ? current_device() : device;
-  const c10::DeviceIndex count = device_count();
-  if (count == 0) runtime();  // throws why there are no devices
-  TORCH_CHECK_INDEX(index >= 0 && index < count && index < kMaxDevices, "tpu device index ",
-                    index, " out of range (", count, " device(s))");
-  return index;
+  const int index = checked_device(device);
+  TORCH_CHECK_INDEX(index < kMaxDevices, "tpu generators support ", kMaxDevices,
+                    " devices; index ", index, " is beyond");
+  return static_cast<c10::DeviceIndex>(index);
 }
 
 // Default generators, created on first use; they live for the whole process (PyTorch and

@@ -127,11 +127,17 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl)
 c10::DeviceIndex current_device() { return t_current_device; }
 
 void set_device(c10::DeviceIndex index) {
-  const c10::DeviceIndex count = device_count();
+  TORCH_CHECK_INDEX(index >= 0, "tpu device index ", int(index), " is negative");
+  t_current_device = static_cast<c10::DeviceIndex>(checked_device(index));
+}
+
+int checked_device(int index) {
+  if (index < 0) index = t_current_device;
+  const int count = device_count();
   if (count == 0) runtime();  // throws the reason there are no devices
-  TORCH_CHECK_INDEX(index >= 0 && index < count, "tpu device index ", index,
-                    " out of range (", count, " device(s))");
-  t_current_device = index;
+  TORCH_CHECK_INDEX(index < count, "tpu device index ", index, " out of range (", count,
+                    " device(s))");
+  return index;
 }
 
 double elapsed_ms(pj_marker_t* start, pj_marker_t* end) {

@@ -33,15 +33,6 @@ struct Marker {
   std::shared_ptr<pj_marker_t> m;
 };
 
-int checked_device(int device) {
-  const int index = device < 0 ? current_device() : device;
-  const int count = device_count();
-  if (count == 0) runtime();
-  TORCH_CHECK_INDEX(index >= 0 && index < count, "tpu device index ", index,
-                    " out of range (", count, " device(s))");
-  return index;
-}
-
 void bind_runtime(py::module_& m) {
   m.def("_configure", wrap_pybind_function([](const std::string& plugin_path,
                                               int cpu_device_count) {
@@ -142,17 +133,17 @@ void bind_random(py::module_& m) {
   // caches one per device (torch.Generator identity matters to users comparing them).
   m.def("default_generator", wrap_pybind_function([](int device) {
           return py::reinterpret_steal<py::object>(
-              THPGenerator_initDefaultGenerator(default_generator(checked_device(device))));
+              THPGenerator_initDefaultGenerator(default_generator(device)));
         }),
         py::arg("device") = -1);
   m.def("get_rng_state", wrap_pybind_function([](int device) {
-          at::Generator g = default_generator(checked_device(device));
+          at::Generator g = default_generator(device);
           std::lock_guard<std::mutex> lock(g.mutex());
           return g.get_state();
         }),
         py::arg("device") = -1);
   m.def("set_rng_state", wrap_pybind_function([](const at::Tensor& state, int device) {
-          at::Generator g = default_generator(checked_device(device));
+          at::Generator g = default_generator(device);
           std::lock_guard<std::mutex> lock(g.mutex());
           g.set_state(state);
         }),
