@@ -9,7 +9,8 @@ Registration (``_register``) is idempotent and happens once per process:
   2. the plugin is chosen (torch_pjrt/_plugins.py) and handed to the native runtime, which
      loads it lazily on first use;
   3. ``torch.tpu`` is registered and the ``Tensor.tpu()`` / ``Module.tpu()`` /
-     ``Storage.tpu()`` style methods are generated.
+     ``Storage.tpu()`` style methods are generated;
+  4. PyTorch decompositions are registered for aten ops that have no lowering.
 """
 
 from __future__ import annotations
@@ -85,6 +86,11 @@ def _register() -> None:
                 device._C._configure(choice.path, cfg.cpu_device_count)
 
         _register_device_module(torch, device)
+        # Ops without a StableHLO lowering go through PyTorch's decompositions before the CPU
+        # fallback (torch_pjrt/_decompositions.py).
+        from . import _decompositions
+
+        _decompositions.register(set(device._C._lowered_ops()))
         _registered = True
 
 
