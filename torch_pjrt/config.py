@@ -1,6 +1,6 @@
-"""Every environment variable torch_pjrt reads, read here and nowhere else.
+"""The environment variables of the Python front, read here and nowhere else in Python.
 
-Variables (documented in the README as well):
+Variables (the README's table lists all of them):
 
 ``TORCH_PJRT_PLUGIN``
     Which PJRT plugin to load: ``cpu``, ``cuda``, ``tpu``, or a path to a plugin ``.so``.
@@ -9,7 +9,10 @@ Variables (documented in the README as well):
     Number of devices the CPU plugin creates (default 1).
 
 PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
-``import torch``; it is read by torch, not here.
+``import torch``; it is read by torch, not here. Native code reads two switches where they act:
+``TORCH_PJRT_CPU_FALLBACK`` (csrc/bridge/dispatch.cpp) and ``TORCH_PJRT_DUMP_ON_ERROR``
+(csrc/ops/call.c); the C runtime reads ``TORCH_PJRT_PLUGIN`` itself only when Python configured
+no plugin (a path), e.g. in C tests.
 
 The values are read when :func:`load` is called (once, at registration), so a process sees
 one consistent configuration.
