@@ -9,6 +9,12 @@ lowering always wins and composite ops keep decomposing above autograd as PyTorc
 import torch
 
 _LIB = None
+_KEYS_THAT_ALREADY_WORK = (
+    "CompositeImplicitAutograd",
+    "CompositeExplicitAutograd",
+    "CompositeExplicitAutogradNonFunctional",
+    "PrivateUse1",
+)
 registered: list = []
 
 
@@ -34,7 +40,7 @@ def register(lowered: set) -> None:
         name = op.name()
         if _base_name(op) in lowered:
             continue
-        if has_kernel(name, "CompositeImplicitAutograd") or has_kernel(name, "PrivateUse1"):
+        if any(has_kernel(name, k) for k in _KEYS_THAT_ALREADY_WORK):
             continue
         try:
             _LIB.impl(op, fn, "PrivateUse1")

@@ -14,6 +14,7 @@
 
 #include "call_builder.h"
 extern "C" {
+#include "../ops/dynamic.h"
 #include "torch_pjrt/metrics.h"
 }
 
@@ -140,9 +141,23 @@ uint64_t rng_increment(const std::vector<at::Tensor>& outs) {
   return (n + 3) / 4 * 4 + 4;
 }
 
+// native_batch_norm updates running_mean/running_var in training mode although its schema does
+// not mark them as written (a historical schema); they become destinations like marked ones.
+bool mutates_unannotated(const std::string& base, const c10::FunctionSchema& schema, size_t a,
+                         const torch::jit::Stack& args) {
+  if (base != "native_batch_norm") return false;
+  const std::string& n = schema.arguments()[a].name();
+  if (n != "running_mean" && n != "running_var") return false;
+  for (size_t i = 0; i < schema.arguments().size(); i++)
+    if (schema.arguments()[i].name() == "training") return args[i].toBool();
+  return false;
+}
+
 void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v) {
   const std::string& name = arg.name();
-  if (v.isNone()) return b.add_none(name);
+  // out= tensors are destinations only (added as outs after they are resized: describing them
+  // here would capture a storage that resize_ may replace).
+  if (v.isNone() || arg.is_out()) return b.add_none(name);
   c10::TypePtr type = arg.real_type();
   if (type->kind() == c10::TypeKind::OptionalType)
     type = type->expectRef<c10::OptionalType>().getElementType();
@@ -210,6 +225,38 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   const int device = call_device(args);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
 
+  CallBuilder b(base, schema.overload_name(), device);
+  for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
+
+  // Data-dependent result shapes (nonzero, masked_select, boolean-mask indexing): count on the
+  // device first (a host sync), then run with the known size. See csrc/ops/dynamic.h.
+  if (pj_call_dynamic(&b.call())) {
+    int64_t count = 0;
+    check(pj_dynamic_count(&b.call(), &count));
+    pj_type_t t;
+    check(pj_dynamic_out_type(&b.call(), count, &t));
+    std::vector<int64_t> sizes(t.dims, t.dims + t.rank);
+    b.add_int("__count", count);
+    at::Tensor result;
+    for (size_t a = 0; a < nargs && !result.defined(); a++)
+      if (is_write(schema.arguments()[a])) {
+        result = args[a].toTensor();
+        at::native::resize_output(result, sizes);
+      }
+    const bool out_variant = result.defined();
+    if (!out_variant)
+      result = at::empty(sizes, at::TensorOptions()
+                                    .dtype(from_pj_dtype(t.dtype))
+                                    .device(c10::DeviceType::PrivateUse1, device));
+    if (result.numel() > 0) {
+      b.add_out(result);
+      b.run();
+    }
+    torch::jit::drop(*stack, nargs);
+    stack->push_back(result);
+    return;
+  }
+
   // 1. Output metadata from the Meta kernel (also raises CPU's errors for bad input).
   torch::jit::Stack meta;
   meta.reserve(nargs);
@@ -255,7 +302,9 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       returns.push_back(args[aliased]);
     } else {
       const c10::IValue& m = meta_returns[r];
-      if (m.isTensor()) {
+      if (m.isTensor() && !m.toTensor().defined()) {
+        returns.push_back(at::Tensor());  // e.g. a gradient output_mask turned off: no destination
+      } else if (m.isTensor()) {
         const at::Tensor& mt = m.toTensor();
         at::Tensor t = at::empty_strided(
             mt.sizes(), mt.strides(),
@@ -278,7 +327,8 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     }
   }
   for (size_t a = 0; a < nargs; a++)
-    if (is_write(schema.arguments()[a]) && !covered_args.count(a))
+    if ((is_write(schema.arguments()[a]) || mutates_unannotated(base, schema, a, args)) &&
+        !covered_args.count(a))
       for (const at::Tensor& t : tensors_of(args[a]))
         if (t.defined()) dests.push_back(t);
 
@@ -297,8 +347,6 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       }
 
   // 3. The call.
-  CallBuilder b(base, schema.overload_name(), device);
-  for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
   if (is_random_op(schema, base)) {
     std::optional<at::Generator> gen;
     for (size_t a = 0; a < nargs; a++)
@@ -307,10 +355,9 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     b.add_scalar("__seed", c10::Scalar(static_cast<int64_t>(seed)));
     b.add_scalar("__offset", c10::Scalar(static_cast<int64_t>(offset)));
   }
-  for (const at::Tensor& d : dests) {
-    if (d.numel() == 0) continue;  // nothing to write; keeps programs free of empty outputs
-    b.add_out(d);
-  }
+  // Every destination is passed, empty ones included, so lowerings can address results by
+  // position (an empty one is simply not written).
+  for (const at::Tensor& d : dests) b.add_out(d);
   if (b.call().nout > 0) b.run();
 
   torch::jit::drop(*stack, nargs);
@@ -326,6 +373,12 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 }  // namespace
 
+// The boxed kernel, registered explicitly for ops whose CompositeExplicitAutograd kernel would
+// otherwise win over the fallback (convolution would go to convolution_overrideable).
+void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  boxed_fallback(op, stack);
+}
+
 std::map<std::string, int64_t> fallback_ops() {
   std::lock_guard<std::mutex> g(fallback_mu);
   return fallback_counts;
@@ -335,4 +388,10 @@ std::map<std::string, int64_t> fallback_ops() {
 
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::boxed_fallback>());
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
+  m.impl("convolution_backward",
+         torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
 }
