@@ -284,6 +284,11 @@ pj_val_t pj_put_slices(pj_lower_t *L, pj_val_t x, int dim, pj_val_t idx, pj_val_
 }
 
 static pj_status_t *lower_index_select(pj_lower_t *L) {
+  const pj_tensor_desc_t *id = pj_tensor_desc(L, "index");
+  if (id && id->rank > 1) /* CPU's kernel (not its Meta) checks this */
+    return pj_status_new(PJ_ERR_INDEX, "index_select(): Index is supposed to be a vector");
+  if (id && id->dtype != PJ_I64 && id->dtype != PJ_I32)
+    return pj_status_new(PJ_ERR_INDEX, "index_select(): Expected dtype int32 or int64 for index");
   pj_val_t x = at_least_1d(L, pj_tensor(L, "self"));
   pj_val_t idx = flat(L, pj_tensor(L, "index"));
   int dim = pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank);
