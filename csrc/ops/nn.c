@@ -237,7 +237,7 @@ static pj_status_t *lower_group_norm_backward(pj_lower_t *L) {
 
 /* ---- batch norm ---- */
 
-/* Forward shared by native_batch_norm and the _native_batch_norm_legit family. Candidates:
+/* Forward of the _native_batch_norm_legit family. Candidates:
  * out, save_mean, save_invstd, then the new running mean and variance (present only where the
  * running stats are destinations). In training the batch statistics normalize and the running
  * stats move by `momentum` toward the batch mean and the *unbiased* batch variance; in eval
@@ -291,29 +291,11 @@ static pj_status_t *lower_batch_norm_legit(pj_lower_t *L) {
   return NULL;
 }
 
-/* native_batch_norm's schema does not declare its in-place update of running_mean/running_var,
- * so the bridge must pass them as two extra destinations after the three returns whenever it
- * calls this lowering in training mode with running stats; without them the update would be
- * lost silently, so that case is an error instead. */
-static pj_status_t *lower_native_batch_norm(pj_lower_t *L) {
-  bool stats = pj_has(L, "running_mean") && pj_has(L, "running_var");
-  bool training = pj_bool(L, "training", true);
-  if (!training && !stats) {
-    pj_fail(L, PJ_ERR_RUNTIME, "running_mean and running_var must be defined in evaluation mode");
-    return NULL;
-  }
-  bool update = training && stats;
-  /* with the update: out (absent when empty), save_mean, save_invstd, running_mean, running_var */
-  if (update && pj_nout(L) < 4) {
-    pj_fail(L, PJ_ERR_RUNTIME,
-            "native_batch_norm on tpu: training with running stats needs running_mean and "
-            "running_var passed as destinations by the bridge (got %d destinations)",
-            pj_nout(L));
-    return NULL;
-  }
-  batch_norm_forward(L, training, stats, update);
-  return NULL;
-}
+/* native_batch_norm itself has no lowering: its schema does not declare the in-place update of
+ * running_mean / running_var, so a lowering (whose destinations come from the schema) could not
+ * write them. Without a lowering it takes PyTorch's decomposition, which updates them with
+ * copy_ (or, better, the bridge could route it to _native_batch_norm_legit as PyTorch's own
+ * Python dispatcher does). */
 
 /* native_batch_norm_backward and batch_norm_backward (whose save_var holds the saved inverse
  * std, and `update` plays the role of `train`). */
@@ -350,6 +332,7 @@ static pj_status_t *lower_batch_norm_backward(pj_lower_t *L) {
   }
   bool mask[3];
   output_mask(L, mask, 3);
+  mask[0] = true; /* the Meta kernel always returns grad_input, whatever output_mask[0] says */
   pj_val_t v[3] = {dx, dw, db};
   put_results(L, v, mask, 3);
   return NULL;
@@ -614,7 +597,6 @@ const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"native_group_norm_backward", lower_group_norm_backward},
     {"_native_batch_norm_legit", lower_batch_norm_legit},
     {"_native_batch_norm_legit_no_training", lower_batch_norm_legit},
-    {"native_batch_norm", lower_native_batch_norm},
     {"native_batch_norm_backward", lower_batch_norm_backward},
     {"batch_norm_backward", lower_batch_norm_backward},
     {"embedding_dense_backward", lower_embedding_dense_backward},
