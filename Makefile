@@ -48,8 +48,9 @@ build/obj/%.o: csrc/%.cpp $(HDR)
 
 -include $(C_OBJS:.o=.d) $(CXX_OBJS:.o=.d)
 
+# Link to a temporary name and rename: a process that has the old library mapped keeps it.
 $(EXT_SO): $(C_OBJS) $(CXX_OBJS)
-	$(CXX) -o $@ $^ $(LDFLAGS_EXT)
+	$(CXX) -o $@.tmp $^ $(LDFLAGS_EXT) && mv -f $@.tmp $@
 
 # C unit tests: the C layers only, no PyTorch. ASan variant rebuilds everything instrumented.
 build/tests/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR)

@@ -389,9 +389,6 @@ def test_eye(dtype, fallbacks):
     fallbacks.assert_none()
 
 
-@pytest.mark.skip(reason="bridge: factory ops without tensor arguments (tril_indices with "
-                  "device=tpu) recurse in dispatch.cpp's Meta call (its Device arg is not "
-                  "replaced by meta); the lowering is in factory.c")
 @pytest.mark.parametrize("fn", [torch.tril_indices, torch.triu_indices])
 @pytest.mark.parametrize("r,c,off", [(3, 4, 0), (4, 3, 1), (5, 5, -2), (1, 6, 3)])
 def test_tri_indices(fn, r, c, off, fallbacks):

@@ -2,8 +2,8 @@
 CPU: values, dtypes and shapes, gradients through autograd, float32 / bfloat16 / int64 / bool
 inputs, non-contiguous inputs, out= and in-place variants, error types, and zero CPU fallbacks.
 
-Ops whose result shape depends on values (nonzero, masked_select, x[bool_mask]) need the bridge's
-data-dependent path (csrc/ops/dynamic.h); their tests are strict xfails until it is wired.
+Ops whose result shape depends on values (nonzero, masked_select, x[bool_mask]) go through the
+bridge's data-dependent path (csrc/ops/dynamic.h).
 """
 from __future__ import annotations
 
@@ -25,22 +25,6 @@ MINE = {
     "reflection_pad1d_backward", "reflection_pad2d_backward", "replication_pad1d_backward",
     "replication_pad2d_backward",
 }
-
-
-def _dynamic_supported() -> bool:
-    """True when nonzero runs through its lowering (not the CPU fallback, not an error)."""
-    before = _C.metrics()["cpu_fallbacks"]
-    try:
-        (torch.ones(2, device=TPU) > 0).nonzero()
-    except NotImplementedError:
-        return False
-    return _C.metrics()["cpu_fallbacks"] == before
-
-
-DYNAMIC = _dynamic_supported()
-needs_dynamic = pytest.mark.xfail(
-    not DYNAMIC, strict=True,
-    reason="the bridge does not call the data-dependent shape path (csrc/ops/dynamic.h) yet")
 
 
 def _base(name: str) -> str:
@@ -365,14 +349,12 @@ DYN_CASES = [
 ]
 
 
-@needs_dynamic
 @pytest.mark.parametrize("name,fn", DYN_CASES, ids=[c[0] for c in DYN_CASES])
 def test_data_dependent(name, fn, no_fallback):
     shape = X3 if name.endswith("3d") else X
     run_both(fn, [sample(shape)], grad=False)
 
 
-@needs_dynamic
 def test_data_dependent_grad(no_fallback):
     run_both(lambda d, a: a[a > 0] * 2, [sample(X)], grad=True)
     run_both(lambda d, a: a.masked_select(a < 0) * 3, [sample(X)], grad=True)
@@ -408,7 +390,6 @@ def test_errors_match_cpu():
         assert type(et) is type(ec.value), (i, ec.value, et)
 
 
-@needs_dynamic
 def test_mask_shape_error():
     with pytest.raises(IndexError):
         torch.zeros(4, 5)[torch.ones(3, dtype=torch.bool)]

@@ -97,6 +97,12 @@ static bool build_key(const pj_call_t *c, const char *identity, keybuf_t *k) {
 
 /* ---- program construction ---- */
 
+static int64_t desc_numel(const pj_tensor_desc_t *d) {
+  int64_t n = 1;
+  for (int i = 0; i < d->rank; i++) n *= d->sizes[i];
+  return n;
+}
+
 static pj_status_t *build_program(pj_call_t *c, pj_lower_fn fn, char **text, size_t *len,
                                   int *written, int *nwritten) {
   pj_hlo_t *h = pj_hlo_new();
@@ -137,8 +143,10 @@ static pj_status_t *build_program(pj_call_t *c, pj_lower_fn fn, char **text, siz
                   .has_result = has_result};
   st = fn(&L);
   if (st) goto done;
+  /* Every non-empty destination needs a value; an empty one may be left alone. */
   for (int o = 0; o < c->nout && pj_hlo_ok(h); o++)
-    if (!has_result[o]) pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: %s set no result %d", c->op, o);
+    if (!has_result[o] && desc_numel(&c->outs[o]) > 0)
+      pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: %s set no result %d", c->op, o);
   /* Writes, in destination order: a later destination in the same storage sees earlier ones. */
   for (int s = 0; s < c->nslots; s++) full[s] = slot_vals[s];
   bool *is_written = calloc((size_t)c->nslots + 1, sizeof(bool));
@@ -148,10 +156,18 @@ static pj_status_t *build_program(pj_call_t *c, pj_lower_fn fn, char **text, siz
   }
   for (int o = 0; o < c->nout && pj_hlo_ok(h); o++) {
     const pj_tensor_desc_t *d = &c->outs[o];
+    if (!has_result[o] || desc_numel(d) == 0) continue; /* empty: nothing to write */
     const pj_slot_t *sl = &c->slots[d->slot];
-    /* a view(dtype) destination: write its bits in the storage's element type */
-    pj_val_t v = pj_view_bitcast(h, results[o], sl->dtype);
-    full[d->slot] = pj_view_write(h, full[d->slot], sl->numel, sl->dtype, d, v);
+    if (d->dtype == sl->dtype) {
+      full[d->slot] = pj_view_write(h, full[d->slot], sl->numel, sl->dtype, d, results[o]);
+    } else {
+      /* a destination viewing the storage as another dtype: write in that dtype's elements */
+      int64_t n = sl->numel * (int64_t)pj_dtype_info(sl->dtype)->itemsize /
+                  (int64_t)pj_dtype_info(d->dtype)->itemsize;
+      pj_val_t as_view = pj_view_bitcast(h, full[d->slot], d->dtype);
+      pj_val_t w = pj_view_write(h, as_view, n, d->dtype, d, results[o]);
+      full[d->slot] = pj_view_bitcast(h, w, sl->dtype);
+    }
     is_written[d->slot] = true;
   }
   pj_val_t outs[PJ_CALL_MAX_SLOTS];
@@ -204,6 +220,56 @@ static pj_status_t *scalar_buffer(int device, const pj_scalar_t *s, struct PJRT_
 
 static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
 
+/* Scalar arguments repeat (alpha = 1, eps, a learning rate): their 0-d device buffers are kept
+ * in a small direct-mapped cache, so a cache-hit op usually costs no upload. Scalar buffers are
+ * never donated, so sharing them between executions is safe. An entry used by the call being
+ * prepared (same epoch) is never evicted: a colliding scalar of that call gets its own buffer
+ * (*owned = true, destroyed by the caller after launch). Guarded by run_lock. */
+#define SCALAR_CACHE_SIZE 256
+static struct {
+  bool used;
+  int device;
+  uint64_t epoch;
+  pj_scalar_t value;
+  struct PJRT_Buffer *buf;
+} scalar_cache[SCALAR_CACHE_SIZE];
+static uint64_t scalar_epoch;
+
+static pj_status_t *cached_scalar_buffer(int device, const pj_scalar_t *s,
+                                         struct PJRT_Buffer **out, bool *owned) {
+  pj_scalar_t key = {.dtype = s->dtype};
+  if (pj_dtype_info(s->dtype)->is_float || pj_dtype_info(s->dtype)->is_complex) {
+    key.f = s->f;
+    key.imag = s->imag;
+  } else {
+    key.i = s->i;
+  }
+  uint64_t hsh = pj_hash_bytes(&key, sizeof key, (uint64_t)device);
+  size_t slot = (size_t)(hsh % SCALAR_CACHE_SIZE);
+  *owned = false;
+  if (scalar_cache[slot].used && scalar_cache[slot].device == device &&
+      memcmp(&scalar_cache[slot].value, &key, sizeof key) == 0) {
+    scalar_cache[slot].epoch = scalar_epoch;
+    *out = scalar_cache[slot].buf;
+    return NULL;
+  }
+  struct PJRT_Buffer *buf;
+  PJ_TRY(scalar_buffer(device, s, &buf));
+  if (scalar_cache[slot].used && scalar_cache[slot].epoch == scalar_epoch) {
+    *owned = true; /* the slot serves another scalar of this call */
+    *out = buf;
+    return NULL;
+  }
+  if (scalar_cache[slot].used) pj_buffer_destroy(scalar_cache[slot].buf);
+  scalar_cache[slot].used = true;
+  scalar_cache[slot].device = device;
+  scalar_cache[slot].epoch = scalar_epoch;
+  scalar_cache[slot].value = key;
+  scalar_cache[slot].buf = buf;
+  *out = buf;
+  return NULL;
+}
+
 static pj_status_t *find_program(pj_call_t *c, pj_lower_fn fn, pj_program_t **prog,
                                  int *written, int *nwritten) {
   pj_runtime_t *rt;
@@ -213,11 +279,12 @@ static pj_status_t *find_program(pj_call_t *c, pj_lower_fn fn, pj_program_t **pr
     free(k.p);
     return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
   }
-  /* The written-slot list is a pure function of the key; recompute it cheaply on hits. */
+  /* The written-slot list is a pure function of the key (slots with a non-empty destination,
+   * in slot order); build_program derives the same list. */
   *nwritten = 0;
   for (int s = 0; s < c->nslots; s++) {
     bool w = false;
-    for (int o = 0; o < c->nout && !w; o++) w = c->outs[o].slot == s;
+    for (int o = 0; o < c->nout && !w; o++) w = c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0;
     if (w) written[(*nwritten)++] = s;
   }
   pj_program_t *p = pj_cache_lookup(k.p, k.len);
@@ -225,8 +292,10 @@ static pj_status_t *find_program(pj_call_t *c, pj_lower_fn fn, pj_program_t **pr
   if (!p) {
     char *text = NULL;
     size_t len = 0;
-    int nw2 = 0;
-    st = build_program(c, fn, &text, &len, written, &nw2);
+    int check[PJ_CALL_MAX_SLOTS], nw2 = 0;
+    st = build_program(c, fn, &text, &len, check, &nw2);
+    if (!st && (nw2 != *nwritten || memcmp(check, written, sizeof(int) * (size_t)nw2) != 0))
+      st = pj_status_new(PJ_ERR_RUNTIME, "internal: written storages disagree for aten::%s", c->op);
     if (!st) st = pj_program_compile(text, len, &p);
     if (st && text && getenv("TORCH_PJRT_DUMP_ON_ERROR"))
       st = pj_status_wrap(st, "program:\n%s\n", text);
@@ -245,7 +314,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   pthread_mutex_lock(&run_lock);
   pj_status_t *st = NULL;
   struct PJRT_Buffer **args = NULL, **outs = NULL;
-  bool *donate = NULL;
+  bool *donate = NULL, *owned = NULL;
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   pj_program_t *prog = NULL;
   st = find_program(c, fn, &prog, written, &nwritten);
@@ -267,9 +336,15 @@ pj_status_t *pj_call_run(pj_call_t *c) {
     donate[nargs] = w;
     args[nargs++] = c->slots[s].storage->buf;
   }
+  scalar_epoch++;
+  owned = calloc((size_t)c->nscalars + 1, sizeof *owned);
+  if (!owned) {
+    st = pj_status_new(PJ_ERR_OOM, "out of host memory");
+    goto done;
+  }
   size_t first_scalar = nargs;
   for (int i = 0; i < c->nscalars; i++) {
-    st = scalar_buffer(c->device, &c->scalars[i], &args[nargs]);
+    st = cached_scalar_buffer(c->device, &c->scalars[i], &args[nargs], &owned[i]);
     if (st) goto done;
     nargs++;
   }
@@ -279,7 +354,8 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   } else {
     st = pj_program_execute(prog, c->device, args, nargs, donate, outs);
   }
-  for (size_t i = first_scalar; i < nargs; i++) pj_buffer_destroy(args[i]);
+  for (int i = 0; i < c->nscalars; i++)
+    if (owned[i]) pj_buffer_destroy(args[first_scalar + (size_t)i]);
   if (st) goto done;
   /* A donated input's memory now belongs to the output; its handle is still destroyed by the
    * swap, like any replaced buffer. */
@@ -289,6 +365,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   }
 done:
   pthread_mutex_unlock(&run_lock);
+  free(owned);
   free(args);
   free(donate);
   free(outs);

@@ -43,8 +43,9 @@ static bool map_dests(pj_lower_t *L, const char *const *names, int nlists, int n
     const pj_arg_t *a = pj_arg(L, names[l]);
     int len = a && a->kind == PJ_ARG_TENSORS ? a->count : 0;
     for (int i = 0; i < n; i++) dest[l][i] = -1;
-    for (int i = 0; i < len && i < n; i++)
-      if (desc_numel(&L->c->tensors[a->first + i]) > 0) dest[l][i] = k++;
+    /* every element is a destination of the call (empty ones too); empty ones get no value */
+    for (int i = 0; i < len && i < n; i++, k++)
+      if (desc_numel(&L->c->tensors[a->first + i]) > 0) dest[l][i] = k;
   }
   if (k != pj_nout(L)) {
     pj_fail(L, PJ_ERR_RUNTIME, "internal: aten::%s has %d destinations, the lists give %d",

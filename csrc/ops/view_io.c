@@ -175,11 +175,26 @@ pj_val_t pj_view_write(pj_hlo_t *h, pj_val_t full, int64_t numel, pj_dtype_t dt,
 pj_val_t pj_view_bitcast(pj_hlo_t *h, pj_val_t full, pj_dtype_t dt) {
   if (full.id < 0 || full.t.dtype == dt) return full;
   size_t a = pj_dtype_info(full.t.dtype)->itemsize, b = pj_dtype_info(dt)->itemsize;
-  if (a != b)
-    return pj_hlo_fail(h, PJ_ERR_UNIMPLEMENTED,
-                       "a %s view of a storage holding %s (different element sizes) is not "
-                       "supported on tpu",
-                       pj_dtype_info(dt)->name, pj_dtype_info(full.t.dtype)->name);
-  if (full.t.dtype == PJ_BOOL || dt == PJ_BOOL) return pj_convert(h, full, dt);
-  return pj_hlo_op(h, "stablehlo.bitcast_convert", &full, 1, NULL, pj_type_with_dtype(full.t, dt));
+  if (full.t.dtype == PJ_BOOL || dt == PJ_BOOL) {
+    if (a == b) return pj_convert(h, full, dt); /* bool <-> 8-bit: the bits are 0/1 */
+    if (full.t.dtype == PJ_BOOL) full = pj_convert(h, full, PJ_U8);
+    else full = pj_view_bitcast(h, full, PJ_U8);
+    return dt == PJ_BOOL ? pj_convert(h, full, dt) : pj_view_bitcast(h, full, dt);
+  }
+  int64_t n = full.t.dims[0];
+  if (a == b)
+    return pj_hlo_op(h, "stablehlo.bitcast_convert", &full, 1, NULL, pj_type_with_dtype(full.t, dt));
+  if (a > b) { /* e.g. float32[n] as uint8[4n]: bitcast to [n, 4], flatten */
+    int64_t d2[2] = {n, (int64_t)(a / b)}, m = n * (int64_t)(a / b);
+    pj_val_t x = pj_hlo_op(h, "stablehlo.bitcast_convert", &full, 1, NULL, pj_type(dt, 2, d2));
+    return pj_reshape(h, x, 1, &m);
+  }
+  /* e.g. uint8[4n] as float32[n]: group the bytes, bitcast each group */
+  int64_t k = (int64_t)(b / a);
+  if (n % k)
+    return pj_hlo_fail(h, PJ_ERR_RUNTIME, "a storage of %lld %s elements is not a whole number of %s",
+                       (long long)n, pj_dtype_info(full.t.dtype)->name, pj_dtype_info(dt)->name);
+  int64_t d2[2] = {n / k, k}, m = n / k;
+  pj_val_t x = pj_reshape(h, full, 2, d2);
+  return pj_hlo_op(h, "stablehlo.bitcast_convert", &x, 1, NULL, pj_type(dt, 1, &m));
 }

@@ -10,8 +10,8 @@ pj_val_t pj_view_read(pj_hlo_t *h, pj_val_t full, const pj_tensor_desc_t *d);
  * with the view d overwritten by v (shape d->sizes, dtype = full's). Returns the new 1-D value. */
 pj_val_t pj_view_write(pj_hlo_t *h, pj_val_t full, int64_t numel, pj_dtype_t dt,
                        const pj_tensor_desc_t *d, pj_val_t v);
-/* Reinterprets a storage value's bits as another element type of the same size (view(dtype));
- * bool <-> 8-bit ints convert by value (0/1), which is what their bits are. Records
- * PJ_ERR_UNIMPLEMENTED for different sizes. */
+/* Reinterprets a 1-D storage value's bytes as another element type (view(dtype), untyped
+ * storage copies): the element count scales by the size ratio. bool <-> 8-bit ints convert by
+ * value (0/1), which is what their bits are. */
 pj_val_t pj_view_bitcast(pj_hlo_t *h, pj_val_t full, pj_dtype_t dt);
 #endif

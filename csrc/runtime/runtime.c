@@ -32,6 +32,16 @@ static pj_runtime_t *g_runtime;       /* set once, under init_lock */
 static char g_init_error[2048];       /* sticky first failure, re-reported to later callers */
 static pj_code_t g_init_code;
 static char g_configured_path[1024];
+/* Set in a child forked after the client existed: the plugin's threads did not survive the
+ * fork, so the inherited client must never be used (calls could hang). Like CUDA, the child
+ * gets an error and should use the spawn start method. */
+static volatile int g_forked_child;
+static pthread_once_t g_atfork_once = PTHREAD_ONCE_INIT;
+
+static void on_fork_child(void) {
+  if (g_runtime) g_forked_child = 1;
+}
+static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
 static int g_cpu_device_count = 1;
 
 pj_status_t *pj_runtime_take_error(const pj_runtime_t *rt, PJRT_Error *err, const char *what) {
@@ -187,6 +197,10 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
 }
 
 pj_status_t *pj_runtime_get(pj_runtime_t **out) {
+  if (g_forked_child)
+    return pj_status_new(PJ_ERR_RUNTIME,
+                         "Cannot use the tpu device in a forked subprocess: the PJRT client was "
+                         "created before the fork. Use the 'spawn' start method.");
   /* Fast path without the lock: g_runtime is written once, before any reader can see it. */
   pj_runtime_t *rt = __atomic_load_n(&g_runtime, __ATOMIC_ACQUIRE);
   if (rt) {
@@ -204,6 +218,7 @@ pj_status_t *pj_runtime_get(pj_runtime_t **out) {
     if (!rt) {
       st = pj_status_new(PJ_ERR_OOM, "out of memory creating the runtime");
     } else {
+      pthread_once(&g_atfork_once, install_atfork);
       st = load_plugin(rt);
       if (!st) st = create_client(rt);
       if (st) {
@@ -221,7 +236,9 @@ pj_status_t *pj_runtime_get(pj_runtime_t **out) {
   return st;
 }
 
-bool pj_runtime_ready(void) { return __atomic_load_n(&g_runtime, __ATOMIC_ACQUIRE) != NULL; }
+bool pj_runtime_ready(void) {
+  return !g_forked_child && __atomic_load_n(&g_runtime, __ATOMIC_ACQUIRE) != NULL;
+}
 int pj_runtime_device_count(const pj_runtime_t *rt) { return rt->ndev; }
 const char *pj_runtime_platform_name(const pj_runtime_t *rt) { return rt->platform; }
 const char *pj_runtime_platform_version(const pj_runtime_t *rt) { return rt->platform_version; }
