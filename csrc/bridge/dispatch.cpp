@@ -390,8 +390,11 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::boxed_fallback>());
 }
 
+// Ops with a lowering whose CompositeExplicitAutograd kernel would otherwise run instead of it:
+// convolution (which would reach convolution_overrideable), and ops whose composite kernel
+// takes several programs where the lowering takes one.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("convolution", torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
-  m.impl("convolution_backward",
-         torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
+  for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
+                           "native_group_norm", "logsumexp", "any.dims", "all.dims"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
 }

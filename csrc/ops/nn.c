@@ -287,15 +287,17 @@ static pj_status_t *lower_batch_norm_legit(pj_lower_t *L) {
     pj_fail(L, PJ_ERR_RUNTIME, "running_mean and running_var must be defined in evaluation mode");
     return NULL;
   }
-  batch_norm_forward(L, training, stats, stats && !no_training);
+  /* _native_batch_norm_legit always has the running stats as destinations (its schema marks
+   * them written); native_batch_norm only in training mode (see below). */
+  bool stat_dests = stats && !no_training &&
+                    (strcmp(L->c->op, "native_batch_norm") != 0 || training);
+  batch_norm_forward(L, training, stats, stat_dests);
   return NULL;
 }
 
-/* native_batch_norm itself has no lowering: its schema does not declare the in-place update of
- * running_mean / running_var, so a lowering (whose destinations come from the schema) could not
- * write them. Without a lowering it takes PyTorch's decomposition, which updates them with
- * copy_ (or, better, the bridge could route it to _native_batch_norm_legit as PyTorch's own
- * Python dispatcher does). */
+/* native_batch_norm uses the same lowering: its schema does not mark running_mean /
+ * running_var as written, but the bridge passes them as destinations 3 and 4 in training mode
+ * (dispatch.cpp, mutates_unannotated), which is exactly _native_batch_norm_legit's layout. */
 
 /* native_batch_norm_backward and batch_norm_backward (whose save_var holds the saved inverse
  * std, and `update` plays the role of `train`). */
@@ -596,6 +598,7 @@ const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"native_group_norm", lower_group_norm},
     {"native_group_norm_backward", lower_group_norm_backward},
     {"_native_batch_norm_legit", lower_batch_norm_legit},
+    {"native_batch_norm", lower_batch_norm_legit},
     {"_native_batch_norm_legit_no_training", lower_batch_norm_legit},
     {"native_batch_norm_backward", lower_batch_norm_backward},
     {"batch_norm_backward", lower_batch_norm_backward},
