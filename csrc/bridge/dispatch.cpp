@@ -13,6 +13,7 @@
 #include <unordered_map>
 
 #include "call_builder.h"
+#include "meta_cache.h"
 extern "C" {
 #include "../ops/dynamic.h"
 #include "torch_pjrt/metrics.h"
@@ -59,46 +60,6 @@ std::string base_name(const c10::FunctionSchema& schema) {
 }
 
 bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
-
-// Meta tensors mirroring the tpu arguments: running the op on them gives output shapes, dtypes
-// and strides, and raises exactly the errors CPU raises for bad shapes or dtypes.
-c10::IValue to_meta(const c10::IValue& v) {
-  auto conv = [](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
-    auto m = at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-    return m;
-  };
-  if (v.isTensor()) return conv(v.toTensor());
-  // factory ops (no tensor inputs) carry the device as an argument: point it at meta too, or
-  // the call would dispatch back here
-  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) return c10::Device(c10::kMeta);
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(conv(t));
-    return out;
-  }
-  if (v.isOptionalTensorList()) {
-    c10::List<std::optional<at::Tensor>> out;
-    for (const std::optional<at::Tensor>& t : v.toOptionalTensorList())
-      out.push_back(t.has_value() ? std::optional<at::Tensor>(conv(*t)) : std::nullopt);
-    return out;
-  }
-  if (v.isList()) {
-    // generic lists of optional tensors arrive as List[Optional[Tensor]] IValues
-    auto l = v.toList();
-    if (l.size() > 0 && (l.get(0).isTensor() || l.get(0).isNone())) {
-      bool tensors = true;
-      for (const c10::IValue& e : l) tensors = tensors && (e.isTensor() || e.isNone());
-      if (tensors) {
-        c10::List<std::optional<at::Tensor>> out;
-        for (const c10::IValue& e : l)
-          out.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(conv(e.toTensor())));
-        return out;
-      }
-    }
-  }
-  return v;
-}
 
 std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
   std::vector<at::Tensor> out;
@@ -258,21 +219,17 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
 
   // 1. Output metadata from the Meta kernel (also raises CPU's errors for bad input).
-  torch::jit::Stack meta;
-  meta.reserve(nargs);
-  for (const c10::IValue& v : args) meta.push_back(to_meta(v));
   bool fresh_returns = false;
   for (const c10::Argument& r : schema.returns()) fresh_returns = fresh_returns || !is_write(r);
-  try {
-    op.callBoxed(&meta);
-  } catch (const c10::NotImplementedError&) {
+  std::optional<std::vector<c10::IValue>> meta = meta_returns(op, args);
+  if (!meta) {
     // No Meta kernel. Data-dependent output shapes (nonzero, masked_select, ...) cannot be
     // known without running: those take the CPU path. Ops whose only outputs are their mutated
     // arguments (fused optimizer steps) need no metadata and run lowered without it.
     if (fresh_returns) return run_cpu_fallback(op, stack, "no Meta kernel for its output shapes");
-    meta.assign(schema.returns().size(), c10::IValue());  // returns alias the arguments
+    meta.emplace(schema.returns().size(), c10::IValue());  // returns alias the arguments
   }
-  std::vector<c10::IValue> meta_returns(meta.begin(), meta.end());
+  const std::vector<c10::IValue>& meta_returns_ = *meta;
 
   // 2. Destinations: returns first (fresh tensors, or the mutated arguments they alias), then
   //    mutated arguments no return aliases (e.g. batch-norm running stats, foreach in-place).
@@ -292,7 +249,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     if (aliased >= 0) {
       covered_args.insert(aliased);
       std::vector<at::Tensor> ts = tensors_of(args[aliased]);
-      std::vector<at::Tensor> ms = tensors_of(meta_returns[r]);
+      std::vector<at::Tensor> ms = tensors_of(meta_returns_[r]);
       for (size_t i = 0; i < ts.size(); i++) {
         // out= tensors of the wrong shape are resized as CPU does
         if (i < ms.size() && ms[i].defined() && !ts[i].sizes().equals(ms[i].sizes()))
@@ -301,7 +258,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       }
       returns.push_back(args[aliased]);
     } else {
-      const c10::IValue& m = meta_returns[r];
+      const c10::IValue& m = meta_returns_[r];
       if (m.isTensor() && !m.toTensor().defined()) {
         returns.push_back(at::Tensor());  // e.g. a gradient output_mask turned off: no destination
       } else if (m.isTensor()) {

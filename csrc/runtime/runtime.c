@@ -236,9 +236,9 @@ pj_status_t *pj_runtime_get(pj_runtime_t **out) {
   return st;
 }
 
-bool pj_runtime_ready(void) {
-  return !g_forked_child && __atomic_load_n(&g_runtime, __ATOMIC_ACQUIRE) != NULL;
-}
+/* Also true in a forked child (the runtime existed; pj_runtime_get refuses it there): the
+ * Python front tells a bad fork from this. */
+bool pj_runtime_ready(void) { return __atomic_load_n(&g_runtime, __ATOMIC_ACQUIRE) != NULL; }
 int pj_runtime_device_count(const pj_runtime_t *rt) { return rt->ndev; }
 const char *pj_runtime_platform_name(const pj_runtime_t *rt) { return rt->platform; }
 const char *pj_runtime_platform_version(const pj_runtime_t *rt) { return rt->platform_version; }
