@@ -315,11 +315,11 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   pj_status_t *st = NULL;
   struct PJRT_Buffer **args = NULL, **outs = NULL;
   bool *donate = NULL, *owned = NULL;
+  size_t nargs = 0, first_scalar = 0;
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   pj_program_t *prog = NULL;
   st = find_program(c, fn, &prog, written, &nwritten);
   if (st) goto done;
-  size_t nargs = 0;
   args = calloc((size_t)c->nslots + (size_t)c->nscalars + 1, sizeof *args);
   donate = calloc((size_t)c->nslots + (size_t)c->nscalars + 1, sizeof *donate);
   outs = calloc((size_t)nwritten + 1, sizeof *outs);
@@ -342,7 +342,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory");
     goto done;
   }
-  size_t first_scalar = nargs;
+  first_scalar = nargs;
   for (int i = 0; i < c->nscalars; i++) {
     st = cached_scalar_buffer(c->device, &c->scalars[i], &args[nargs], &owned[i]);
     if (st) goto done;
@@ -354,8 +354,6 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   } else {
     st = pj_program_execute(prog, c->device, args, nargs, donate, outs);
   }
-  for (int i = 0; i < c->nscalars; i++)
-    if (owned[i]) pj_buffer_destroy(args[first_scalar + (size_t)i]);
   if (st) goto done;
   /* A donated input's memory now belongs to the output; its handle is still destroyed by the
    * swap, like any replaced buffer. */
@@ -364,6 +362,10 @@ pj_status_t *pj_call_run(pj_call_t *c) {
     pj_storage_swap(sl->storage, outs[i], sl->dtype);
   }
 done:
+  /* buffers uploaded for this call only (see cached_scalar_buffer); PJRT keeps them alive
+   * until the launched execution is done with them */
+  for (size_t i = first_scalar; owned && i < nargs; i++)
+    if (owned[i - first_scalar]) pj_buffer_destroy(args[i]);
   pthread_mutex_unlock(&run_lock);
   free(owned);
   free(args);
