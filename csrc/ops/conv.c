@@ -18,8 +18,8 @@
 
 #include "../hlo/strbuf.h"
 #include "table.h"
+#include "emit.h"
 
-#define H (L->h)
 #define MAXSP 3
 
 static const pj_val_t kBad = {.id = -1, .sub = -1};

@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "table.h"
+#include "emit.h"
 
 /* ---- helpers shared by the rows ---- */
 
@@ -28,16 +29,6 @@ static pj_val_t arg_at_out(pj_lower_t *L, const char *name, pj_dtype_t dt) {
 
 static pj_val_t cst(pj_lower_t *L, pj_val_t like, double v) { return pj_full(L->h, like.t, v); }
 
-#define H (L->h)
-#define ADD(a, b) pj_binary(H, "stablehlo.add", a, b)
-#define SUB(a, b) pj_binary(H, "stablehlo.subtract", a, b)
-#define MUL(a, b) pj_binary(H, "stablehlo.multiply", a, b)
-#define DIV(a, b) pj_binary(H, "stablehlo.divide", a, b)
-#define MAX(a, b) pj_binary(H, "stablehlo.maximum", a, b)
-#define MIN(a, b) pj_binary(H, "stablehlo.minimum", a, b)
-#define U(op, a) pj_unary(H, "stablehlo." op, a)
-#define CMP(dir, a, b) pj_compare(H, dir, a, b)
-#define SEL(p, a, b) pj_select(H, p, a, b)
 
 static pj_dtype_t float_of(pj_dtype_t dt) {
   return pj_dtype_info(dt)->is_float || pj_dtype_info(dt)->is_complex ? dt : PJ_F32;

@@ -9,14 +9,8 @@
 #include <string.h>
 
 #include "table.h"
+#include "emit.h"
 
-#define H (L->h)
-#define ADD(a, b) pj_binary(H, "stablehlo.add", a, b)
-#define SUB(a, b) pj_binary(H, "stablehlo.subtract", a, b)
-#define MUL(a, b) pj_binary(H, "stablehlo.multiply", a, b)
-#define DIV(a, b) pj_binary(H, "stablehlo.divide", a, b)
-#define CMP(dir, a, b) pj_compare(H, dir, a, b)
-#define SEL(p, a, b) pj_select(H, p, a, b)
 
 static pj_val_t bcast(pj_lower_t *L, pj_val_t s, pj_type_t t) {
   return pj_broadcast_in_dim(H, s, pj_type_with_dtype(t, s.t.dtype), NULL);

@@ -13,9 +13,9 @@
 #include "dynamic.h"
 #include "slices.h"
 #include "table.h"
+#include "emit.h"
 #include "torch_pjrt/transfer.h"
 
-#define H (L->h)
 
 static const pj_val_t kBad = {.id = -1, .sub = -1};
 

@@ -13,8 +13,8 @@
 #include <string.h>
 
 #include "table.h"
+#include "emit.h"
 
-#define H (L->h)
 
 /* Dimension numbers of one product op, for the operand ranks the schema guarantees (the Meta
  * kernel has already checked ranks and sizes, so shapes are valid here). */

@@ -15,16 +15,8 @@
 #include <string.h>
 
 #include "table.h"
+#include "emit.h"
 
-#define H (L->h)
-#define ADD(a, b) pj_binary(H, "stablehlo.add", a, b)
-#define SUB(a, b) pj_binary(H, "stablehlo.subtract", a, b)
-#define MUL(a, b) pj_binary(H, "stablehlo.multiply", a, b)
-#define DIV(a, b) pj_binary(H, "stablehlo.divide", a, b)
-#define MAX(a, b) pj_binary(H, "stablehlo.maximum", a, b)
-#define U(op, a) pj_unary(H, "stablehlo." op, a)
-#define CMP(dir, a, b) pj_compare(H, dir, a, b)
-#define SEL(p, a, b) pj_select(H, p, a, b)
 
 enum { RED_NONE = 0, RED_MEAN = 1, RED_SUM = 2 };
 

@@ -25,18 +25,9 @@
 #include <string.h>
 
 #include "table.h"
+#include "emit.h"
 
-#define H (L->h)
-#define ADD(a, b) pj_binary(H, "stablehlo.add", a, b)
-#define SUB(a, b) pj_binary(H, "stablehlo.subtract", a, b)
-#define MUL(a, b) pj_binary(H, "stablehlo.multiply", a, b)
-#define DIV(a, b) pj_binary(H, "stablehlo.divide", a, b)
-#define AND(a, b) pj_binary(H, "stablehlo.and", a, b)
-#define OR(a, b) pj_binary(H, "stablehlo.or", a, b)
 #define XOR(a, b) pj_binary(H, "stablehlo.xor", a, b)
-#define U(op, a) pj_unary(H, "stablehlo." op, a)
-#define CMP(dir, a, b) pj_compare(H, dir, a, b)
-#define SEL(p, a, b) pj_select(H, p, a, b)
 
 static const int64_t kMask32 = 0xFFFFFFFFLL;
 

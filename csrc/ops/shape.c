@@ -8,8 +8,8 @@
 
 #include "slices.h"
 #include "table.h"
+#include "emit.h"
 
-#define H (L->h)
 
 static pj_status_t *lower_cat(pj_lower_t *L) {
   pj_type_t ot = pj_out_type(L, 0);
