@@ -36,11 +36,11 @@ def main():
         loss.backward()
         opt.step()
         if step == 5:
-            float(loss)  # wait for the device, so the rate below excludes compilation
+            loss.item()  # wait for the device, so the rate below excludes compilation
             t_warm = time.perf_counter()
         if step % 25 == 0 or step == 1:
             print(f"step {step:4d}  loss {loss.item():.4f}", flush=True)
-    float(loss)
+    loss.item()
     t1 = time.perf_counter()
     rate = (args.steps - 5) / (t1 - t_warm) if t_warm and args.steps > 5 else float("nan")
     print(f"trained {args.steps} steps in {t1 - t0:.1f} s; {rate:.1f} steps/s after warm-up")
