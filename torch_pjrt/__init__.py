@@ -16,6 +16,7 @@ Registration (``_register``) is idempotent and happens once per process:
 from __future__ import annotations
 
 import logging
+import os
 import sys
 import threading
 
@@ -83,6 +84,9 @@ def _register() -> None:
         else:
             device._set_plugin(choice)
             if not device._C.is_initialized():
+                # XLA logs INFO lines to stderr when the client starts; keep warnings and
+                # errors only, unless the user chose a level.
+                os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
                 device._C._configure(choice.path, cfg.cpu_device_count)
 
         _register_device_module(torch, device)
