@@ -151,11 +151,10 @@ void CallBuilder::add_tensor_list(const std::string& name, const std::vector<at:
   }
 }
 
-void CallBuilder::add_scalar(const std::string& name, const c10::Scalar& s) {
+int CallBuilder::push_scalar(const c10::Scalar& s) {
   TORCH_CHECK(c_->nscalars < PJ_CALL_MAX_SCALARS, "too many scalar arguments");
-  pj_arg_t& a = new_arg(name, PJ_ARG_SCALAR);
-  a.first = c_->nscalars++;
-  pj_scalar_t& v = c_->scalars[a.first];
+  int idx = c_->nscalars++;
+  pj_scalar_t& v = c_->scalars[idx];
   v = pj_scalar_t{};
   if (s.isBoolean()) {
     v.dtype = PJ_BOOL;
@@ -172,6 +171,19 @@ void CallBuilder::add_scalar(const std::string& name, const c10::Scalar& s) {
     v.dtype = PJ_F64;
     v.f = s.toDouble();
   }
+  return idx;
+}
+
+void CallBuilder::add_scalar(const std::string& name, const c10::Scalar& s) {
+  pj_arg_t& a = new_arg(name, PJ_ARG_SCALAR);
+  a.first = push_scalar(s);
+}
+
+void CallBuilder::add_scalars(const std::string& name, const std::vector<c10::Scalar>& ss) {
+  pj_arg_t& a = new_arg(name, PJ_ARG_SCALARS);
+  a.first = c_->nscalars;
+  a.count = static_cast<int>(ss.size());
+  for (const c10::Scalar& s : ss) push_scalar(s);
 }
 
 void CallBuilder::add_int(const std::string& name, int64_t v) { new_arg(name, PJ_ARG_INT).i = v; }

@@ -27,6 +27,7 @@ class CallBuilder {
   void add_tensor(const std::string& name, const at::Tensor& t);  // undefined -> None
   void add_tensor_list(const std::string& name, const std::vector<at::Tensor>& ts);
   void add_scalar(const std::string& name, const c10::Scalar& s);
+  void add_scalars(const std::string& name, const std::vector<c10::Scalar>& ss);
   void add_int(const std::string& name, int64_t v);
   void add_bool(const std::string& name, bool v);
   void add_float(const std::string& name, double v);
@@ -41,6 +42,7 @@ class CallBuilder {
  private:
   const char* keep(const std::string& s);
   pj_arg_t& new_arg(const std::string& name, pj_arg_kind_t kind);
+  int push_scalar(const c10::Scalar& s);  // appends to the call's scalars, returns the index
   void describe(const at::Tensor& t, pj_tensor_desc_t* d, bool reading);
   int slot_for(const at::Tensor& t, bool reading);
 

@@ -163,10 +163,11 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
         return b.add_ints(name, ints);
       }
       if (ek == c10::TypeKind::NumberType) {
-        // Scalar[] (e.g. _foreach_add.ScalarList): values are compile-time attributes here
-        std::vector<double> fs;
-        for (const c10::IValue& e : v.toList()) fs.push_back(e.toScalar().toDouble());
-        return b.add_floats(name, fs);
+        // Scalar[] (e.g. _foreach_addcdiv_.ScalarList's per-step sizes): runtime values, so
+        // changing them does not recompile
+        std::vector<c10::Scalar> ss;
+        for (const c10::IValue& e : v.toList()) ss.push_back(e.toScalar());
+        return b.add_scalars(name, ss);
       }
       TORCH_CHECK_NOT_IMPLEMENTED(false, "argument type ", type->str(), " of ", name);
       return;
@@ -347,11 +348,66 @@ TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::boxed_fallback>());
 }
 
+namespace {
+// _foreach_* overloads with a one-program lowering (csrc/ops/foreach.c): their composite
+// kernels would otherwise run one program per list element.
+const char* const kForeachOverloads[] = {
+    "_foreach_add.Scalar", "_foreach_add.Scalar_out", "_foreach_add.List",
+    "_foreach_add.List_out", "_foreach_add.ScalarList", "_foreach_add.ScalarList_out",
+    "_foreach_add.Tensor", "_foreach_add.Tensor_out", "_foreach_add_.Scalar",
+    "_foreach_add_.List", "_foreach_add_.ScalarList", "_foreach_add_.Tensor",
+    "_foreach_sub.Scalar", "_foreach_sub.Scalar_out", "_foreach_sub.List",
+    "_foreach_sub.List_out", "_foreach_sub.ScalarList", "_foreach_sub.ScalarList_out",
+    "_foreach_sub_.Scalar", "_foreach_sub_.List", "_foreach_sub_.ScalarList",
+    "_foreach_mul.Scalar", "_foreach_mul.Scalar_out", "_foreach_mul.List",
+    "_foreach_mul.List_out", "_foreach_mul.ScalarList", "_foreach_mul.ScalarList_out",
+    "_foreach_mul.Tensor", "_foreach_mul.Tensor_out", "_foreach_mul_.Scalar",
+    "_foreach_mul_.List", "_foreach_mul_.ScalarList", "_foreach_mul_.Tensor",
+    "_foreach_div.Scalar", "_foreach_div.Scalar_out", "_foreach_div.List",
+    "_foreach_div.List_out", "_foreach_div.ScalarList", "_foreach_div.ScalarList_out",
+    "_foreach_div.Tensor", "_foreach_div.Tensor_out", "_foreach_div_.Scalar",
+    "_foreach_div_.List", "_foreach_div_.ScalarList", "_foreach_div_.Tensor",
+    "_foreach_maximum.Scalar", "_foreach_maximum.Scalar_out", "_foreach_maximum.List",
+    "_foreach_maximum.List_out", "_foreach_maximum.ScalarList",
+    "_foreach_maximum.ScalarList_out", "_foreach_maximum_.Scalar", "_foreach_maximum_.List",
+    "_foreach_maximum_.ScalarList", "_foreach_minimum.Scalar", "_foreach_minimum.Scalar_out",
+    "_foreach_minimum.List", "_foreach_minimum.List_out", "_foreach_minimum.ScalarList",
+    "_foreach_minimum.ScalarList_out", "_foreach_minimum_.Scalar", "_foreach_minimum_.List",
+    "_foreach_minimum_.ScalarList", "_foreach_clamp_min.Scalar", "_foreach_clamp_min.Scalar_out",
+    "_foreach_clamp_min.List", "_foreach_clamp_min.List_out", "_foreach_clamp_min.ScalarList",
+    "_foreach_clamp_min.ScalarList_out", "_foreach_clamp_min_.Scalar",
+    "_foreach_clamp_min_.List", "_foreach_clamp_min_.ScalarList", "_foreach_clamp_max.Scalar",
+    "_foreach_clamp_max.Scalar_out", "_foreach_clamp_max.List", "_foreach_clamp_max.List_out",
+    "_foreach_clamp_max.ScalarList", "_foreach_clamp_max.ScalarList_out",
+    "_foreach_clamp_max_.Scalar", "_foreach_clamp_max_.List", "_foreach_clamp_max_.ScalarList",
+    "_foreach_addcmul.Scalar", "_foreach_addcmul.Scalar_out", "_foreach_addcmul.ScalarList",
+    "_foreach_addcmul.ScalarList_out", "_foreach_addcmul_.Scalar",
+    "_foreach_addcmul_.ScalarList", "_foreach_addcdiv.Scalar", "_foreach_addcdiv.Scalar_out",
+    "_foreach_addcdiv.ScalarList", "_foreach_addcdiv.ScalarList_out", "_foreach_addcdiv_.Scalar",
+    "_foreach_addcdiv_.ScalarList", "_foreach_lerp.List", "_foreach_lerp.List_out",
+    "_foreach_lerp.Scalar", "_foreach_lerp.Scalar_out", "_foreach_lerp.ScalarList",
+    "_foreach_lerp.ScalarList_out", "_foreach_lerp_.List", "_foreach_lerp_.Scalar",
+    "_foreach_lerp_.ScalarList", "_foreach_pow.List", "_foreach_pow.List_out",
+    "_foreach_pow.Scalar", "_foreach_pow.Scalar_out", "_foreach_pow.ScalarList",
+    "_foreach_pow.ScalarList_out", "_foreach_pow.ScalarAndTensor", "_foreach_pow_.List",
+    "_foreach_pow_.Scalar", "_foreach_pow_.ScalarList", "_foreach_copy", "_foreach_copy.out",
+    "_foreach_copy_", "_foreach_zero", "_foreach_zero.out", "_foreach_zero_", "_foreach_sqrt",
+    "_foreach_sqrt.out", "_foreach_sqrt_", "_foreach_neg", "_foreach_neg.out", "_foreach_neg_",
+    "_foreach_abs", "_foreach_abs.out", "_foreach_abs_", "_foreach_exp", "_foreach_exp.out",
+    "_foreach_exp_", "_foreach_log", "_foreach_log.out", "_foreach_log_", "_foreach_reciprocal",
+    "_foreach_reciprocal.out", "_foreach_reciprocal_", "_foreach_sign", "_foreach_sign.out",
+    "_foreach_sign_", "_foreach_sigmoid", "_foreach_sigmoid.out", "_foreach_sigmoid_",
+    "_foreach_tanh", "_foreach_tanh.out", "_foreach_tanh_"
+};
+}  // namespace
+
 // Ops with a lowering whose CompositeExplicitAutograd kernel would otherwise run instead of it:
 // convolution (which would reach convolution_overrideable), and ops whose composite kernel
 // takes several programs where the lowering takes one.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
                            "native_group_norm", "logsumexp", "any.dims", "all.dims"})
+    m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
+  for (const char* name : kForeachOverloads)
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
 }

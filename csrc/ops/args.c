@@ -61,7 +61,8 @@ pj_val_t pj_tensor_at(pj_lower_t *L, const char *name, int i) {
 
 int pj_list_len(pj_lower_t *L, const char *name) {
   const pj_arg_t *a = pj_arg(L, name);
-  return a && (a->kind == PJ_ARG_TENSORS || a->kind == PJ_ARG_INTS || a->kind == PJ_ARG_FLOATS)
+  return a && (a->kind == PJ_ARG_TENSORS || a->kind == PJ_ARG_INTS || a->kind == PJ_ARG_FLOATS ||
+                a->kind == PJ_ARG_SCALARS)
              ? a->count
              : 0;
 }
@@ -72,6 +73,14 @@ pj_val_t pj_scalar(pj_lower_t *L, const char *name) {
   if (a && a->kind == PJ_ARG_TENSOR) return materialize(L, a->first);
   return pj_hlo_fail(L->h, PJ_ERR_RUNTIME, "internal: aten::%s has no scalar argument '%s'",
                      L->c->op, name);
+}
+
+pj_val_t pj_scalar_at(pj_lower_t *L, const char *name, int i) {
+  const pj_arg_t *a = pj_arg(L, name);
+  if (a && a->kind == PJ_ARG_SCALARS && i >= 0 && i < a->count)
+    return L->scalar_vals[a->first + i];
+  return pj_hlo_fail(L->h, PJ_ERR_RUNTIME, "internal: aten::%s has no element %s[%d]",
+                     L->c->op, name, i);
 }
 
 pj_dtype_t pj_arg_dtype(pj_lower_t *L, const char *name) {

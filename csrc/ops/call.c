@@ -69,6 +69,10 @@ static bool build_key(const pj_call_t *c, const char *identity, keybuf_t *k) {
         for (int i = 0; i < g->count; i++) ktensor(k, c, &c->tensors[g->first + i]);
         break;
       case PJ_ARG_SCALAR: kint(k, c->scalars[g->first].dtype); break;
+      case PJ_ARG_SCALARS:
+        kint(k, g->count);
+        for (int i = 0; i < g->count; i++) kint(k, c->scalars[g->first + i].dtype);
+        break;
       case PJ_ARG_INT:
       case PJ_ARG_BOOL: kint(k, g->i); break;
       case PJ_ARG_FLOAT: kput(k, &g->f, sizeof g->f); break;

@@ -29,6 +29,8 @@ int pj_list_len(pj_lower_t *L, const char *name);
 const pj_tensor_desc_t *pj_tensor_desc(pj_lower_t *L, const char *name);
 /* A Scalar argument as a 0-d value of its own dtype (f64/i64/bool), or a 0-d tensor argument. */
 pj_val_t pj_scalar(pj_lower_t *L, const char *name);
+/* Element i of a Scalar[] argument as a 0-d value. */
+pj_val_t pj_scalar_at(pj_lower_t *L, const char *name, int i);
 /* dtype of a tensor or Scalar argument (for type promotion). */
 pj_dtype_t pj_arg_dtype(pj_lower_t *L, const char *name);
 int64_t pj_int(pj_lower_t *L, const char *name, int64_t dflt);

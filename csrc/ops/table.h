@@ -19,7 +19,8 @@ typedef struct {
   X(conv)              \
   X(random)            \
   X(factory)           \
-  X(optim)
+  X(optim)             \
+  X(foreach)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];
 PJ_FAMILIES(PJ_DECLARE_FAMILY)

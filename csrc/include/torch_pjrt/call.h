@@ -23,7 +23,7 @@ extern "C" {
 #define PJ_CALL_MAX_TENSORS 512
 #define PJ_CALL_MAX_INTS 512
 #define PJ_CALL_MAX_SLOTS 512
-#define PJ_CALL_MAX_SCALARS 64
+#define PJ_CALL_MAX_SCALARS 512
 #define PJ_CALL_MAX_OUTS 512
 
 typedef enum {
@@ -31,6 +31,7 @@ typedef enum {
   PJ_ARG_TENSOR,   /* tensors[first] */
   PJ_ARG_TENSORS,  /* tensors[first .. first+count) (an element may be absent: rank < 0) */
   PJ_ARG_SCALAR,   /* a runtime value passed as a 0-d argument: scalars[first] */
+  PJ_ARG_SCALARS,  /* Scalar[]: runtime values scalars[first .. first+count) */
   PJ_ARG_INT,      /* i (also dtype codes: pj_dtype_t, and enums) */
   PJ_ARG_FLOAT,    /* f */
   PJ_ARG_BOOL,     /* i */
