@@ -377,11 +377,3 @@ done:
   free(outs);
   return st;
 }
-
-pj_status_t *pj_call_text(pj_call_t *c, char **text) {
-  pj_lower_fn fn = pj_lowering_find(c->op);
-  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
-  int written[PJ_CALL_MAX_SLOTS], nw = 0;
-  size_t len;
-  return build_program(c, fn, text, &len, written, &nw);
-}

@@ -105,8 +105,6 @@ void pj_lowering_each(void (*fn)(const char *name, void *user), void *user);
 /* Compiles (or finds in the cache) and executes the call's program; on success every written
  * slot's storage holds its new buffer. Thread-safe. */
 pj_status_t *pj_call_run(pj_call_t *c);
-/* The StableHLO text the call would compile (for debugging and tests). Caller frees. */
-pj_status_t *pj_call_text(pj_call_t *c, char **text);
 
 #ifdef __cplusplus
 }
