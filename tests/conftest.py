@@ -9,11 +9,19 @@
 """
 from __future__ import annotations
 
-import pytest
-import torch
+import os
+import tempfile
 
-import torch_pjrt  # noqa: F401  (registers the "tpu" device)
-from torch_pjrt import _C
+# The persistent compile cache of a test session lives in its own directory (set before torch
+# loads torch_pjrt), so results never depend on what earlier runs left in ~/.cache. Tests of
+# the cache itself use directories of their own.
+os.environ.setdefault("TORCH_PJRT_CACHE_DIR", tempfile.mkdtemp(prefix="torch_pjrt_test_cache_"))
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+import torch_pjrt  # noqa: E402,F401  (registers the "tpu" device)
+from torch_pjrt import _C  # noqa: E402
 
 TPU = torch.device("tpu")
 

@@ -88,6 +88,10 @@ def _register() -> None:
                 # errors only, unless the user chose a level.
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
                 device._C._configure(choice.path, cfg.cpu_device_count)
+            try:
+                device._C._configure_cache(cfg.cache_dir, cfg.cache_max_bytes)
+            except RuntimeError as e:  # an unusable directory costs speed, not correctness
+                _log.warning("torch_pjrt: persistent compile cache disabled: %s", e)
 
         _register_device_module(torch, device)
         # Ops without a StableHLO lowering go through PyTorch's decompositions before the CPU

@@ -7,6 +7,11 @@ Variables (the README's table lists all of them):
     Unset or empty: choose automatically (a TPU, else an NVIDIA GPU, else the CPU).
 ``TORCH_PJRT_CPU_DEVICE_COUNT``
     Number of devices the CPU plugin creates (default 1).
+``TORCH_PJRT_CACHE_DIR``
+    Directory of the persistent compile cache (default ``$XDG_CACHE_HOME/torch_pjrt``, else
+    ``~/.cache/torch_pjrt``); ``0`` disables it. Many processes and hosts may share it.
+``TORCH_PJRT_CACHE_MAX_BYTES``
+    Size bound of that directory; least recently used entries are evicted (default 4 GiB).
 
 PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
 ``import torch``; it is read by torch, not here. Native code reads two switches where they act:
@@ -27,10 +32,20 @@ from typing import Mapping, Optional
 PLUGIN_NAMES = ("cpu", "cuda", "tpu")
 
 
+def default_cache_dir() -> str:
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return os.path.join(base, "torch_pjrt")
+
+
+DEFAULT_CACHE_MAX_BYTES = 4 << 30
+
+
 @dataclasses.dataclass(frozen=True)
 class Config:
     plugin: str  # "" (automatic), one of PLUGIN_NAMES, or a file path
     cpu_device_count: int
+    cache_dir: str = dataclasses.field(default_factory=default_cache_dir)  # "" = disabled
+    cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -53,7 +68,12 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
     plugin = env.get("TORCH_PJRT_PLUGIN", "").strip()
     if plugin.lower() in PLUGIN_NAMES:
         plugin = plugin.lower()
+    cache_dir = env.get("TORCH_PJRT_CACHE_DIR", "").strip() or default_cache_dir()
+    if cache_dir == "0":
+        cache_dir = ""
     return Config(
         plugin=plugin,
         cpu_device_count=_positive_int(env, "TORCH_PJRT_CPU_DEVICE_COUNT", 1),
+        cache_dir=cache_dir,
+        cache_max_bytes=_positive_int(env, "TORCH_PJRT_CACHE_MAX_BYTES", DEFAULT_CACHE_MAX_BYTES),
     )

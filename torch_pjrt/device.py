@@ -445,6 +445,12 @@ def fallback_ops() -> dict[str, int]:
     return dict(_C.fallback_ops()) if _C is not None else {}
 
 
+def cache_stats() -> dict[str, Any]:
+    """The persistent compile cache: its directory ("" when disabled) and this process's hits,
+    misses, stores, bytes read/written, corrupt entries replaced and evictions."""
+    return dict(_C.cache_stats()) if _C is not None else {}
+
+
 def reset_metrics() -> None:
     if _C is not None:
         _C.reset_metrics()

@@ -5,6 +5,8 @@
 #include "bridge.h"
 extern "C" {
 #include "torch_pjrt/call.h"
+#include "torch_pjrt/disk_cache.h"
+#include "torch_pjrt/metrics.h"
 }
 
 namespace torch_pjrt {
@@ -22,6 +24,18 @@ void bind_dispatch(pybind11::module_& m) {
   }, "Base names of the aten ops with a StableHLO lowering.");
   m.def("fallback_ops", [] { return fallback_ops(); },
         "aten ops that ran on the CPU through the fallback, with their counts.");
+  m.def("_configure_cache", [](const std::string& dir, int64_t max_bytes) {
+    check(pj_disk_cache_configure(dir.c_str(), max_bytes));
+  }, "Sets the persistent compile cache directory ('' disables it) and its size bound.");
+  m.def("cache_stats", [] {
+    std::map<std::string, pybind11::object> out;
+    out["dir"] = pybind11::str(pj_disk_cache_dir());
+    for (pj_metric_t k : {PJ_METRIC_DISK_HITS, PJ_METRIC_DISK_MISSES, PJ_METRIC_DISK_STORES,
+                          PJ_METRIC_DISK_BYTES_READ, PJ_METRIC_DISK_BYTES_WRITTEN,
+                          PJ_METRIC_DISK_CORRUPT, PJ_METRIC_DISK_EVICTIONS})
+      out[pj_metric_name(k)] = pybind11::int_(pj_metric_get(k));
+    return out;
+  }, "Persistent compile cache statistics of this process.");
 }
 
 }  // namespace torch_pjrt

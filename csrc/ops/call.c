@@ -5,6 +5,7 @@
 #include <string.h>
 
 #include "lower.h"
+#include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
@@ -291,19 +292,25 @@ static pj_status_t *find_program(pj_call_t *c, pj_lower_fn fn, pj_program_t **pr
     for (int o = 0; o < c->nout && !w; o++) w = c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0;
     if (w) written[(*nwritten)++] = s;
   }
+  /* Memory cache, then the persistent cache, then compile (and persist). */
   pj_program_t *p = pj_cache_lookup(k.p, k.len);
   pj_status_t *st = NULL;
   if (!p) {
-    char *text = NULL;
-    size_t len = 0;
-    int check[PJ_CALL_MAX_SLOTS], nw2 = 0;
-    st = build_program(c, fn, &text, &len, check, &nw2);
-    if (!st && (nw2 != *nwritten || memcmp(check, written, sizeof(int) * (size_t)nw2) != 0))
-      st = pj_status_new(PJ_ERR_RUNTIME, "internal: written storages disagree for aten::%s", c->op);
-    if (!st) st = pj_program_compile(text, len, &p);
-    if (st && text && getenv("TORCH_PJRT_DUMP_ON_ERROR"))
-      st = pj_status_wrap(st, "program:\n%s\n", text);
-    free(text);
+    pj_disk_cache_lookup(k.p, k.len, &p);
+    if (!p) {
+      char *text = NULL;
+      size_t len = 0;
+      int check[PJ_CALL_MAX_SLOTS], nw2 = 0;
+      st = build_program(c, fn, &text, &len, check, &nw2);
+      if (!st && (nw2 != *nwritten || memcmp(check, written, sizeof(int) * (size_t)nw2) != 0))
+        st = pj_status_new(PJ_ERR_RUNTIME, "internal: written storages disagree for aten::%s",
+                           c->op);
+      if (!st) st = pj_program_compile(text, len, &p);
+      if (st && text && getenv("TORCH_PJRT_DUMP_ON_ERROR"))
+        st = pj_status_wrap(st, "program:\n%s\n", text);
+      free(text);
+      if (!st) pj_disk_cache_store(k.p, k.len, p);
+    }
     if (!st) p = pj_cache_insert(k.p, k.len, p);
   }
   free(k.p);

@@ -26,6 +26,8 @@ static int64_t now_ns(void) {
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
 }
 
+static pj_status_t *wrap_loaded(pj_runtime_t *rt, PJRT_LoadedExecutable *exe, pj_program_t **out);
+
 pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out) {
   pj_runtime_t *rt;
   PJ_TRY(pj_runtime_get(&rt));
@@ -46,9 +48,15 @@ pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out
   pj_metric_add(PJ_METRIC_COMPILE_NS, now_ns() - t0);
   pj_metric_add(PJ_METRIC_COMPILES, 1);
 
+  return wrap_loaded(rt, a.executable, out);
+}
+
+/* Takes ownership of a loaded executable and records its output count. */
+static pj_status_t *wrap_loaded(pj_runtime_t *rt, PJRT_LoadedExecutable *exe, pj_program_t **out) {
+  const PJRT_Api *api = pj_runtime_api(rt);
   pj_program_t *p = calloc(1, sizeof *p);
   if (!p) return pj_status_new(PJ_ERR_OOM, "out of host memory");
-  p->exe = a.executable;
+  p->exe = exe;
   PJRT_LoadedExecutable_GetExecutable_Args ga = {
       .struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE,
       .loaded_executable = p->exe};
@@ -86,6 +94,48 @@ void pj_program_free(pj_program_t *p) {
 }
 
 size_t pj_program_num_outputs(const pj_program_t *p) { return p->num_outputs; }
+
+pj_status_t *pj_program_serialize(const pj_program_t *p, void **bytes, size_t *len) {
+  pj_runtime_t *rt;
+  PJ_TRY(pj_runtime_get(&rt));
+  const PJRT_Api *api = pj_runtime_api(rt);
+  PJ_API_SLOT(serialize, api, PJRT_Executable_Serialize);
+  PJRT_LoadedExecutable_GetExecutable_Args ga = {
+      .struct_size = PJRT_LoadedExecutable_GetExecutable_Args_STRUCT_SIZE,
+      .loaded_executable = p->exe};
+  PJ_TRY(pj_runtime_take_error(rt, api->PJRT_LoadedExecutable_GetExecutable(&ga), "get executable"));
+  PJRT_Executable_Serialize_Args sa = {.struct_size = PJRT_Executable_Serialize_Args_STRUCT_SIZE,
+                                       .executable = ga.executable};
+  pj_status_t *st = pj_runtime_take_error(rt, serialize(&sa), "serialize executable");
+  if (!st) {
+    *bytes = malloc(sa.serialized_bytes_size ? sa.serialized_bytes_size : 1);
+    if (!*bytes) {
+      st = pj_status_new(PJ_ERR_OOM, "out of host memory");
+    } else {
+      memcpy(*bytes, sa.serialized_bytes, sa.serialized_bytes_size);
+      *len = sa.serialized_bytes_size;
+    }
+    if (sa.serialized_executable_deleter) sa.serialized_executable_deleter(sa.serialized_executable);
+  }
+  PJRT_Executable_Destroy_Args d = {.struct_size = PJRT_Executable_Destroy_Args_STRUCT_SIZE,
+                                    .executable = ga.executable};
+  api->PJRT_Executable_Destroy(&d);
+  return st;
+}
+
+pj_status_t *pj_program_deserialize(const void *bytes, size_t len, pj_program_t **out) {
+  pj_runtime_t *rt;
+  PJ_TRY(pj_runtime_get(&rt));
+  const PJRT_Api *api = pj_runtime_api(rt);
+  PJ_API_SLOT(load, api, PJRT_Executable_DeserializeAndLoad);
+  PJRT_Executable_DeserializeAndLoad_Args a = {
+      .struct_size = PJRT_Executable_DeserializeAndLoad_Args_STRUCT_SIZE,
+      .client = pj_runtime_client(rt),
+      .serialized_executable = bytes,
+      .serialized_executable_size = len};
+  PJ_TRY(pj_runtime_take_error(rt, load(&a), "load serialized executable"));
+  return wrap_loaded(rt, a.loaded_executable, out);
+}
 
 pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const *args,
                                 size_t nargs, const bool *donate, PJRT_Buffer **outs) {

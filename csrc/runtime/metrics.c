@@ -13,6 +13,13 @@ static const char *const kNames[PJ_NUM_METRICS] = {
     [PJ_METRIC_D2H_BYTES] = "bytes_to_host",
     [PJ_METRIC_FALLBACKS] = "cpu_fallbacks",
     [PJ_METRIC_COMPILE_NS] = "compile_ns",
+    [PJ_METRIC_DISK_HITS] = "disk_cache_hits",
+    [PJ_METRIC_DISK_MISSES] = "disk_cache_misses",
+    [PJ_METRIC_DISK_STORES] = "disk_cache_stores",
+    [PJ_METRIC_DISK_BYTES_READ] = "disk_cache_bytes_read",
+    [PJ_METRIC_DISK_BYTES_WRITTEN] = "disk_cache_bytes_written",
+    [PJ_METRIC_DISK_CORRUPT] = "disk_cache_corrupt_entries",
+    [PJ_METRIC_DISK_EVICTIONS] = "disk_cache_evictions",
 };
 
 void pj_metric_add(pj_metric_t m, int64_t delta) { atomic_fetch_add(&counters[m], delta); }

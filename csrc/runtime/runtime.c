@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
 
 #include "api_check.h"
 
@@ -190,9 +191,16 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
                    sizeof shlo);
     }
   }
-  snprintf(rt->identity, sizeof rt->identity, "%s|%s|api%d.%d|xla%s|shlo%s|%s", rt->platform,
-           rt->platform_version, api->pjrt_api_version.major_version,
-           api->pjrt_api_version.minor_version, xla, shlo, rt->path);
+  /* The identity goes into every cache key, including the on-disk cache that several hosts
+   * may share: it names the plugin build by file name and size rather than by its path (which
+   * differs between virtual environments) and by the versions the plugin reports. */
+  struct stat sb;
+  long long plugin_size = stat(rt->path, &sb) == 0 ? (long long)sb.st_size : -1;
+  const char *base = strrchr(rt->path, '/');
+  snprintf(rt->identity, sizeof rt->identity, "%s|%s|api%d.%d|xla%s|shlo%s|%s|%lld",
+           rt->platform, rt->platform_version, api->pjrt_api_version.major_version,
+           api->pjrt_api_version.minor_version, xla, shlo, base ? base + 1 : rt->path,
+           plugin_size);
   return NULL;
 }
 

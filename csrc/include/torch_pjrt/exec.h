@@ -16,6 +16,9 @@ typedef struct pj_program pj_program_t;
 pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out);
 void pj_program_free(pj_program_t *p);
 size_t pj_program_num_outputs(const pj_program_t *p);
+/* Serialized executable (tied to the plugin build): malloc'd bytes owned by the caller. */
+pj_status_t *pj_program_serialize(const pj_program_t *p, void **bytes, size_t *len);
+pj_status_t *pj_program_deserialize(const void *bytes, size_t len, pj_program_t **out);
 
 /* Runs the program on `device`. args[i] for i in donate (bitmask-like array of bools, may be NULL)
  * are donated: the caller must not use them afterwards (they are consumed even on failure of the

@@ -1,0 +1,660 @@
+"""Op conformance harness: every OpInfo of PyTorch's ``op_db`` run on the "tpu" device and
+compared against the CPU.
+
+Only ``op_db`` (the OpInfo database shipped in the torch wheel) is used, as data: its sample
+inputs, supported dtypes and tolerance overrides. The comparison logic is our own.
+
+Run ``python -m torch_pjrt.conformance --help``. Each (op, dtype) case ends as one of
+  P pass, F fail (values/dtypes/shapes differ), B fallback (the CPU-fallback counter moved while
+  the op ran on tpu), E error (tpu raised, CPU did not), S skipped (the OpInfo does not support
+  the dtype on CPU), U unsupported (float64/complex64 columns only: tpu raised for a plugin
+  reason, e.g. the dtype is not available).
+Samples inside a case are classified the same way; the case takes the worst sample
+(E > F > B > P). Random ops are compared on shapes and dtypes only, plus same-seed
+reproducibility on tpu. The report is rewritten every few ops, labelled "partial run" until the
+run completes, so an interrupted run still leaves an honest report.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import os
+import sys
+import tempfile
+import time
+import traceback
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+import torch_pjrt  # noqa: F401  (registers the "tpu" device)
+from torch_pjrt import _C
+
+TPU = torch.device("tpu")
+
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "int64": torch.int64,
+    "float64": torch.float64,
+    "complex64": torch.complex64,
+}
+DEFAULT_DTYPES = ("float32", "bfloat16", "int64", "float64", "complex64")
+# Columns whose tpu errors are reported as U (the plugin may not implement the dtype at all).
+PLUGIN_OPTIONAL_DTYPES = ("float64", "complex64")
+
+# Default tolerances for bfloat16 when the OpInfo has none of its own.
+BF16_TOL = (1.6e-2, 1e-2)  # (rtol, atol)
+
+RANDOM_KEYWORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform",
+                   "exponential", "geometric", "cauchy")
+# Ops whose values are unspecified (uninitialised memory): shape/dtype only, no seed check.
+UNINITIALISED_PREFIXES = ("empty", "new_empty")
+
+REASON_MAX = 200
+
+# Severity used to pick one status for a case out of its samples.
+SEVERITY = {"P": 0, "B": 1, "F": 2, "E": 3, "U": 3}
+
+
+def fallback_count() -> int:
+    return int(_C.metrics()["cpu_fallbacks"])
+
+
+def fallback_ops() -> Dict[str, int]:
+    try:
+        return dict(_C.fallback_ops())
+    except Exception:  # noqa: BLE001  (older extension without per-op counts)
+        return {}
+
+
+def short(msg: str, limit: int = REASON_MAX) -> str:
+    msg = " ".join(str(msg).split())
+    return msg if len(msg) <= limit else msg[: limit - 3] + "..."
+
+
+def map_tensors(obj: Any, fn: Callable[[torch.Tensor], Any]) -> Any:
+    """Applies fn to every tensor nested in lists/tuples/dicts (namedtuples kept as such)."""
+    if isinstance(obj, torch.Tensor):
+        return fn(obj)
+    if isinstance(obj, tuple) and hasattr(obj, "_fields"):
+        return type(obj)(*(map_tensors(x, fn) for x in obj))
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(map_tensors(x, fn) for x in obj)
+    if isinstance(obj, dict):
+        return {k: map_tensors(v, fn) for k, v in obj.items()}
+    return obj
+
+
+def iter_tensors(obj: Any) -> Iterable[torch.Tensor]:
+    if isinstance(obj, torch.Tensor):
+        yield obj
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            yield from iter_tensors(x)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            yield from iter_tensors(x)
+
+
+def to_tpu(obj: Any) -> Any:
+    return map_tensors(obj, lambda t: t.detach().to(TPU))
+
+
+def to_cpu(obj: Any) -> Any:
+    return map_tensors(obj, lambda t: t.detach().to("cpu"))
+
+
+def is_random(op) -> bool:
+    name = op.name.lower()
+    return any(k in name for k in RANDOM_KEYWORDS) or is_uninitialised(op)
+
+
+def is_uninitialised(op) -> bool:
+    return op.name.startswith(UNINITIALISED_PREFIXES) or op.name in ("empty_like",)
+
+
+def op_tolerance(op, dtype: torch.dtype) -> Optional[Tuple[float, float]]:
+    """(rtol, atol) from the OpInfo's toleranceOverride/precisionOverride decorators for dtype
+    (the loosest over all its tests), or None when it defines none."""
+    rtol = atol = None
+    for info in getattr(op, "decorators", ()) or ():
+        for dec in getattr(info, "decorators", [info]):
+            d = getattr(dec, "d", None)
+            if not isinstance(d, dict) or dtype not in d:
+                continue
+            tol = d[dtype]
+            if hasattr(tol, "atol"):  # toleranceOverride: tol(atol, rtol)
+                atol = max(atol or 0.0, float(tol.atol))
+                rtol = max(rtol or 0.0, float(tol.rtol))
+            elif isinstance(tol, (int, float)):  # precisionOverride: atol only
+                atol = max(atol or 0.0, float(tol))
+    if rtol is None and atol is None:
+        return None
+    if rtol is None or atol is None:
+        # assert_close needs both; pair the given one with the default of the other.
+        drt, dat = default_tolerance(dtype)
+        rtol = drt if rtol is None else rtol
+        atol = dat if atol is None else atol
+    return rtol, atol
+
+
+def default_tolerance(dtype: torch.dtype) -> Tuple[float, float]:
+    if dtype == torch.bfloat16:
+        return BF16_TOL
+    # assert_close's defaults per dtype (float32: 1.3e-6/1e-5; float64: 1e-7/1e-7, ...).
+    from torch.testing._comparison import default_tolerances
+
+    return default_tolerances(dtype)
+
+
+def compare(actual: Any, expected: Any, tol: Optional[Tuple[float, float]],
+            shape_only: bool) -> Optional[str]:
+    """None when actual (already on CPU) matches expected, else a short mismatch message."""
+    a_t, e_t = list(iter_tensors(actual)), list(iter_tensors(expected))
+    if len(a_t) != len(e_t):
+        return f"output structure differs: {len(a_t)} tensors vs {len(e_t)} expected"
+    for i, (a, e) in enumerate(zip(a_t, e_t)):
+        if a.dtype != e.dtype:
+            return f"dtype mismatch at output {i}: {a.dtype} vs expected {e.dtype}"
+        if a.shape != e.shape:
+            return f"shape mismatch at output {i}: {tuple(a.shape)} vs expected {tuple(e.shape)}"
+    if shape_only:
+        return None
+    if not a_t:  # non-tensor results (numbers, bools, sizes)
+        return None if actual == expected else f"value {actual!r} vs expected {expected!r}"
+    for i, (a, e) in enumerate(zip(a_t, e_t)):
+        kw = {}
+        if tol is not None:
+            kw = {"rtol": tol[0], "atol": tol[1]}
+        try:
+            torch.testing.assert_close(a, e, equal_nan=True, check_device=False,
+                                       check_layout=False, check_stride=False, **kw)
+        except AssertionError as err:
+            return f"output {i}: " + short(str(err).replace("\n", " "))
+    return None
+
+
+@dataclass
+class SampleResult:
+    status: str  # P F B E U
+    reason: str = ""
+
+
+@dataclass
+class CaseResult:
+    op: str
+    dtype: str
+    status: str  # P F B E S U
+    reason: str = ""
+    samples: int = 0
+    fallback_ops: Dict[str, int] = field(default_factory=dict)
+
+
+def run_sample(op, sample, dtype: torch.dtype, dtype_name: str) -> Tuple[SampleResult, Dict]:
+    """Runs one sample on CPU and on tpu and classifies the tpu result."""
+    tol = op_tolerance(op, dtype)
+    if tol is None and dtype == torch.bfloat16:
+        tol = BF16_TOL
+    random = is_random(op)
+    cpu_inp, cpu_args, cpu_kwargs = sample.input, sample.args, sample.kwargs
+    cpu_exc = None
+    try:
+        torch.manual_seed(0)
+        expected = op.op(cpu_inp, *cpu_args, **cpu_kwargs)
+    except Exception as exc:  # noqa: BLE001
+        cpu_exc = exc
+    inp, args, kwargs = to_tpu(cpu_inp), to_tpu(cpu_args), to_tpu(cpu_kwargs)
+    before, before_ops = fallback_count(), fallback_ops()
+    try:
+        torch.manual_seed(0)
+        actual = op.op(inp, *args, **kwargs)
+        actual_cpu = to_cpu(actual)  # forces execution: errors surface here
+    except Exception as exc:  # noqa: BLE001
+        moved = {k: v - before_ops.get(k, 0) for k, v in fallback_ops().items()
+                 if v != before_ops.get(k, 0)}
+        if cpu_exc is not None:
+            if type(exc) is type(cpu_exc):
+                return SampleResult("P"), moved
+            return SampleResult("F", f"raised {type(exc).__name__} where CPU raises "
+                                     f"{type(cpu_exc).__name__}: {short(exc, 120)}"), moved
+        status = "U" if dtype_name in PLUGIN_OPTIONAL_DTYPES else "E"
+        return SampleResult(status, f"{type(exc).__name__}: {short(exc)}"), moved
+    moved = {k: v - before_ops.get(k, 0) for k, v in fallback_ops().items()
+             if v != before_ops.get(k, 0)}
+    fell_back = fallback_count() != before
+    if cpu_exc is not None:
+        return SampleResult("F", f"no error where CPU raises {type(cpu_exc).__name__}: "
+                                 f"{short(cpu_exc, 120)}"), moved
+    mismatch = compare(actual_cpu, expected, tol, shape_only=random)
+    if mismatch is None and random and not is_uninitialised(op):
+        # same seed twice on tpu must give the same values
+        try:
+            torch.manual_seed(0)
+            again = to_cpu(op.op(inp, *args, **kwargs))
+            rep = compare(again, actual_cpu, (0.0, 0.0), shape_only=False)
+            if rep is not None:
+                mismatch = "not reproducible under the same seed: " + rep
+        except Exception as exc:  # noqa: BLE001
+            mismatch = f"second run under the same seed raised {type(exc).__name__}"
+    if mismatch is not None:
+        return SampleResult("F", mismatch), moved
+    if fell_back:
+        return SampleResult("B", "cpu fallback: " + ", ".join(sorted(moved)) if moved
+                            else "cpu fallback"), moved
+    return SampleResult("P"), moved
+
+
+def run_case(op, dtype_name: str, n_samples: int) -> CaseResult:
+    dtype = DTYPES[dtype_name]
+    try:
+        supported = op.supported_dtypes("cpu")
+    except Exception as exc:  # noqa: BLE001
+        return CaseResult(op.name, dtype_name, "E", f"supported_dtypes failed: {short(exc)}")
+    if dtype not in supported:
+        return CaseResult(op.name, dtype_name, "S")
+    worst = SampleResult("P")
+    n = 0
+    all_moved: Dict[str, int] = {}
+    try:
+        samples = op.sample_inputs("cpu", dtype)
+        for sample in samples:
+            if n >= n_samples:
+                break
+            n += 1
+            try:
+                res, moved = run_sample(op, sample, dtype, dtype_name)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001  (harness must survive anything)
+                res, moved = SampleResult("E", f"harness: {type(exc).__name__}: {short(exc)}"), {}
+            for k, v in moved.items():
+                all_moved[k] = all_moved.get(k, 0) + v
+            if SEVERITY[res.status] > SEVERITY[worst.status]:
+                worst = res
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001  (sample generation itself failed)
+        if n == 0:
+            return CaseResult(op.name, dtype_name, "E",
+                              f"sample_inputs failed: {type(exc).__name__}: {short(exc)}")
+    if n == 0:
+        return CaseResult(op.name, dtype_name, "S", "no samples")
+    return CaseResult(op.name, dtype_name, worst.status, worst.reason, n, all_moved)
+
+
+def _grad_loss(out: Any) -> Optional[torch.Tensor]:
+    terms = []
+    for t in iter_tensors(out):
+        if t.requires_grad and (t.is_floating_point() or t.is_complex()):
+            terms.append(torch.view_as_real(t).sum() if t.is_complex() else t.sum())
+    if not terms:
+        return None
+    return sum(terms[1:], terms[0])
+
+
+def run_grad_case(op, n_samples: int = 2) -> Optional[CaseResult]:
+    """float32 gradients of sum(outputs) w.r.t. the inputs that require grad, tpu vs CPU.
+    None when the op is not differentiable in float32 on CPU."""
+    if not getattr(op, "supports_autograd", False):
+        return None
+    try:
+        if torch.float32 not in op.supported_backward_dtypes("cpu"):
+            return None
+    except Exception:  # noqa: BLE001
+        pass
+    tol = op_tolerance(op, torch.float32)
+    worst = SampleResult("P")
+    n = 0
+    try:
+        for sample in op.sample_inputs("cpu", torch.float32, requires_grad=True):
+            if n >= n_samples:
+                break
+            n += 1
+            res = _grad_sample(op, sample, tol)
+            if SEVERITY[res.status] > SEVERITY[worst.status]:
+                worst = res
+    except KeyboardInterrupt:
+        raise
+    except BaseException as exc:  # noqa: BLE001
+        if n == 0:
+            return CaseResult(op.name, "grad", "E", f"sample_inputs failed: {short(exc)}")
+        worst = SampleResult("E", f"harness: {type(exc).__name__}: {short(exc)}")
+    if n == 0:
+        return None
+    return CaseResult(op.name, "grad", worst.status, worst.reason, n)
+
+
+def _grad_sample(op, sample, tol) -> SampleResult:
+    all_in = [sample.input, sample.args, sample.kwargs]
+    leaves = [t for t in iter_tensors(all_in) if t.requires_grad]
+    if not leaves:
+        return SampleResult("P")
+    try:
+        torch.manual_seed(0)
+        out = op.op(sample.input, *sample.args, **sample.kwargs)
+        loss = _grad_loss(out)
+        if loss is None:
+            return SampleResult("P")
+        expected = torch.autograd.grad(loss, leaves, allow_unused=True)
+    except Exception:  # noqa: BLE001  (CPU cannot differentiate this sample: not counted)
+        return SampleResult("P")
+    ids = {id(t) for t in leaves}
+    tpu_leaves: List[torch.Tensor] = []
+
+    def mk(t: torch.Tensor) -> torch.Tensor:
+        d = t.detach().to(TPU)
+        if id(t) in ids:
+            d.requires_grad_(True)
+            tpu_leaves.append(d)
+        return d
+
+    inp, args, kwargs = map_tensors(all_in, mk)
+    before = fallback_count()
+    try:
+        torch.manual_seed(0)
+        out = op.op(inp, *args, **kwargs)
+        loss = _grad_loss(out)
+        if loss is None:
+            return SampleResult("F", "tpu output does not require grad")
+        actual = torch.autograd.grad(loss, tpu_leaves, allow_unused=True)
+        actual = [None if g is None else g.cpu() for g in actual]
+    except Exception as exc:  # noqa: BLE001
+        return SampleResult("E", f"{type(exc).__name__}: {short(exc)}")
+    for i, (a, e) in enumerate(zip(actual, expected)):
+        if (a is None) != (e is None):
+            return SampleResult("F", f"grad {i}: None on one side only")
+        if a is None:
+            continue
+        msg = compare(a, e, tol, shape_only=is_random(op))
+        if msg is not None:
+            return SampleResult("F", f"grad {i}: {msg}")
+    if fallback_count() != before:
+        return SampleResult("B", "cpu fallback in forward/backward")
+    return SampleResult("P")
+
+
+def select_ops(ops_filter: Optional[str], limit: Optional[int]):
+    from torch.testing._internal.common_methods_invocations import op_db
+
+    ops = list(op_db)
+    if ops_filter:
+        wanted = [w.strip() for w in ops_filter.split(",") if w.strip()]
+        exact = [o for o in ops if any(o.full_name == w or o.name == w for w in wanted)]
+        # exact names win; otherwise substring matches
+        names_hit = {w for w in wanted if any(o.full_name == w or o.name == w for o in ops)}
+        sub = [o for o in ops if any(w in o.full_name for w in wanted if w not in names_hit)]
+        ops = [o for o in ops if o in exact or o in sub]
+    total = len(ops)
+    if limit is not None:
+        ops = ops[:limit]
+    return ops, total
+
+
+@dataclass
+class Run:
+    dtypes: Sequence[str]
+    cases: List[CaseResult] = field(default_factory=list)
+    grads: List[CaseResult] = field(default_factory=list)
+    ops_done: int = 0
+
+
+def run(ops, dtypes: Sequence[str], n_samples: int, grad: bool = True,
+        progress: Optional[Callable[[Run, int], None]] = None, verbose: bool = False,
+        start: Tuple[int, int] = (0, 0),
+        on_begin: Optional[Callable[[int, int], None]] = None,
+        on_result: Optional[Callable[[CaseResult], None]] = None) -> Run:
+    """Runs every (op, stage) from start on; stages are the dtypes, then "grad".
+    on_begin(op index, stage index) is called before each stage (crash bookkeeping)."""
+    result = Run(dtypes=list(dtypes))
+    stages = list(dtypes) + (["grad"] if grad and "float32" in dtypes else [])
+    for i, op in enumerate(ops):
+        if i < start[0]:
+            continue
+        t0 = time.time()
+        for j, dn in enumerate(stages):
+            if i == start[0] and j < start[1]:
+                continue
+            if on_begin is not None:
+                on_begin(i, j)
+            try:
+                case = run_case(op, dn, n_samples) if dn != "grad" else run_grad_case(op)
+            except KeyboardInterrupt:
+                raise
+            except BaseException as exc:  # noqa: BLE001
+                case = CaseResult(op.full_name, dn, "E", f"harness: {short(exc)}")
+            if case is None:  # no gradient case for this op
+                continue
+            case.op = op.full_name
+            (result.grads if dn == "grad" else result.cases).append(case)
+            if on_result is not None:
+                on_result(case)
+        result.ops_done = i + 1
+        if verbose:
+            row = " ".join(c.status for c in result.cases if c.op == op.full_name)
+            print(f"[{i + 1}/{len(ops)}] {op.full_name}: {row} ({time.time() - t0:.1f}s)",
+                  file=sys.stderr, flush=True)
+        if progress is not None:
+            progress(result, i)
+    return result
+
+
+def run_supervised(argv_base: List[str], ops, dtypes: Sequence[str], grad: bool,
+                   progress: Callable[[Run, int], None], jsonl: str) -> Run:
+    """Runs the harness in worker subprocesses so that a crashing op (segfault, abort) is
+    recorded as an E case ("crashed") and the run continues with the next stage."""
+    import json
+    import subprocess
+
+    stages = list(dtypes) + (["grad"] if grad and "float32" in dtypes else [])
+    result = Run(dtypes=list(dtypes))
+    start = (0, 0)
+    while start[0] < len(ops):
+        open(jsonl, "w").close()
+        cmd = [sys.executable, "-m", "torch_pjrt.conformance", *argv_base,
+               "--worker-jsonl", jsonl, "--start", f"{start[0]},{start[1]}"]
+        proc = subprocess.Popen(cmd)
+        pos = 0
+        current = start
+        while True:
+            rc = proc.poll()
+            with open(jsonl) as f:
+                f.seek(pos)
+                chunk = f.read()
+            complete_lines = chunk[: chunk.rfind("\n") + 1]
+            pos += len(complete_lines.encode())
+            for line in complete_lines.splitlines():
+                rec = json.loads(line)
+                if "begin" in rec:
+                    current = tuple(rec["begin"])
+                    if current[0] > result.ops_done:
+                        result.ops_done = current[0]
+                        progress(result, current[0] - 1)
+                else:
+                    case = CaseResult(**rec)
+                    (result.grads if case.dtype == "grad" else result.cases).append(case)
+            if rc is not None:
+                break
+            time.sleep(0.2)
+        if rc == 0:
+            result.ops_done = len(ops)
+            break
+        i, j = current
+        crash = CaseResult(ops[i].full_name, stages[j], "E",
+                           f"crashed the process (exit status {rc})")
+        (result.grads if stages[j] == "grad" else result.cases).append(crash)
+        print(f"worker crashed in {ops[i].full_name} {stages[j]} (rc {rc}); continuing",
+              file=sys.stderr, flush=True)
+        start = (i, j + 1) if j + 1 < len(stages) else (i + 1, 0)
+    return result
+
+
+def totals(cases: Sequence[CaseResult]) -> Dict[str, int]:
+    c = collections.Counter(x.status for x in cases)
+    return {k: c.get(k, 0) for k in "PFBEUS"}
+
+
+def pass_rate(t: Dict[str, int]) -> float:
+    attempted = sum(t[k] for k in "PFBEU")
+    return t["P"] / attempted if attempted else 0.0
+
+
+def failure_class(reason: str) -> str:
+    """Groups reasons by their first words (numbers and quoted names stripped)."""
+    words = []
+    for w in reason.replace(":", " : ").split():
+        if any(ch.isdigit() for ch in w) or w.startswith(("'", '"', "(", "[")):
+            continue
+        words.append(w)
+        if len(words) == 6:
+            break
+    return " ".join(words) or "(no reason)"
+
+
+def render(res: Run, meta: Dict[str, str], total_ops: int, complete: bool) -> str:
+    dts = list(res.dtypes)
+    L: List[str] = ["# Op conformance against PyTorch's OpInfo database", ""]
+    if not complete or res.ops_done < total_ops:
+        L += [f"**partial run: first {res.ops_done} of {total_ops} OpInfos**", ""]
+    L += [
+        "Generated by `torch_pjrt/conformance.py` (do not edit by hand).", "",
+        f"- date: {meta['date']}",
+        f"- torch: {torch.__version__}",
+        f"- plugin: `{meta['identity']}`",
+        f"- command: `{meta['command']}`",
+        f"- samples per (op, dtype): {meta['samples']}; runtime so far: {meta['elapsed']}",
+        "",
+        "Legend: P pass, F fail (values/dtype/shape differ from CPU), B CPU fallback happened "
+        "(values may match), E error on tpu only, U unsupported (float64/complex64: tpu error), "
+        "S skipped (OpInfo does not support the dtype on CPU). Random ops: shapes/dtypes and "
+        "same-seed reproducibility only.", "",
+        "## Totals (forward)", "",
+        "| dtype | pass | fail | fallback | error | unsupported | skipped | pass rate |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for dn in dts:
+        t = totals([c for c in res.cases if c.dtype == dn])
+        L.append(f"| {dn} | {t['P']} | {t['F']} | {t['B']} | {t['E']} | {t['U']} | {t['S']} | "
+                 f"{pass_rate(t):.1%} |")
+    t = totals(res.cases)
+    L.append(f"| **all** | {t['P']} | {t['F']} | {t['B']} | {t['E']} | {t['U']} | {t['S']} | "
+             f"{pass_rate(t):.1%} |")
+    g = totals(res.grads)
+    L += ["", "## Gradients (float32, first 2 samples, loss = sum of outputs)", "",
+          f"pass {g['P']}, fail {g['F']}, fallback {g['B']}, error {g['E']} "
+          f"(pass rate {pass_rate(g):.1%} of {sum(g[k] for k in 'PFBE')} ops)", ""]
+
+    bad = [c for c in res.cases + res.grads if c.status in "FBEU"]
+    classes = collections.Counter(f"{c.status} {failure_class(c.reason)}" for c in bad)
+    L += ["## Largest failure classes", "", "| count | status + first words of the reason |",
+          "|---|---|"]
+    for cls, n in classes.most_common(25):
+        L.append(f"| {n} | {cls.replace('|', '/')} |")
+
+    fb = collections.Counter()
+    for c in res.cases:
+        for k, v in c.fallback_ops.items():
+            fb[k] += 1
+    if fb:
+        L += ["", "## Ops that fell back to the CPU (number of cases)", "",
+              ", ".join(f"`{k}` ({v})" for k, v in fb.most_common())]
+
+    L += ["", "## Per-op results", "", "| op | " + " | ".join(dts) + " | grad |",
+          "|---|" + "---|" * (len(dts) + 1)]
+    by_op: Dict[str, Dict[str, str]] = collections.OrderedDict()
+    for c in res.cases:
+        by_op.setdefault(c.op, {})[c.dtype] = c.status
+    for c in res.grads:
+        by_op.setdefault(c.op, {})["grad"] = c.status
+    for op, cells in by_op.items():
+        L.append(f"| {op} | " + " | ".join(cells.get(d, "-") for d in dts + ["grad"]) + " |")
+
+    L += ["", "## Failures", "", "One line per failing case: `op` dtype status: reason "
+          "(identical reasons of one op across dtypes are grouped).", ""]
+    grouped: Dict[Tuple[str, str, str], List[str]] = collections.OrderedDict()
+    for c in bad:
+        grouped.setdefault((c.op, c.status, c.reason), []).append(c.dtype)
+    for (op, st, reason), dl in grouped.items():
+        L.append(f"- `{op}` {','.join(dl)} {st}: {reason or '(no message)'}")
+    L.append("")
+    return "\n".join(L)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m torch_pjrt.conformance", description=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--ops", help="comma list of OpInfo names (exact) or substrings")
+    p.add_argument("--dtypes", default=",".join(DEFAULT_DTYPES),
+                   help="comma list among " + ",".join(DTYPES))
+    p.add_argument("--samples", type=int, default=8, help="samples per (op, dtype)")
+    p.add_argument("--out", default="docs/conformance.md")
+    p.add_argument("--limit", type=int, help="only the first K OpInfos (after --ops)")
+    p.add_argument("--no-grad", action="store_true", help="skip the gradient cases")
+    p.add_argument("--checkpoint", type=int, default=10,
+                   help="rewrite the report every K ops (0: only at the end)")
+    p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--in-process", action="store_true",
+                   help="no worker subprocess (a crashing op then ends the run)")
+    p.add_argument("--worker-jsonl", help=argparse.SUPPRESS)
+    p.add_argument("--start", default="0,0", help=argparse.SUPPRESS)
+    a = p.parse_args(argv)
+    dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
+    for d in dtypes:
+        if d not in DTYPES:
+            p.error(f"unknown dtype {d}")
+    ops, total = select_ops(a.ops, a.limit)
+    t0 = time.time()
+    meta = {
+        "date": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "identity": _C.identity(),
+        "command": "python -m torch_pjrt.conformance " + " ".join(
+            sys.argv[1:] if argv is None else argv),
+        "samples": str(a.samples),
+        "elapsed": "",
+    }
+
+    def write(res: Run, complete: bool) -> None:
+        meta["elapsed"] = f"{time.time() - t0:.0f} s"
+        with open(a.out, "w") as f:
+            f.write(render(res, meta, total, complete))
+
+    def progress(res: Run, i: int) -> None:
+        if a.checkpoint and (i + 1) % a.checkpoint == 0:
+            write(res, complete=False)
+
+    if a.worker_jsonl:  # worker mode: stream results as JSON lines for the supervisor
+        import dataclasses
+        import json
+
+        out = open(a.worker_jsonl, "a")
+
+        def emit(obj) -> None:
+            out.write(json.dumps(obj) + "\n")
+            out.flush()
+
+        st = tuple(int(x) for x in a.start.split(","))
+        run(ops, dtypes, a.samples, grad=not a.no_grad, verbose=a.verbose, start=st,
+            on_begin=lambda i, j: emit({"begin": [i, j]}),
+            on_result=lambda c: emit(dataclasses.asdict(c)))
+        return 0
+    if a.in_process:
+        res = run(ops, dtypes, a.samples, grad=not a.no_grad, progress=progress,
+                  verbose=a.verbose)
+    else:
+        base = [x for x in (sys.argv[1:] if argv is None else list(argv))
+                if x != "--in-process"]
+        res = run_supervised(base, ops, dtypes, not a.no_grad, progress,
+                             os.path.join(tempfile.mkdtemp(prefix="conformance"), "w.jsonl"))
+    write(res, complete=True)
+    for dn in dtypes:
+        t = totals([c for c in res.cases if c.dtype == dn])
+        print(f"{dn}: {t} pass rate {pass_rate(t):.1%}")
+    print(f"grad: {totals(res.grads)}")
+    print(f"report written to {a.out} ({time.time() - t0:.0f} s)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
