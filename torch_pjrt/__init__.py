@@ -88,6 +88,11 @@ def _register() -> None:
                 # errors only, unless the user chose a level.
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
                 device._C._configure(choice.path, cfg.cpu_device_count)
+            if cfg.eager_mode == "debug":
+                device._C._set_default_eager_mode(1)
+            elif cfg.eager_mode == "defer_and_fuse":
+                _log.warning("torch_pjrt: the defer_and_fuse eager mode is not implemented yet; "
+                             "running in strict mode")
             try:
                 device._C._configure_cache(cfg.cache_dir, cfg.cache_max_bytes)
             except RuntimeError as e:  # an unusable directory costs speed, not correctness

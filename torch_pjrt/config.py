@@ -7,6 +7,11 @@ Variables (the README's table lists all of them):
     Unset or empty: choose automatically (a TPU, else an NVIDIA GPU, else the CPU).
 ``TORCH_PJRT_CPU_DEVICE_COUNT``
     Number of devices the CPU plugin creates (default 1).
+``TORCH_PJRT_EAGER_MODE``
+    Initial eager mode: ``strict`` (default) or ``debug``; ``defer_and_fuse`` is not
+    implemented yet and falls back to strict with a warning. TorchTPU's
+    ``TORCH_TPU_LAUNCH_BLOCKING=1`` selects ``debug`` and ``TORCH_TPU_DEFER_AND_FUSE=1``
+    ``defer_and_fuse``, so scripts written for it behave the same.
 ``TORCH_PJRT_CACHE_DIR``
     Directory of the persistent compile cache (default ``$XDG_CACHE_HOME/torch_pjrt``, else
     ``~/.cache/torch_pjrt``); ``0`` disables it. Many processes and hosts may share it.
@@ -46,6 +51,7 @@ class Config:
     cpu_device_count: int
     cache_dir: str = dataclasses.field(default_factory=default_cache_dir)  # "" = disabled
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+    eager_mode: str = "strict"
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -71,7 +77,16 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
     cache_dir = env.get("TORCH_PJRT_CACHE_DIR", "").strip() or default_cache_dir()
     if cache_dir == "0":
         cache_dir = ""
+    mode = env.get("TORCH_PJRT_EAGER_MODE", "").strip().lower()
+    if not mode and env.get("TORCH_TPU_LAUNCH_BLOCKING", "").strip() == "1":
+        mode = "debug"
+    if not mode and env.get("TORCH_TPU_DEFER_AND_FUSE", "").strip() == "1":
+        mode = "defer_and_fuse"
+    if mode and mode not in ("strict", "debug", "defer_and_fuse"):
+        raise ValueError(f"TORCH_PJRT_EAGER_MODE={mode!r} is not one of strict, debug, "
+                         "defer_and_fuse")
     return Config(
+        eager_mode=mode or "strict",
         plugin=plugin,
         cpu_device_count=_positive_int(env, "TORCH_PJRT_CPU_DEVICE_COUNT", 1),
         cache_dir=cache_dir,

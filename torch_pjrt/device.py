@@ -445,6 +445,9 @@ def fallback_ops() -> dict[str, int]:
     return dict(_C.fallback_ops()) if _C is not None else {}
 
 
+from .modes import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402,F401
+
+
 def cache_stats() -> dict[str, Any]:
     """The persistent compile cache: its directory ("" when disabled) and this process's hits,
     misses, stores, bytes read/written, corrupt entries replaced and evictions."""

@@ -9,13 +9,16 @@
 #include <torch/library.h>
 
 #include <mutex>
+#include <sstream>
 #include <set>
 #include <unordered_map>
 
 #include "call_builder.h"
+#include "eager_mode.h"
 #include "meta_cache.h"
 extern "C" {
 #include "../ops/dynamic.h"
+#include "torch_pjrt/transfer.h"
 #include "torch_pjrt/metrics.h"
 }
 
@@ -179,11 +182,70 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
   }
 }
 
+// "(float32[4, 4], int64[3], 2.0)": argument summary for debug-mode messages.
+std::string describe_inputs(const torch::jit::Stack& args) {
+  std::ostringstream o;
+  o << "(";
+  for (size_t i = 0; i < args.size(); i++) {
+    if (i) o << ", ";
+    if (args[i].isTensor() && args[i].toTensor().defined()) {
+      const at::Tensor& t = args[i].toTensor();
+      o << c10::toString(t.scalar_type()) << t.sizes();
+    } else if (args[i].isTensorList()) {
+      o << "[" << args[i].toTensorList().size() << " tensors]";
+    } else {
+      o << args[i];
+    }
+  }
+  o << ")";
+  return o.str();
+}
+
+// Ops whose index arguments Debug mode checks against the bounds CPU enforces. XLA clamps or
+// drops out-of-range indices silently; in Debug mode the op first runs on host copies of its
+// inputs so that bad indices raise exactly the exception CPU raises.
+bool checks_indices(const std::string& base) {
+  static const std::set<std::string> ops = {
+      "index_select", "gather", "scatter", "scatter_add", "scatter_reduce", "index",
+      "_unsafe_index", "index_put", "_index_put_impl", "_unsafe_index_put", "take", "put",
+      "index_add", "index_copy", "index_fill", "embedding", "embedding_dense_backward",
+      "nll_loss_forward", "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward"};
+  return ops.count(base) > 0;
+}
+
+void check_like_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+  auto host = [](const at::Tensor& t) {
+    return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 ? t.cpu() : t;
+  };
+  torch::jit::Stack cpu;
+  for (const c10::IValue& v : args) {
+    if (v.isTensor()) {
+      cpu.push_back(host(v.toTensor()));
+    } else if (v.isTensorList()) {
+      c10::List<at::Tensor> l;
+      for (const at::Tensor& t : v.toTensorList()) l.push_back(host(t));
+      cpu.push_back(l);
+    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
+      c10::List<std::optional<at::Tensor>> l;
+      for (const c10::IValue& e : v.toList())
+        l.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(host(e.toTensor())));
+      cpu.push_back(l);
+    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
+      cpu.push_back(c10::Device(c10::kCPU));
+    } else {
+      cpu.push_back(v);
+    }
+  }
+  op.callBoxed(&cpu);  // CPU's checks; the results are discarded
+}
+
 void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   const std::string& base) {
   const c10::FunctionSchema& schema = op.schema();
   const size_t nargs = schema.arguments().size();
   torch::jit::Stack args(stack->end() - nargs, stack->end());
+  const bool debug = eager_mode() == EagerMode::kDebug;
+  if (debug && checks_indices(base)) check_like_cpu(op, args);
   const int device = call_device(args);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
 
@@ -316,7 +378,21 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   // Every destination is passed, empty ones included, so lowerings can address results by
   // position (an empty one is simply not written).
   for (const at::Tensor& d : dests) b.add_out(d);
-  if (b.call().nout > 0) b.run();
+  if (b.call().nout > 0) {
+    if (debug) {
+      // Debug mode: run synchronously and name the op in any device error.
+      try {
+        b.run();
+        for (const at::Tensor& d : dests)
+          if (pj_storage_t* s = storage_of(d); s && s->buf) check(pj_buffer_await(s->buf));
+      } catch (const c10::Error& e) {
+        TORCH_CHECK(false, "tpu debug mode: ", schema.operator_name(), " failed on inputs ",
+                    describe_inputs(args), ": ", e.what_without_backtrace());
+      }
+    } else {
+      b.run();
+    }
+  }
 
   torch::jit::drop(*stack, nargs);
   for (auto& r : returns) stack->push_back(std::move(r));

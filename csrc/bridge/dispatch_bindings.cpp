@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "bridge.h"
+#include "eager_mode.h"
 extern "C" {
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/disk_cache.h"
@@ -24,6 +25,14 @@ void bind_dispatch(pybind11::module_& m) {
   }, "Base names of the aten ops with a StableHLO lowering.");
   m.def("fallback_ops", [] { return fallback_ops(); },
         "aten ops that ran on the CPU through the fallback, with their counts.");
+  m.def("_set_default_eager_mode", [](int m) {
+    TORCH_CHECK(m >= 0 && m <= 2, "bad eager mode ", m);
+    set_default_eager_mode(static_cast<EagerMode>(m));
+  });
+  m.def("_set_thread_eager_mode", [](int m) { set_thread_eager_mode(m); },
+        "Overrides the mode for the calling thread (-1: follow the default).");
+  m.def("_thread_eager_mode", [] { return thread_eager_mode(); });
+  m.def("_eager_mode", [] { return static_cast<int>(eager_mode()); });
   m.def("_configure_cache", [](const std::string& dir, int64_t max_bytes) {
     check(pj_disk_cache_configure(dir.c_str(), max_bytes));
   }, "Sets the persistent compile cache directory ('' disables it) and its size bound.");

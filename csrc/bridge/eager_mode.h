@@ -1,0 +1,16 @@
+// The eager mode of the calling thread (strict, debug, defer_and_fuse): a process-wide default
+// that a thread may override (torch.tpu.eager_mode(...) is thread-local).
+#pragma once
+#include <string>
+
+namespace torch_pjrt {
+
+enum class EagerMode { kStrict = 0, kDebug = 1, kDeferAndFuse = 2 };
+
+EagerMode eager_mode();
+void set_default_eager_mode(EagerMode m);
+// -1 clears the thread's override.
+void set_thread_eager_mode(int m);
+int thread_eager_mode();
+
+}  // namespace torch_pjrt
