@@ -98,3 +98,19 @@ def test_training_in_debug_mode_matches_cpu():
                 o.step()
                 losses.append(loss.item())
             assert losses[1] == pytest.approx(losses[0], rel=1e-5 if step == 0 else 1e-3)
+
+
+def test_check_nan_names_the_first_op_producing_nan_or_inf():
+    code = """
+import torch
+x = torch.tensor([1.0, 0.0], device="tpu")
+y = x * 2            # finite: passes the check
+try:
+    (y.log() * 3).sum()
+except RuntimeError as e:
+    print(str(e).splitlines()[0])
+"""
+    r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       env=dict(os.environ, TORCH_PJRT_CHECK_NAN="1"), timeout=300)
+    assert r.returncode == 0, r.stderr
+    assert "TORCH_PJRT_CHECK_NAN" in r.stdout and "aten::log" in r.stdout, r.stdout

@@ -88,6 +88,7 @@ def _register() -> None:
                 # errors only, unless the user chose a level.
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
                 device._C._configure(choice.path, cfg.cpu_device_count)
+            device._C._set_check_nan(cfg.check_nan)
             if cfg.eager_mode == "debug":
                 device._C._set_default_eager_mode(1)
             elif cfg.eager_mode == "defer_and_fuse":

@@ -12,6 +12,9 @@ Variables (the README's table lists all of them):
     implemented yet and falls back to strict with a warning. TorchTPU's
     ``TORCH_TPU_LAUNCH_BLOCKING=1`` selects ``debug`` and ``TORCH_TPU_DEFER_AND_FUSE=1``
     ``defer_and_fuse``, so scripts written for it behave the same.
+``TORCH_PJRT_CHECK_NAN``
+    ``1``: every op's floating results are checked; the first op producing NaN or Inf raises
+    RuntimeError naming it and its inputs (slow: a host sync per op).
 ``TORCH_PJRT_CACHE_DIR``
     Directory of the persistent compile cache (default ``$XDG_CACHE_HOME/torch_pjrt``, else
     ``~/.cache/torch_pjrt``); ``0`` disables it. Many processes and hosts may share it.
@@ -52,6 +55,7 @@ class Config:
     cache_dir: str = dataclasses.field(default_factory=default_cache_dir)  # "" = disabled
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     eager_mode: str = "strict"
+    check_nan: bool = False
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -87,6 +91,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
                          "defer_and_fuse")
     return Config(
         eager_mode=mode or "strict",
+        check_nan=env.get("TORCH_PJRT_CHECK_NAN", "").strip() == "1",
         plugin=plugin,
         cpu_device_count=_positive_int(env, "TORCH_PJRT_CPU_DEVICE_COUNT", 1),
         cache_dir=cache_dir,

@@ -239,6 +239,29 @@ void check_like_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args
   op.callBoxed(&cpu);  // CPU's checks; the results are discarded
 }
 
+// TORCH_PJRT_CHECK_NAN=1: names the first op whose floating results hold NaN or Inf. The
+// check runs ops itself (isfinite, all, item): the guard keeps it from checking those.
+thread_local bool in_nan_check = false;
+
+void check_finite(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                  const std::vector<at::Tensor>& dests) {
+  if (in_nan_check) return;
+  in_nan_check = true;
+  bool bad = false;
+  try {
+    for (const at::Tensor& d : dests)
+      if (d.numel() > 0 && (d.is_floating_point() || d.is_complex()) &&
+          !at::isfinite(d).all().item<bool>())
+        bad = true;
+  } catch (...) {
+    in_nan_check = false;
+    throw;
+  }
+  in_nan_check = false;
+  TORCH_CHECK(!bad, "TORCH_PJRT_CHECK_NAN: ", schema.operator_name(),
+              " produced NaN or Inf from inputs ", describe_inputs(args));
+}
+
 void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   const std::string& base) {
   const c10::FunctionSchema& schema = op.schema();
@@ -392,6 +415,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     } else {
       b.run();
     }
+    if (check_nan()) check_finite(schema, args, dests);
   }
 
   torch::jit::drop(*stack, nargs);

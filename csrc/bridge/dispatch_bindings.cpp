@@ -33,6 +33,7 @@ void bind_dispatch(pybind11::module_& m) {
         "Overrides the mode for the calling thread (-1: follow the default).");
   m.def("_thread_eager_mode", [] { return thread_eager_mode(); });
   m.def("_eager_mode", [] { return static_cast<int>(eager_mode()); });
+  m.def("_set_check_nan", [](bool on) { set_check_nan(on); });
   m.def("_configure_cache", [](const std::string& dir, int64_t max_bytes) {
     check(pj_disk_cache_configure(dir.c_str(), max_bytes));
   }, "Sets the persistent compile cache directory ('' disables it) and its size bound.");

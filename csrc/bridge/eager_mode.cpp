@@ -6,7 +6,11 @@ namespace torch_pjrt {
 namespace {
 std::atomic<int> default_mode{static_cast<int>(EagerMode::kStrict)};
 thread_local int thread_mode = -1;  // -1: follow the process default
+std::atomic<bool> nan_checks{false};
 }  // namespace
+
+bool check_nan() { return nan_checks.load(std::memory_order_relaxed); }
+void set_check_nan(bool on) { nan_checks = on; }
 
 EagerMode eager_mode() {
   return static_cast<EagerMode>(thread_mode >= 0 ? thread_mode : default_mode.load());

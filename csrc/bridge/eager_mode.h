@@ -12,5 +12,8 @@ void set_default_eager_mode(EagerMode m);
 // -1 clears the thread's override.
 void set_thread_eager_mode(int m);
 int thread_eager_mode();
+// TORCH_PJRT_CHECK_NAN=1: every lowered op's floating results are checked for NaN/Inf.
+bool check_nan();
+void set_check_nan(bool on);
 
 }  // namespace torch_pjrt
