@@ -155,6 +155,8 @@ def main(argv=None) -> str:
     disp = dispatch_latency(iters)
     comp = compile_latency(40, 20 if args.quick else 50)
     gpt_tpu, gpt_fb = gpt_steps(TPU, steps, warmup=5)
+    with torch.tpu.eager_mode("debug"):
+        gpt_debug, _ = gpt_steps(TPU, steps, warmup=5)
     gpt_cpu, _ = gpt_steps(torch.device("cpu"), steps, warmup=5)
 
     load = os.getloadavg()
@@ -201,9 +203,11 @@ def main(argv=None) -> str:
         "",
         "| backend | step (ms) |",
         "|---|---:|",
-        f"| tpu | {gpt_tpu:.1f} |",
+        f"| tpu, strict mode | {gpt_tpu:.1f} |",
+        f"| tpu, debug mode (synchronous, index checks) | {gpt_debug:.1f} |",
         f"| CPU eager | {gpt_cpu:.1f} |",
-        f"| ratio tpu/CPU | {gpt_tpu / gpt_cpu:.1f}x |",
+        f"| ratio tpu strict / CPU | {gpt_tpu / gpt_cpu:.1f}x |",
+        f"| ratio tpu debug / strict | {gpt_debug / gpt_tpu:.1f}x |",
         "",
         f"CPU fallbacks during the tpu GPT run: {gpt_fb}"
         + (f" (ops: {torch_pjrt._C.fallback_ops()})" if gpt_fb and hasattr(torch_pjrt._C, "fallback_ops") else "")
