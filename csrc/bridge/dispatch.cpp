@@ -15,6 +15,7 @@
 
 #include "call_builder.h"
 #include "eager_mode.h"
+#include "ivalue_map.h"
 #include "meta_cache.h"
 extern "C" {
 #include "../ops/dynamic.h"
@@ -218,24 +219,7 @@ void check_like_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args
     return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 ? t.cpu() : t;
   };
   torch::jit::Stack cpu;
-  for (const c10::IValue& v : args) {
-    if (v.isTensor()) {
-      cpu.push_back(host(v.toTensor()));
-    } else if (v.isTensorList()) {
-      c10::List<at::Tensor> l;
-      for (const at::Tensor& t : v.toTensorList()) l.push_back(host(t));
-      cpu.push_back(l);
-    } else if (v.isList() && !v.isIntList() && !v.isDoubleList() && !v.isBoolList()) {
-      c10::List<std::optional<at::Tensor>> l;
-      for (const c10::IValue& e : v.toList())
-        l.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(host(e.toTensor())));
-      cpu.push_back(l);
-    } else if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1) {
-      cpu.push_back(c10::Device(c10::kCPU));
-    } else {
-      cpu.push_back(v);
-    }
-  }
+  for (const c10::IValue& v : args) cpu.push_back(map_tensors(v, host, c10::Device(c10::kCPU)));
   op.callBoxed(&cpu);  // CPU's checks; the results are discarded
 }
 

@@ -1,5 +1,7 @@
 #include "meta_cache.h"
 
+#include "ivalue_map.h"
+
 #include <ATen/ATen.h>
 
 #include <mutex>
@@ -105,33 +107,9 @@ at::Tensor meta_tensor(const TensorSpec& s) {
   return at::empty_strided(s.sizes, s.strides, at::TensorOptions().dtype(s.dtype).device(c10::kMeta));
 }
 
-c10::IValue to_meta(const c10::IValue& v) {
-  auto conv = [](const at::Tensor& t) -> at::Tensor {
-    if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
-    return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
-  };
-  if (v.isTensor()) return conv(v.toTensor());
-  // factory ops (no tensor inputs) carry the device as an argument: point it at meta too, or
-  // the call would dispatch back to the tpu backend
-  if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1)
-    return c10::Device(c10::kMeta);
-  if (v.isTensorList()) {
-    c10::List<at::Tensor> out;
-    for (const at::Tensor& t : v.toTensorList()) out.push_back(conv(t));
-    return out;
-  }
-  if (v.isList()) {  // List[Optional[Tensor]]
-    auto l = v.toList();
-    bool tensors = l.size() > 0;
-    for (const c10::IValue& e : l) tensors = tensors && (e.isTensor() || e.isNone());
-    if (tensors) {
-      c10::List<std::optional<at::Tensor>> out;
-      for (const c10::IValue& e : l)
-        out.push_back(e.isNone() ? std::nullopt : std::optional<at::Tensor>(conv(e.toTensor())));
-      return out;
-    }
-  }
-  return v;
+at::Tensor meta_like(const at::Tensor& t) {
+  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+  return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 
 }  // namespace
@@ -165,7 +143,7 @@ std::optional<std::vector<c10::IValue>> meta_returns(const c10::OperatorHandle& 
   }
   torch::jit::Stack meta;
   meta.reserve(args.size());
-  for (const c10::IValue& v : args) meta.push_back(to_meta(v));
+  for (const c10::IValue& v : args) meta.push_back(map_tensors(v, meta_like, c10::Device(c10::kMeta)));
   try {
     op.callBoxed(&meta);
   } catch (const c10::NotImplementedError&) {
