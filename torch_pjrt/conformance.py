@@ -399,6 +399,7 @@ class Run:
     cases: List[CaseResult] = field(default_factory=list)
     grads: List[CaseResult] = field(default_factory=list)
     ops_done: int = 0
+    order: List[str] = field(default_factory=list)  # OpInfo full names in op_db order
 
 
 def run(ops, dtypes: Sequence[str], n_samples: int, grad: bool = True,
@@ -408,7 +409,7 @@ def run(ops, dtypes: Sequence[str], n_samples: int, grad: bool = True,
         on_result: Optional[Callable[[CaseResult], None]] = None) -> Run:
     """Runs every (op, stage) from start on; stages are the dtypes, then "grad".
     on_begin(op index, stage index) is called before each stage (crash bookkeeping)."""
-    result = Run(dtypes=list(dtypes))
+    result = Run(dtypes=list(dtypes), order=[o.full_name for o in ops])
     stages = list(dtypes) + (["grad"] if grad and "float32" in dtypes else [])
     for i, op in enumerate(ops):
         if i < start[0]:
@@ -449,7 +450,7 @@ def run_supervised(argv_base: List[str], ops, dtypes: Sequence[str], grad: bool,
     import subprocess
 
     stages = list(dtypes) + (["grad"] if grad and "float32" in dtypes else [])
-    result = Run(dtypes=list(dtypes))
+    result = Run(dtypes=list(dtypes), order=[o.full_name for o in ops])
     start = (0, 0)
     while start[0] < len(ops):
         open(jsonl, "w").close()
@@ -502,9 +503,10 @@ def pass_rate(t: Dict[str, int]) -> float:
 
 
 def failure_class(reason: str) -> str:
-    """Groups reasons by their first words (numbers and quoted names stripped)."""
+    """Groups reasons by their first words (numbers, quoted and bracketed words dropped; an
+    aten::op name counts as one word, so fallbacks group by the op that fell back)."""
     words = []
-    for w in reason.replace(":", " : ").split():
+    for w in reason.replace(": ", " : ").split():
         if any(ch.isdigit() for ch in w) or w.startswith(("'", '"', "(", "[")):
             continue
         words.append(w)
@@ -515,6 +517,9 @@ def failure_class(reason: str) -> str:
 
 def render(res: Run, meta: Dict[str, str], total_ops: int, complete: bool) -> str:
     dts = list(res.dtypes)
+    order = {name: k for k, name in enumerate(res.order)}
+    res.cases.sort(key=lambda c: order.get(c.op, len(order)))
+    res.grads.sort(key=lambda c: order.get(c.op, len(order)))
     L: List[str] = ["# Op conformance against PyTorch's OpInfo database", ""]
     if not complete or res.ops_done < total_ops:
         L += [f"**partial run: first {res.ops_done} of {total_ops} OpInfos**", ""]
@@ -595,6 +600,7 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--checkpoint", type=int, default=10,
                    help="rewrite the report every K ops (0: only at the end)")
     p.add_argument("-v", "--verbose", action="store_true")
+    p.add_argument("--json", help="also dump every case as JSON to this path")
     p.add_argument("--in-process", action="store_true",
                    help="no worker subprocess (a crashing op then ends the run)")
     p.add_argument("--worker-jsonl", help=argparse.SUPPRESS)
@@ -648,6 +654,12 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         res = run_supervised(base, ops, dtypes, not a.no_grad, progress,
                              os.path.join(tempfile.mkdtemp(prefix="conformance"), "w.jsonl"))
     write(res, complete=True)
+    if a.json:
+        import dataclasses
+        import json
+
+        with open(a.json, "w") as f:
+            json.dump([dataclasses.asdict(c) for c in res.cases + res.grads], f)
     for dn in dtypes:
         t = totals([c for c in res.cases if c.dtype == dn])
         print(f"{dn}: {t} pass rate {pass_rate(t):.1%}")
