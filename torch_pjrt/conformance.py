@@ -49,7 +49,9 @@ PLUGIN_OPTIONAL_DTYPES = ("float64", "complex64")
 BF16_TOL = (1.6e-2, 1e-2)  # (rtol, atol)
 
 RANDOM_KEYWORDS = ("rand", "normal", "bernoulli", "dropout", "multinomial", "uniform",
-                   "exponential", "geometric", "cauchy")
+                   "exponential", "geometric", "cauchy", "fractional_max_pool", "rrelu")
+# Ops that draw random numbers only when called with training=True (dropout inside).
+RANDOM_WHEN_TRAINING = ("multi_head_attention",)
 # Ops whose values are unspecified (uninitialised memory): shape/dtype only, no seed check.
 UNINITIALISED_PREFIXES = ("empty", "new_empty")
 
@@ -110,6 +112,17 @@ def to_cpu(obj: Any) -> Any:
 def is_random(op) -> bool:
     name = op.name.lower()
     return any(k in name for k in RANDOM_KEYWORDS) or is_uninitialised(op)
+
+
+def sample_is_random(op, sample) -> bool:
+    """A random op, or a sample that switches on dropout (dropout_p > 0, training=True)."""
+    if is_random(op):
+        return True
+    for k, v in sample.kwargs.items():
+        if "dropout" in k and isinstance(v, (int, float)) and v > 0:
+            return True
+    return bool(sample.kwargs.get("training")) and any(
+        w in op.name for w in RANDOM_WHEN_TRAINING)
 
 
 def is_uninitialised(op) -> bool:
@@ -198,7 +211,7 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str) -> Tuple[SampleR
     tol = op_tolerance(op, dtype)
     if tol is None and dtype == torch.bfloat16:
         tol = BF16_TOL
-    random = is_random(op)
+    random = sample_is_random(op, sample)
     cpu_inp, cpu_args, cpu_kwargs = sample.input, sample.args, sample.kwargs
     cpu_exc = None
     try:
@@ -210,7 +223,16 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str) -> Tuple[SampleR
     before, before_ops = fallback_count(), fallback_ops()
     try:
         torch.manual_seed(0)
-        actual = op.op(inp, *args, **kwargs)
+        try:
+            actual = op.op(inp, *args, **kwargs)
+        except RuntimeError as exc:
+            # Some ops take index tensors that must stay on the CPU (e.g. tensor_split's
+            # tensor_indices_or_sections): retry with only the input moved.
+            if "to be on cpu" not in str(exc):
+                raise
+            args, kwargs = cpu_args, cpu_kwargs
+            torch.manual_seed(0)
+            actual = op.op(inp, *args, **kwargs)
         actual_cpu = to_cpu(actual)  # forces execution: errors surface here
     except Exception as exc:  # noqa: BLE001
         moved = {k: v - before_ops.get(k, 0) for k, v in fallback_ops().items()
@@ -229,7 +251,7 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str) -> Tuple[SampleR
         return SampleResult("F", f"no error where CPU raises {type(cpu_exc).__name__}: "
                                  f"{short(cpu_exc, 120)}"), moved
     mismatch = compare(actual_cpu, expected, tol, shape_only=random)
-    if mismatch is None and random and not is_uninitialised(op):
+    if mismatch is None and random and is_random(op) and not is_uninitialised(op):
         # same seed twice on tpu must give the same values
         try:
             torch.manual_seed(0)
@@ -355,7 +377,20 @@ def _grad_sample(op, sample, tol) -> SampleResult:
     before = fallback_count()
     try:
         torch.manual_seed(0)
-        out = op.op(inp, *args, **kwargs)
+        try:
+            out = op.op(inp, *args, **kwargs)
+        except RuntimeError as exc:
+            if "to be on cpu" not in str(exc):
+                raise
+            # index tensors that must stay on the CPU (see run_sample): keep the
+            # arguments that need no grad there
+            keep = lambda t: t if id(t) not in ids else mk(t)  # noqa: E731
+            tpu_leaves.clear()
+            inp = mk(sample.input) if isinstance(sample.input, torch.Tensor) else \
+                map_tensors(sample.input, mk)
+            args, kwargs = map_tensors([sample.args, sample.kwargs], keep)
+            torch.manual_seed(0)
+            out = op.op(inp, *args, **kwargs)
         loss = _grad_loss(out)
         if loss is None:
             return SampleResult("F", "tpu output does not require grad")
@@ -368,7 +403,7 @@ def _grad_sample(op, sample, tol) -> SampleResult:
             return SampleResult("F", f"grad {i}: None on one side only")
         if a is None:
             continue
-        msg = compare(a, e, tol, shape_only=is_random(op))
+        msg = compare(a, e, tol, shape_only=sample_is_random(op, sample))
         if msg is not None:
             return SampleResult("F", f"grad {i}: {msg}")
     if fallback_count() != before:
