@@ -542,7 +542,8 @@ def failure_class(reason: str) -> str:
     aten::op name counts as one word, so fallbacks group by the op that fell back)."""
     words = []
     for w in reason.replace(": ", " : ").split():
-        if any(ch.isdigit() for ch in w) or w.startswith(("'", '"', "(", "[")):
+        if "::" not in w and (any(ch.isdigit() for ch in w)
+                              or w.startswith(("'", '"', "(", "["))):
             continue
         words.append(w)
         if len(words) == 6:
