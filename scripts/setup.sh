@@ -6,8 +6,9 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 VPY=.venv/bin/python
-# torch first and pinned, so nothing below can pull another torch build.
-"$VPY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0" numpy pytest
+# torch first and pinned, so nothing below can pull another torch build. expecttest: needed by
+# torch.testing._internal (the OpInfo database the conformance harness reads).
+"$VPY" -m pip install --quiet --disable-pip-version-check "torch==2.13.0" numpy pytest expecttest
 # --no-deps: the plugin wheel declares jax, which the C plugin itself does not need.
 "$VPY" -m pip install --quiet --disable-pip-version-check --no-deps -r requirements.txt
 # --no-build-isolation: the build uses the torch installed above (never a resolved one).

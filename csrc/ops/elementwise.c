@@ -152,10 +152,25 @@ static const unary_row_t *find_unary(const char *op) {
   return NULL;
 }
 
+/* Ops that are the identity on integers (and whose StableHLO ops reject integer operands). */
+static bool identity_on_integers(const char *op) {
+  return !strcmp(op, "floor") || !strcmp(op, "ceil") || !strcmp(op, "round") ||
+         !strcmp(op, "trunc") || !strcmp(op, "fix");
+}
+
 static pj_status_t *lower_unary(pj_lower_t *L) {
   const unary_row_t *row = find_unary(L->c->op);
   pj_val_t x = pj_tensor(L, "self");
   pj_type_t ot = pj_out_type(L, 0);
+  if (pj_dtype_is_integral(x.t.dtype) && identity_on_integers(row->name)) {
+    pj_set_result(L, 0, x);
+    return NULL;
+  }
+  /* abs of a complex tensor is real: compute it on the complex input, not on a real copy */
+  if (!strcmp(row->name, "abs") && pj_dtype_info(x.t.dtype)->is_complex) {
+    pj_set_result(L, 0, pj_unary(H, "stablehlo.abs", x));
+    return NULL;
+  }
   if (row->rule == U_OUT) {
     pj_dtype_t ct = ot.dtype;
     /* bool inputs of arithmetic: torch computes abs/neg/sign on bool as bool-preserving */

@@ -1,0 +1,21 @@
+"""Fixes of bugs the conformance run found, each checked against CPU."""
+import pytest
+import torch
+
+TPU = torch.device("tpu")
+
+
+def test_abs_of_complex_is_the_modulus():
+    z = torch.tensor([3 + 4j, -1 - 1j, 0j], dtype=torch.complex64)
+    got = torch.abs(z.to(TPU))
+    assert got.dtype == torch.float32
+    torch.testing.assert_close(got.cpu(), torch.abs(z))
+
+
+@pytest.mark.parametrize("fn", [torch.ceil, torch.floor, torch.round, torch.trunc])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32, torch.uint8])
+def test_rounding_is_the_identity_on_integers(fn, dtype):
+    x = torch.tensor([1, 7, 0, 5], dtype=dtype)
+    got = fn(x.to(TPU))
+    assert got.dtype == dtype
+    assert torch.equal(got.cpu(), fn(x))
