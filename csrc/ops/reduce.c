@@ -170,14 +170,21 @@ static pj_status_t *lower_amax_amin(pj_lower_t *L) {
   return NULL;
 }
 
+/* The reduced dims of an optional "dim" argument (all dims when absent), with CPU's error for
+ * reducing an empty extent; returns whether all dims are reduced. */
+static bool extremum_dims(pj_lower_t *L, const pj_type_t *t, rdims_t *r) {
+  bool full = !pj_has(L, "dim");
+  if (full) rdims_all(t, r);
+  else rdims_arg(L, "dim", t, r);
+  check_nonempty(L, t, r, full);
+  return full;
+}
+
 static pj_status_t *lower_aminmax(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   if (is_complex(x.t.dtype)) return unsupported_complex(L);
   rdims_t r;
-  bool full = !pj_has(L, "dim");
-  if (full) rdims_all(&x.t, &r);
-  else rdims_arg(L, "dim", &x.t, &r);
-  check_nonempty(L, &x.t, &r, full);
+  extremum_dims(L, &x.t, &r);
   if (!pj_hlo_ok(H)) return NULL;
   set_out(L, 0, extremum(L, x, &r, false));
   set_out(L, 1, extremum(L, x, &r, true));
@@ -259,10 +266,7 @@ static pj_status_t *lower_argmax_argmin(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   if (is_complex(x.t.dtype)) return unsupported_complex(L);
   rdims_t r;
-  bool full = !pj_has(L, "dim");
-  if (full) rdims_all(&x.t, &r);
-  else rdims_arg(L, "dim", &x.t, &r);
-  check_nonempty(L, &x.t, &r, full);
+  bool full = extremum_dims(L, &x.t, &r);
   if (!pj_hlo_ok(H)) return NULL;
   int dim = 0;
   if (full || x.t.rank == 0) { /* the flat index over all elements */
