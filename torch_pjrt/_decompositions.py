@@ -5,6 +5,11 @@ decomposition from torch._decomp registered here as the op's PrivateUse1 kernel 
 the dispatcher with simpler ops), else the CPU fallback (csrc/bridge/dispatch.cpp). Only ops
 without a lowering and without a CompositeImplicitAutograd kernel get a decomposition, so a
 lowering always wins and composite ops keep decomposing above autograd as PyTorch intends.
+
+A decomposition that bottoms out in a prim whose eager implementation is an aten op we do not
+lower is not registered: on a tpu tensor that prim calls the aten op again, which lands back
+in the same decomposition (i0.out -> refs.i0 -> prims.bessel_i0 -> aten::i0 -> i0.out -> ...,
+a RecursionError). Such ops go to the CPU fallback until they get a lowering.
 """
 import torch
 
@@ -25,6 +30,38 @@ def _base_name(op: torch._ops.OpOverload) -> str:
     return name
 
 
+def _prims_called(fn) -> list:
+    """Names of torch.ops.prims ops that the innermost function of fn refers to."""
+    while hasattr(fn, "__wrapped__"):
+        fn = fn.__wrapped__
+    code = getattr(fn, "__code__", None)
+    if code is None or "prims" not in code.co_names:
+        return []
+    return [n for n in code.co_names if n != "prims" and hasattr(torch.ops.prims, n)]
+
+
+def _prim_eager_target(name: str):
+    """The aten base name a prim's eager implementation calls, or None if it is Python code."""
+    from torch._library.custom_ops import OPDEFS
+
+    opdef = OPDEFS.get("prims::" + name)
+    impl = getattr(opdef, "_init_fn", None)
+    for cell in getattr(impl, "__closure__", None) or ():
+        target = cell.cell_contents
+        if type(target).__name__ == "builtin_function_or_method":
+            return target.__name__.lstrip("_")
+    return None
+
+
+def _reenters_itself(fn, lowered: set) -> bool:
+    """True if fn reaches a prim that calls an aten op without a lowering (see module doc)."""
+    for prim in _prims_called(fn):
+        target = _prim_eager_target(prim)
+        if target is not None and target not in lowered:
+            return True
+    return False
+
+
 def register(lowered: set) -> None:
     """Registers decompositions once per process (idempotent)."""
     global _LIB
@@ -41,6 +78,8 @@ def register(lowered: set) -> None:
         if _base_name(op) in lowered:
             continue
         if any(has_kernel(name, k) for k in _KEYS_THAT_ALREADY_WORK):
+            continue
+        if _reenters_itself(fn, lowered):
             continue
         try:
             _LIB.impl(op, fn, "PrivateUse1")
