@@ -71,7 +71,7 @@ static const unary_row_t kUnary[] = {
     {"erfinv", "chlo.erf_inv", U_OUT},
     {"asin", "chlo.asin", U_OUT},
     {"acos", "chlo.acos", U_OUT},
-    {"atan", "chlo.atan", U_OUT},
+    {"atan", NULL, U_OUT},
     {"sinh", "chlo.sinh", U_OUT},
     {"cosh", "chlo.cosh", U_OUT},
     {"asinh", "chlo.asinh", U_OUT},
@@ -101,8 +101,33 @@ static const unary_row_t kUnary[] = {
     {NULL, NULL, U_OUT},
 };
 
+/* atan of a real float tensor, range-reduced to |z| <= tan(pi/8) and summed as its odd Taylor
+ * series there. The XLA CPU plugin's own atan (chlo.atan, i.e. atan2(x, 1)) returns garbage for
+ * tensors of 63+ elements, so it is not used. Half types compute in float32. */
+static pj_val_t real_atan(pj_lower_t *L, pj_val_t x0) {
+  pj_dtype_t dt = x0.t.dtype;
+  pj_val_t x = dt == PJ_F64 ? x0 : pj_convert(H, x0, PJ_F32);
+  int nterms = dt == PJ_F64 ? 22 : 10; /* tan(pi/8)^(2n+1)/(2n+1) below the type's epsilon */
+  pj_val_t t = U("abs", x);
+  pj_val_t inv = CMP("GT", t, cst(L, t, 1));
+  pj_val_t u = SEL(inv, DIV(cst(L, t, 1), t), t);
+  pj_val_t mid = CMP("GT", u, cst(L, u, 0.41421356237309503));
+  pj_val_t z = SEL(mid, DIV(SUB(u, cst(L, u, 1)), ADD(u, cst(L, u, 1))), u);
+  pj_val_t z2 = MUL(z, z);
+  pj_val_t p = cst(L, z, ((nterms - 1) % 2 ? -1.0 : 1.0) / (2 * (nterms - 1) + 1));
+  for (int k = nterms - 2; k >= 0; k--)
+    p = ADD(MUL(p, z2), cst(L, z, (k % 2 ? -1.0 : 1.0) / (2 * k + 1)));
+  pj_val_t r = MUL(p, z);
+  r = SEL(mid, ADD(r, cst(L, r, M_PI_4)), r);
+  r = SEL(inv, SUB(cst(L, r, M_PI_2), r), r);
+  r = SEL(CMP("LT", x, cst(L, x, 0)), U("negate", r), r);
+  return pj_convert(H, r, dt);
+}
+
 static pj_val_t unary_formula(pj_lower_t *L, const char *n, pj_val_t x) {
   pj_dtype_t dt = x.t.dtype;
+  if (!strcmp(n, "atan"))
+    return pj_dtype_info(dt)->is_complex ? pj_unary(H, "chlo.atan", x) : real_atan(L, x);
   bool fl = pj_dtype_info(dt)->is_float;
   if (!strcmp(n, "trunc") || !strcmp(n, "fix")) {
     if (!fl) return x;
@@ -175,6 +200,18 @@ static pj_status_t *lower_unary(pj_lower_t *L) {
     pj_dtype_t ct = ot.dtype;
     /* bool inputs of arithmetic: torch computes abs/neg/sign on bool as bool-preserving */
     x = pj_convert(H, x, ct == PJ_BOOL ? x.t.dtype : ct);
+  }
+  int64_t decimals = !strcmp(row->name, "round") ? pj_int(L, "decimals", 0) : 0;
+  if (decimals != 0 && pj_dtype_info(x.t.dtype)->is_float) {
+    /* round(x, decimals): scale by 10^|decimals|, round half to even, scale back (half types
+     * in float32, as torch computes them) */
+    pj_dtype_t dt = x.t.dtype;
+    pj_val_t xf = dt == PJ_F64 ? x : pj_convert(H, x, PJ_F32);
+    pj_val_t p = cst(L, xf, pow(10.0, (double)(decimals < 0 ? -decimals : decimals)));
+    pj_val_t r = decimals > 0 ? DIV(U("round_nearest_even", MUL(xf, p)), p)
+                              : MUL(U("round_nearest_even", DIV(xf, p)), p);
+    pj_set_result(L, 0, pj_convert(H, r, dt));
+    return NULL;
   }
   pj_val_t r = row->hlo ? pj_unary(H, row->hlo, x) : unary_formula(L, row->name, x);
   pj_set_result(L, 0, r);
