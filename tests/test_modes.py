@@ -29,12 +29,18 @@ def test_api_default_set_get_and_thread_local_override():
         torch.tpu.set_eager_mode("strict")
     with pytest.raises(ValueError):
         torch.tpu.set_eager_mode("fast")
-    with pytest.raises(NotImplementedError):
-        torch.tpu.set_eager_mode("defer_and_fuse")
+    torch.tpu.set_eager_mode("defer_and_fuse")
+    try:
+        assert torch.tpu.get_eager_mode() == "defer_and_fuse"
+    finally:
+        torch.tpu.set_eager_mode("strict")
 
 
 @pytest.mark.parametrize("env,mode", [({"TORCH_TPU_LAUNCH_BLOCKING": "1"}, "debug"),
                                       ({"TORCH_PJRT_EAGER_MODE": "debug"}, "debug"),
+                                      ({"TORCH_TPU_DEFER_AND_FUSE": "1"}, "defer_and_fuse"),
+                                      ({"TORCH_PJRT_EAGER_MODE": "defer_and_fuse"},
+                                       "defer_and_fuse"),
                                       ({"TORCH_PJRT_EAGER_MODE": "strict",
                                         "TORCH_TPU_LAUNCH_BLOCKING": "1"}, "strict")])
 def test_environment_selects_the_initial_mode(env, mode):

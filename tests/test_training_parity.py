@@ -1,7 +1,9 @@
 """Training parity: the reference models trained on tpu and on CPU from the same initial weights
 on the same batches give the same loss at every step (float32: rtol 1e-5 at step 0, where only
 the forward pass has run, and rtol 1e-3 afterwards, where the optimizer has accumulated rounding
-differences), with no CPU fallback anywhere in the tpu run.
+differences), with no CPU fallback anywhere in the tpu run. Each model trains in the three
+eager modes (strict, debug, defer_and_fuse), selected as the process default so that the
+autograd engine's worker thread runs the backward pass in the same mode.
 """
 from __future__ import annotations
 
@@ -14,6 +16,16 @@ import torch.nn.functional as F
 from torch_pjrt import _models
 
 TPU = torch.device("tpu")
+MODES = ("strict", "debug", "defer_and_fuse")
+
+
+@pytest.fixture(params=MODES)
+def mode(request):
+    torch.tpu.set_eager_mode(request.param)
+    try:
+        yield request.param
+    finally:
+        torch.tpu.set_eager_mode("strict")
 
 
 def _compare_losses(cpu, tpu):
@@ -63,7 +75,7 @@ def _ce(model, x, y):
     return F.cross_entropy(model(x), y)
 
 
-def test_mlp_sgd_momentum(fallbacks):
+def test_mlp_sgd_momentum(fallbacks, mode):
     g = torch.Generator().manual_seed(10)
     w_true = torch.randn(32, 10, generator=g)
     batches = []
@@ -85,7 +97,7 @@ def _bn_stats_match(cpu_model, tpu_model):
     return problems
 
 
-def test_small_cnn_sgd_momentum(fallbacks):
+def test_small_cnn_sgd_momentum(fallbacks, mode):
     g = torch.Generator().manual_seed(20)
     batches = []
     for _ in range(50):
@@ -97,7 +109,7 @@ def test_small_cnn_sgd_momentum(fallbacks):
             batches, _ce, fallbacks, extra_check=_bn_stats_match)
 
 
-def test_tiny_gpt_adamw(fallbacks):
+def test_tiny_gpt_adamw(fallbacks, mode):
     data = _models.CharDataset(_models.zen_corpus(), block=32)
     g = torch.Generator().manual_seed(30)
     batches = [data.batch(8, g) for _ in range(50)]

@@ -57,7 +57,7 @@ def _register() -> None:
     with _register_lock:
         if _registered:
             return
-        from . import _plugins, config, device
+        from . import _plugins, config, device, modes
 
         name = torch._C._get_privateuse1_backend_name()
         if name != "tpu":
@@ -89,11 +89,8 @@ def _register() -> None:
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
                 device._C._configure(choice.path, cfg.cpu_device_count)
             device._C._set_check_nan(cfg.check_nan)
-            if cfg.eager_mode == "debug":
-                device._C._set_default_eager_mode(1)
-            elif cfg.eager_mode == "defer_and_fuse":
-                _log.warning("torch_pjrt: the defer_and_fuse eager mode is not implemented yet; "
-                             "running in strict mode")
+            device._C._defer_set_max_ops(cfg.defer_max_ops)
+            device._C._set_default_eager_mode(modes.MODES.index(cfg.eager_mode))
             try:
                 device._C._configure_cache(cfg.cache_dir, cfg.cache_max_bytes)
             except RuntimeError as e:  # an unusable directory costs speed, not correctness

@@ -8,10 +8,12 @@ Variables (the README's table lists all of them):
 ``TORCH_PJRT_CPU_DEVICE_COUNT``
     Number of devices the CPU plugin creates (default 1).
 ``TORCH_PJRT_EAGER_MODE``
-    Initial eager mode: ``strict`` (default) or ``debug``; ``defer_and_fuse`` is not
-    implemented yet and falls back to strict with a warning. TorchTPU's
+    Initial eager mode: ``strict`` (default), ``debug`` or ``defer_and_fuse``. TorchTPU's
     ``TORCH_TPU_LAUNCH_BLOCKING=1`` selects ``debug`` and ``TORCH_TPU_DEFER_AND_FUSE=1``
     ``defer_and_fuse``, so scripts written for it behave the same.
+``TORCH_PJRT_DEFER_MAX_OPS``
+    Size bound of a defer_and_fuse graph: it is run before it exceeds this many ops
+    (default 2048).
 ``TORCH_PJRT_CHECK_NAN``
     ``1``: every op's floating results are checked; the first op producing NaN or Inf raises
     RuntimeError naming it and its inputs (slow: a host sync per op).
@@ -55,6 +57,7 @@ class Config:
     cache_dir: str = dataclasses.field(default_factory=default_cache_dir)  # "" = disabled
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     eager_mode: str = "strict"
+    defer_max_ops: int = 2048
     check_nan: bool = False
 
 
@@ -91,6 +94,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
                          "defer_and_fuse")
     return Config(
         eager_mode=mode or "strict",
+        defer_max_ops=_positive_int(env, "TORCH_PJRT_DEFER_MAX_OPS", 2048),
         check_nan=env.get("TORCH_PJRT_CHECK_NAN", "").strip() == "1",
         plugin=plugin,
         cpu_device_count=_positive_int(env, "TORCH_PJRT_CPU_DEVICE_COUNT", 1),

@@ -445,7 +445,7 @@ def fallback_ops() -> dict[str, int]:
     return dict(_C.fallback_ops()) if _C is not None else {}
 
 
-from .modes import eager_mode, get_eager_mode, set_eager_mode  # noqa: E402,F401
+from .modes import eager_mode, flush, get_eager_mode, pending_graph, set_eager_mode  # noqa: E402,F401,E501
 
 
 def cache_stats() -> dict[str, Any]:

@@ -5,7 +5,11 @@
   indexing ops (index, index_select, gather, scatter*, index_put_, embedding, take,
   nll_loss targets) raise the exception CPU raises for out-of-range indices instead of XLA's
   silent clamping.
-- ``defer_and_fuse``: not implemented yet; selecting it raises NotImplementedError.
+- ``defer_and_fuse``: ops are recorded, not run; each run of recorded ops becomes one fused
+  program (csrc/ops/defer.c) when something needs its results: a copy to the host, ``.item()``,
+  printing, a synchronize or event, a mode switch, a CPU fallback, the size bound
+  (TORCH_PJRT_DEFER_MAX_OPS), or a detected loop-iteration boundary. ``pending_graph()`` shows
+  what is recorded; ``flush()`` runs it.
 
 ``set_eager_mode`` sets the process default; ``eager_mode(...)`` overrides it for the calling
 thread inside a ``with`` block. The environment (read in config.py) chooses the initial default:
@@ -22,9 +26,6 @@ MODES = ("strict", "debug", "defer_and_fuse")
 def _code(mode: str) -> int:
     if mode not in MODES:
         raise ValueError(f"unknown eager mode {mode!r}; expected one of {', '.join(MODES)}")
-    if mode == "defer_and_fuse":
-        raise NotImplementedError("the defer_and_fuse eager mode is not implemented yet; "
-                                  "use 'strict' or 'debug'")
     return MODES.index(mode)
 
 
@@ -57,3 +58,14 @@ def eager_mode(mode: str) -> Iterator[None]:
         yield
     finally:
         native._set_thread_eager_mode(previous)
+
+
+def flush() -> None:
+    """Runs the ops recorded by the defer_and_fuse mode (a no-op when nothing is recorded)."""
+    _C()._defer_flush()
+
+
+def pending_graph() -> str:
+    """The ops recorded by the defer_and_fuse mode and not yet run, one per line, with the
+    storages (``s<id>:<dtype>``) each one touches."""
+    return _C()._defer_graph_text()

@@ -5,6 +5,7 @@
 #include <c10/core/Allocator.h>
 
 extern "C" {
+#include "torch_pjrt/defer.h"
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/status.h"
 #include "torch_pjrt/storage.h"

@@ -1,5 +1,7 @@
 #include "call_builder.h"
 
+#include "eager_mode.h"
+
 namespace torch_pjrt {
 
 pj_dtype_t to_pj_dtype(at::ScalarType t) {
@@ -67,7 +69,8 @@ int CallBuilder::slot_for(const at::Tensor& t, bool reading) {
     slot_partial_write_.push_back(false);
     pj_slot_t& sl = c_->slots[idx];
     sl.storage = s;
-    sl.dtype = s->buf ? s->dtype : to_pj_dtype(t.scalar_type());
+    // a storage with contents (or contents pending in the deferred graph) keeps its element type
+    sl.dtype = s->buf || s->pending ? s->dtype : to_pj_dtype(t.scalar_type());
     size_t item = pj_dtype_info(sl.dtype)->itemsize;
     sl.numel = static_cast<int64_t>(s->nbytes / item);
   }
@@ -224,7 +227,11 @@ void CallBuilder::add_out(const at::Tensor& dst) {
 
 void CallBuilder::run() {
   for (int s = 0; s < c_->nslots; s++) c_->slots[s].read = slot_read_[s] || slot_partial_write_[s];
-  check(pj_call_run(c_.get()));
+  // defer_and_fuse records the call; CHECK_NAN needs each op's results, so it runs them now
+  if (eager_mode() == EagerMode::kDeferAndFuse && !check_nan())
+    check(pj_call_defer(c_.get()));
+  else
+    check(pj_call_run(c_.get()));
 }
 
 }  // namespace torch_pjrt

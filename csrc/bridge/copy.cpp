@@ -20,7 +20,7 @@ bool is_whole_storage(const at::Tensor& t) {
   pj_storage_t* s = storage_of(t);
   return s && t.storage_offset() == 0 && t.is_contiguous() &&
          static_cast<size_t>(t.numel()) * t.element_size() == s->nbytes &&
-         (!s->buf || s->dtype == to_pj_dtype(t.scalar_type()));
+         ((!s->buf && !s->pending) || s->dtype == to_pj_dtype(t.scalar_type()));
 }
 
 void device_copy(const at::Tensor& src, const at::Tensor& dst) {
@@ -40,6 +40,7 @@ at::Tensor to_host(const at::Tensor& src) {
   pj_storage_t* s = storage_of(dev);
   at::Tensor host = at::empty(src.sizes(), src.options().device(c10::kCPU));
   if (host.numel() == 0) return host;
+  check(pj_defer_flush());  // a read sees every recorded op (defer_and_fuse)
   check(pj_storage_materialize(s, to_pj_dtype(dev.scalar_type())));
   check(pj_transfer_to_host(s->buf, host.data_ptr(), host.nbytes()));
   return host;
@@ -53,6 +54,7 @@ void from_host(const at::Tensor& src, const at::Tensor& dst) {
     pj_storage_t* s = storage_of(dst);
     int64_t n = dst.numel();
     PJRT_Buffer* buf = nullptr;
+    check(pj_defer_flush());  // recorded writes to this storage come before the upload
     check(pj_transfer_to_device(device, h.data_ptr(), to_pj_dtype(h.scalar_type()), &n, 1, &buf));
     pj_storage_swap(s, buf, to_pj_dtype(h.scalar_type()));
     return;
@@ -89,6 +91,7 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   pj_storage_t* old = static_cast<pj_storage_t*>(storage->data_ptr().get_context());
   TORCH_CHECK(old != nullptr, "resize of a storage that is not a tpu storage");
   if (nbytes <= storage->nbytes()) return;
+  check(pj_defer_flush());  // the old contents must be real before they are copied
   TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
   c10::DataPtr fresh = allocate_storage(old->device, nbytes);
   pj_storage_t* ns = static_cast<pj_storage_t*>(fresh.get_context());

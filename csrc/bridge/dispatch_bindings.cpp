@@ -27,12 +27,28 @@ void bind_dispatch(pybind11::module_& m) {
         "aten ops that ran on the CPU through the fallback, with their counts.");
   m.def("_set_default_eager_mode", [](int m) {
     TORCH_CHECK(m >= 0 && m <= 2, "bad eager mode ", m);
+    check(pj_defer_flush());  // ops recorded under the old mode run before the switch
     set_default_eager_mode(static_cast<EagerMode>(m));
   });
-  m.def("_set_thread_eager_mode", [](int m) { set_thread_eager_mode(m); },
+  m.def("_set_thread_eager_mode", [](int m) {
+    check(pj_defer_flush());
+    set_thread_eager_mode(m);
+  },
         "Overrides the mode for the calling thread (-1: follow the default).");
   m.def("_thread_eager_mode", [] { return thread_eager_mode(); });
   m.def("_eager_mode", [] { return static_cast<int>(eager_mode()); });
+  m.def("_defer_flush", [] { check(pj_defer_flush()); },
+        "Runs the ops recorded by the defer_and_fuse mode.");
+  m.def("_defer_pending_ops", [] { return pj_defer_pending_ops(); });
+  m.def("_defer_graph_text", [] {
+    char* t = pj_defer_graph_text();
+    std::string s = t ? t : "";
+    std::free(t);
+    return s;
+  });
+  m.def("_defer_set_max_ops", [](int n) { pj_defer_set_max_ops(n); });
+  m.def("_defer_max_ops", [] { return pj_defer_max_ops(); });
+  m.def("_defer_reset_detector", [] { pj_defer_reset_detector(); });
   m.def("_set_check_nan", [](bool on) { set_check_nan(on); });
   m.def("_configure_cache", [](const std::string& dir, int64_t max_bytes) {
     check(pj_disk_cache_configure(dir.c_str(), max_bytes));

@@ -79,6 +79,7 @@ class GuardImpl final : public c10::impl::DeviceGuardImplInterface {
               const c10::EventFlag) const override {
     TORCH_CHECK(stream.device_type() == kType, "expected a tpu stream, got ", stream);
     pj_marker_t* m = nullptr;
+    check(pj_defer_flush());  // an event covers the ops recorded before it
     check(pj_marker_record(index_or_current(stream.device_index()), &m));
     pj_marker_free(as_marker(*event));
     *event = m;
@@ -108,14 +109,17 @@ class GuardImpl final : public c10::impl::DeviceGuardImplInterface {
   }
 
   bool queryStream(const c10::Stream& s) const override {
-    return pj_stream_pending(index_or_current(s.device_index())) == 0;
+    return pj_defer_pending_ops() == 0 &&
+           pj_stream_pending(index_or_current(s.device_index())) == 0;
   }
 
   void synchronizeStream(const c10::Stream& s) const override {
+    check(pj_defer_flush());
     check(pj_stream_synchronize(index_or_current(s.device_index())));
   }
 
   void synchronizeDevice(const c10::DeviceIndex index) const override {
+    check(pj_defer_flush());
     check(pj_stream_synchronize(index_or_current(index)));
   }
 };

@@ -59,6 +59,7 @@ class Hooks final : public at::PrivateUse1HooksInterface {
     TORCH_CHECK(impl->resizable(), "trying to resize a tpu storage that is not resizable");
     pj_storage_t* old = storage_of(storage);
     TORCH_CHECK(old, "resizePrivateUse1Bytes called on a storage that is not a tpu storage");
+    check(pj_defer_flush());  // contents pending in the deferred graph are contents
     if (newsize > impl->nbytes()) {
       resize_storage_bytes(impl, newsize);
     } else if (!old->buf) {

@@ -89,7 +89,10 @@ double event_elapsed_ms(int64_t start_id, int64_t end_id) {
 
 void bind_sync(py::module_& m) {
   m.def("synchronize",
-        wrap_pybind_function_no_gil([](int device) { check(pj_stream_synchronize(device)); }),
+        wrap_pybind_function_no_gil([](int device) {
+          check(pj_defer_flush());
+          check(pj_stream_synchronize(device));
+        }),
         py::arg("device") = -1, "Waits for the device's executions (-1: all devices).");
   m.def("pending_executions", [](int device) { return pj_stream_pending(device); },
         py::arg("device") = -1);

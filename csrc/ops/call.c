@@ -1,10 +1,13 @@
 /* From a pj_call_t to an executed program: cache key, program construction (parameters,
  * lowering, writes into destination views), execution and storage updates. */
 #include <pthread.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "call_internal.h"
 #include "lower.h"
+#include "torch_pjrt/defer.h"
 #include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/metrics.h"
@@ -14,13 +17,7 @@
 
 /* ---- cache key: everything that shapes the program, nothing that is only a runtime value ---- */
 
-typedef struct {
-  unsigned char *p;
-  size_t len, cap;
-  bool failed;
-} keybuf_t;
-
-static void kput(keybuf_t *k, const void *data, size_t n) {
+void pj_key_put(pj_keybuf_t *k, const void *data, size_t n) {
   if (k->failed) return;
   if (k->len + n > k->cap) {
     size_t cap = k->cap ? k->cap * 2 : 1024;
@@ -36,68 +33,203 @@ static void kput(keybuf_t *k, const void *data, size_t n) {
   memcpy(k->p + k->len, data, n);
   k->len += n;
 }
-static void kint(keybuf_t *k, int64_t v) { kput(k, &v, sizeof v); }
-static void kstr(keybuf_t *k, const char *s) {
+void pj_key_int(pj_keybuf_t *k, int64_t v) { pj_key_put(k, &v, sizeof v); }
+/* Length, then the bytes with their NUL, so a decoded string can point into the key. */
+void pj_key_str(pj_keybuf_t *k, const char *s) {
   size_t n = s ? strlen(s) : 0;
-  kint(k, (int64_t)n);
-  kput(k, s ? s : "", n);
+  pj_key_int(k, (int64_t)n);
+  pj_key_put(k, s ? s : "", n + 1);
 }
-static void ktensor(keybuf_t *k, const pj_call_t *c, const pj_tensor_desc_t *d) {
-  kint(k, d->dtype);
-  kint(k, d->rank);
+static void ktensor(pj_keybuf_t *k, const pj_tensor_desc_t *d) {
+  pj_key_int(k, d->dtype);
+  pj_key_int(k, d->rank);
   if (d->rank < 0) return;
-  kput(k, d->sizes, sizeof(int64_t) * (size_t)d->rank);
-  kput(k, d->strides, sizeof(int64_t) * (size_t)d->rank);
-  kint(k, d->offset);
-  kint(k, d->slot);
-  kint(k, d->wrapped);
-  if (d->slot < 0) kint(k, c->scalars[d->scalar].dtype);
+  pj_key_put(k, d->sizes, sizeof(int64_t) * (size_t)d->rank);
+  pj_key_put(k, d->strides, sizeof(int64_t) * (size_t)d->rank);
+  pj_key_int(k, d->offset);
+  pj_key_int(k, d->slot);
+  pj_key_int(k, d->wrapped);
+  if (d->slot < 0) pj_key_int(k, d->scalar);
 }
 
-static bool build_key(const pj_call_t *c, const char *identity, keybuf_t *k) {
-  kstr(k, identity);
-  kstr(k, c->op);
-  kstr(k, c->overload);
-  kint(k, c->nargs);
+bool pj_call_key(const pj_call_t *c, const char *identity, pj_keybuf_t *k) {
+  pj_key_str(k, identity);
+  pj_key_str(k, c->op);
+  pj_key_str(k, c->overload);
+  pj_key_int(k, c->nscalars);
+  for (int i = 0; i < c->nscalars; i++) pj_key_int(k, c->scalars[i].dtype);
+  pj_key_int(k, c->nargs);
   for (int a = 0; a < c->nargs; a++) {
     const pj_arg_t *g = &c->args[a];
-    kstr(k, g->name);
-    kint(k, g->kind);
+    pj_key_str(k, g->name);
+    pj_key_int(k, g->kind);
     switch (g->kind) {
       case PJ_ARG_TENSOR:
       case PJ_ARG_TENSORS:
-        kint(k, g->count);
-        for (int i = 0; i < g->count; i++) ktensor(k, c, &c->tensors[g->first + i]);
+        pj_key_int(k, g->count);
+        for (int i = 0; i < g->count; i++) ktensor(k, &c->tensors[g->first + i]);
         break;
-      case PJ_ARG_SCALAR: kint(k, c->scalars[g->first].dtype); break;
+      case PJ_ARG_SCALAR: pj_key_int(k, g->first); break;
       case PJ_ARG_SCALARS:
-        kint(k, g->count);
-        for (int i = 0; i < g->count; i++) kint(k, c->scalars[g->first + i].dtype);
+        pj_key_int(k, g->first);
+        pj_key_int(k, g->count);
         break;
       case PJ_ARG_INT:
-      case PJ_ARG_BOOL: kint(k, g->i); break;
-      case PJ_ARG_FLOAT: kput(k, &g->f, sizeof g->f); break;
+      case PJ_ARG_BOOL: pj_key_int(k, g->i); break;
+      case PJ_ARG_FLOAT: pj_key_put(k, &g->f, sizeof g->f); break;
       case PJ_ARG_INTS:
-        kint(k, g->count);
-        kput(k, c->ints + g->first, sizeof(int64_t) * (size_t)g->count);
+        pj_key_int(k, g->count);
+        pj_key_put(k, c->ints + g->first, sizeof(int64_t) * (size_t)g->count);
         break;
       case PJ_ARG_FLOATS:
-        kint(k, g->count);
-        kput(k, c->floats + g->first, sizeof(double) * (size_t)g->count);
+        pj_key_int(k, g->count);
+        pj_key_put(k, c->floats + g->first, sizeof(double) * (size_t)g->count);
         break;
-      case PJ_ARG_STR: kstr(k, g->s); break;
+      case PJ_ARG_STR: pj_key_str(k, g->s); break;
       case PJ_ARG_NONE: break;
     }
   }
-  kint(k, c->nslots);
+  pj_key_int(k, c->nslots);
   for (int s = 0; s < c->nslots; s++) {
-    kint(k, c->slots[s].dtype);
-    kint(k, c->slots[s].numel);
-    kint(k, c->slots[s].read);
+    pj_key_int(k, c->slots[s].dtype);
+    pj_key_int(k, c->slots[s].numel);
+    pj_key_int(k, c->slots[s].read);
   }
-  kint(k, c->nout);
-  for (int o = 0; o < c->nout; o++) ktensor(k, c, &c->outs[o]);
+  pj_key_int(k, c->nout);
+  for (int o = 0; o < c->nout; o++) ktensor(k, &c->outs[o]);
   return !k->failed;
+}
+
+/* ---- decoding a key back into a call (defer.c builds fused programs from recorded keys) ---- */
+
+typedef struct {
+  const unsigned char *p, *end;
+  bool ok;
+} reader_t;
+
+static int64_t rint64(reader_t *r) {
+  int64_t v = 0;
+  if (r->ok && r->end - r->p >= (ptrdiff_t)sizeof v) {
+    memcpy(&v, r->p, sizeof v);
+    r->p += sizeof v;
+  } else {
+    r->ok = false;
+  }
+  return v;
+}
+static const char *rstr(reader_t *r) {
+  int64_t n = rint64(r);
+  if (!r->ok || n < 0 || r->end - r->p < n + 1 || r->p[n] != 0) {
+    r->ok = false;
+    return "";
+  }
+  const char *s = (const char *)r->p;
+  r->p += n + 1;
+  return s;
+}
+static void rbytes(reader_t *r, void *out, size_t n) {
+  if (r->ok && (size_t)(r->end - r->p) >= n) {
+    memcpy(out, r->p, n);
+    r->p += n;
+  } else {
+    r->ok = false;
+  }
+}
+static bool in_range(int64_t v, int64_t lo, int64_t hi) { return v >= lo && v <= hi; }
+static void rtensor(reader_t *r, pj_tensor_desc_t *d) {
+  memset(d, 0, sizeof *d);
+  d->dtype = (pj_dtype_t)rint64(r);
+  int64_t rank = rint64(r);
+  if (!in_range(rank, -1, PJ_MAX_RANK)) r->ok = false;
+  if (!r->ok) return;
+  d->rank = (int)rank;
+  if (d->rank < 0) return;
+  rbytes(r, d->sizes, sizeof(int64_t) * (size_t)d->rank);
+  rbytes(r, d->strides, sizeof(int64_t) * (size_t)d->rank);
+  d->offset = rint64(r);
+  d->slot = (int)rint64(r);
+  d->wrapped = rint64(r) != 0;
+  if (d->slot < 0) d->scalar = (int)rint64(r);
+}
+
+bool pj_call_decode(const unsigned char *key, size_t len, int device, pj_call_t *c) {
+  reader_t r = {key, key + len, true};
+  (void)rstr(&r); /* identity */
+  c->op = rstr(&r);
+  c->overload = rstr(&r);
+  c->device = device;
+  c->nargs = c->ntensors = c->nints = c->nfloats = c->nslots = c->nout = 0;
+  int64_t ns = rint64(&r);
+  if (!in_range(ns, 0, PJ_CALL_MAX_SCALARS)) return false;
+  c->nscalars = (int)ns;
+  for (int i = 0; i < c->nscalars; i++)
+    c->scalars[i] = (pj_scalar_t){.dtype = (pj_dtype_t)rint64(&r)};
+  int64_t na = rint64(&r);
+  if (!r.ok || !in_range(na, 0, PJ_CALL_MAX_ARGS)) return false;
+  for (int a = 0; a < na && r.ok; a++) {
+    pj_arg_t *g = &c->args[c->nargs++];
+    memset(g, 0, sizeof *g);
+    g->name = rstr(&r);
+    g->kind = (pj_arg_kind_t)rint64(&r);
+    switch (g->kind) {
+      case PJ_ARG_TENSOR:
+      case PJ_ARG_TENSORS: {
+        int64_t n = rint64(&r);
+        if (!in_range(n, 0, PJ_CALL_MAX_TENSORS - c->ntensors)) return false;
+        g->first = c->ntensors;
+        g->count = (int)n;
+        for (int i = 0; i < n && r.ok; i++) rtensor(&r, &c->tensors[c->ntensors++]);
+        break;
+      }
+      case PJ_ARG_SCALAR:
+        g->first = (int)rint64(&r);
+        g->count = 1;
+        break;
+      case PJ_ARG_SCALARS:
+        g->first = (int)rint64(&r);
+        g->count = (int)rint64(&r);
+        if (g->first < 0 || g->count < 0 || g->first + g->count > c->nscalars) return false;
+        break;
+      case PJ_ARG_INT:
+      case PJ_ARG_BOOL: g->i = rint64(&r); break;
+      case PJ_ARG_FLOAT: rbytes(&r, &g->f, sizeof g->f); break;
+      case PJ_ARG_INTS: {
+        int64_t n = rint64(&r);
+        if (!in_range(n, 0, PJ_CALL_MAX_INTS - c->nints)) return false;
+        g->first = c->nints;
+        g->count = (int)n;
+        rbytes(&r, c->ints + c->nints, sizeof(int64_t) * (size_t)n);
+        c->nints += (int)n;
+        break;
+      }
+      case PJ_ARG_FLOATS: {
+        int64_t n = rint64(&r);
+        if (!in_range(n, 0, PJ_CALL_MAX_INTS - c->nfloats)) return false;
+        g->first = c->nfloats;
+        g->count = (int)n;
+        rbytes(&r, c->floats + c->nfloats, sizeof(double) * (size_t)n);
+        c->nfloats += (int)n;
+        break;
+      }
+      case PJ_ARG_STR: g->s = rstr(&r); break;
+      case PJ_ARG_NONE: break;
+      default: return false;
+    }
+  }
+  int64_t nsl = rint64(&r);
+  if (!r.ok || !in_range(nsl, 0, PJ_CALL_MAX_SLOTS)) return false;
+  c->nslots = (int)nsl;
+  for (int s = 0; s < c->nslots; s++) {
+    c->slots[s].storage = NULL;
+    c->slots[s].dtype = (pj_dtype_t)rint64(&r);
+    c->slots[s].numel = rint64(&r);
+    c->slots[s].read = rint64(&r) != 0;
+  }
+  int64_t no = rint64(&r);
+  if (!r.ok || !in_range(no, 0, PJ_CALL_MAX_OUTS)) return false;
+  c->nout = (int)no;
+  for (int o = 0; o < c->nout; o++) rtensor(&r, &c->outs[o]);
+  return r.ok && r.p == r.end;
 }
 
 /* ---- program construction ---- */
@@ -108,35 +240,24 @@ static int64_t desc_numel(const pj_tensor_desc_t *d) {
   return n;
 }
 
-static pj_status_t *build_program(pj_call_t *c, pj_lower_fn fn, char **text, size_t *len,
-                                  int *written, int *nwritten) {
-  pj_hlo_t *h = pj_hlo_new();
+pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const pj_val_t *in,
+                          const pj_val_t *scalars, pj_val_t *full, bool *written) {
   pj_val_t *slot_vals = calloc((size_t)c->nslots + 1, sizeof(pj_val_t));
   pj_val_t *scalar_vals = calloc((size_t)c->nscalars + 1, sizeof(pj_val_t));
   pj_val_t *tensor_vals = calloc((size_t)c->ntensors + 1, sizeof(pj_val_t));
   pj_val_t *results = calloc((size_t)c->nout + 1, sizeof(pj_val_t));
-  pj_val_t *full = calloc((size_t)c->nslots + 1, sizeof(pj_val_t));
   bool *has_result = calloc((size_t)c->nout + 1, sizeof(bool));
-  int *param_of_slot = calloc((size_t)c->nslots + 1, sizeof(int));
   pj_status_t *st = NULL;
-  if (!h || !slot_vals || !scalar_vals || !tensor_vals || !results || !full || !has_result ||
-      !param_of_slot) {
+  if (!slot_vals || !scalar_vals || !tensor_vals || !results || !has_result) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a program");
     goto done;
   }
-  int nparam = 0;
   for (int s = 0; s < c->nslots; s++) {
-    param_of_slot[s] = -1;
-    slot_vals[s].id = -1;
-    if (c->slots[s].read) {
-      slot_vals[s] = pj_hlo_param(h, pj_type(c->slots[s].dtype, 1, &c->slots[s].numel));
-      param_of_slot[s] = nparam++;
-    }
+    slot_vals[s] = c->slots[s].read ? in[s] : (pj_val_t){.id = -1};
+    full[s] = slot_vals[s];
+    written[s] = false;
   }
-  for (int i = 0; i < c->nscalars; i++) {
-    scalar_vals[i] = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
-    nparam++;
-  }
+  for (int i = 0; i < c->nscalars; i++) scalar_vals[i] = scalars[i];
   for (int i = 0; i < c->ntensors; i++) tensor_vals[i].id = -2; /* not yet materialized */
   for (int o = 0; o < c->nout; o++) results[o].id = -1;
   pj_lower_t L = {.h = h,
@@ -153,12 +274,6 @@ static pj_status_t *build_program(pj_call_t *c, pj_lower_fn fn, char **text, siz
     if (!has_result[o] && desc_numel(&c->outs[o]) > 0)
       pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: %s set no result %d", c->op, o);
   /* Writes, in destination order: a later destination in the same storage sees earlier ones. */
-  for (int s = 0; s < c->nslots; s++) full[s] = slot_vals[s];
-  bool *is_written = calloc((size_t)c->nslots + 1, sizeof(bool));
-  if (!is_written) {
-    st = pj_status_new(PJ_ERR_OOM, "out of host memory");
-    goto done;
-  }
   for (int o = 0; o < c->nout && pj_hlo_ok(h); o++) {
     const pj_tensor_desc_t *d = &c->outs[o];
     if (!has_result[o] || desc_numel(d) == 0) continue; /* empty: nothing to write */
@@ -173,27 +288,75 @@ static pj_status_t *build_program(pj_call_t *c, pj_lower_fn fn, char **text, siz
       pj_val_t w = pj_view_write(h, as_view, n, d->dtype, d, results[o]);
       full[d->slot] = pj_view_bitcast(h, w, sl->dtype);
     }
-    is_written[d->slot] = true;
+    written[d->slot] = true;
   }
-  pj_val_t outs[PJ_CALL_MAX_SLOTS];
-  int alias[PJ_CALL_MAX_SLOTS];
-  *nwritten = 0;
-  for (int s = 0; s < c->nslots; s++)
-    if (is_written[s]) {
-      alias[*nwritten] = param_of_slot[s];
-      written[*nwritten] = s;
-      outs[(*nwritten)++] = full[s];
-    }
-  free(is_written);
-  st = pj_hlo_finish(h, outs, *nwritten, alias, text, len);
 done:
-  pj_hlo_free(h);
   free(slot_vals);
   free(scalar_vals);
   free(tensor_vals);
   free(results);
-  free(full);
   free(has_result);
+  return st;
+}
+
+typedef struct {
+  pj_call_t *c;
+  pj_lower_fn fn;
+  const int *written; /* expected written slots (derived from the key) */
+  int nwritten;
+} single_build_t;
+
+/* One op as a whole program: read slots, then scalars, are the parameters; every written slot
+ * is a result aliasing its parameter (if it has one), so its old buffer can be donated. */
+static pj_status_t *build_single(void *ctx, char **text, size_t *len) {
+  single_build_t *b = ctx;
+  pj_call_t *c = b->c;
+  pj_hlo_t *h = pj_hlo_new();
+  pj_val_t *in = calloc((size_t)c->nslots + 1, sizeof(pj_val_t));
+  pj_val_t *scalars = calloc((size_t)c->nscalars + 1, sizeof(pj_val_t));
+  pj_val_t *full = calloc((size_t)c->nslots + 1, sizeof(pj_val_t));
+  bool *written = calloc((size_t)c->nslots + 1, sizeof(bool));
+  int *param_of_slot = calloc((size_t)c->nslots + 1, sizeof(int));
+  pj_status_t *st = NULL;
+  if (!h || !in || !scalars || !full || !written || !param_of_slot) {
+    st = pj_status_new(PJ_ERR_OOM, "out of host memory building a program");
+    goto done;
+  }
+  int nparam = 0;
+  for (int s = 0; s < c->nslots; s++) {
+    param_of_slot[s] = -1;
+    in[s].id = -1;
+    if (c->slots[s].read) {
+      in[s] = pj_hlo_param(h, pj_type(c->slots[s].dtype, 1, &c->slots[s].numel));
+      param_of_slot[s] = nparam++;
+    }
+  }
+  for (int i = 0; i < c->nscalars; i++) scalars[i] = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
+  st = pj_call_emit(h, c, b->fn, in, scalars, full, written);
+  if (st) goto done;
+  pj_val_t outs[PJ_CALL_MAX_SLOTS];
+  int alias[PJ_CALL_MAX_SLOTS], n = 0;
+  for (int s = 0; s < c->nslots; s++)
+    if (written[s]) {
+      if (n >= b->nwritten || b->written[n] != s) {
+        st = pj_status_new(PJ_ERR_RUNTIME, "internal: written storages disagree for aten::%s",
+                           c->op);
+        goto done;
+      }
+      alias[n] = param_of_slot[s];
+      outs[n++] = full[s];
+    }
+  if (n != b->nwritten) {
+    st = pj_status_new(PJ_ERR_RUNTIME, "internal: written storages disagree for aten::%s", c->op);
+    goto done;
+  }
+  st = pj_hlo_finish(h, outs, n, alias, text, len);
+done:
+  pj_hlo_free(h);
+  free(in);
+  free(scalars);
+  free(full);
+  free(written);
   free(param_of_slot);
   return st;
 }
@@ -223,13 +386,13 @@ static pj_status_t *scalar_buffer(int device, const pj_scalar_t *s, struct PJRT_
   return pj_transfer_to_device(device, bytes, s->dtype, NULL, 0, out);
 }
 
-static pthread_mutex_t run_lock = PTHREAD_MUTEX_INITIALIZER;
+pthread_mutex_t pj_run_lock = PTHREAD_MUTEX_INITIALIZER;
 
 /* Scalar arguments repeat (alpha = 1, eps, a learning rate): their 0-d device buffers are kept
  * in a small direct-mapped cache, so a cache-hit op usually costs no upload. Scalar buffers are
  * never donated, so sharing them between executions is safe. An entry used by the call being
  * prepared (same epoch) is never evicted: a colliding scalar of that call gets its own buffer
- * (*owned = true, destroyed by the caller after launch). Guarded by run_lock. */
+ * (*owned = true, destroyed by the caller after launch). Guarded by pj_run_lock. */
 #define SCALAR_CACHE_SIZE 256
 static struct {
   bool used;
@@ -275,112 +438,114 @@ static pj_status_t *cached_scalar_buffer(int device, const pj_scalar_t *s,
   return NULL;
 }
 
-static pj_status_t *find_program(pj_call_t *c, pj_lower_fn fn, pj_program_t **prog,
-                                 int *written, int *nwritten) {
-  pj_runtime_t *rt;
-  PJ_TRY(pj_runtime_get(&rt));
-  keybuf_t k = {0};
-  if (!build_key(c, pj_runtime_identity(rt), &k)) {
-    free(k.p);
-    return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
-  }
-  /* The written-slot list is a pure function of the key (slots with a non-empty destination,
-   * in slot order); build_program derives the same list. */
-  *nwritten = 0;
-  for (int s = 0; s < c->nslots; s++) {
-    bool w = false;
-    for (int o = 0; o < c->nout && !w; o++) w = c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0;
-    if (w) written[(*nwritten)++] = s;
-  }
+pj_status_t *pj_program_for_key(const unsigned char *key, size_t len,
+                                pj_status_t *(*build)(void *ctx, char **text, size_t *len),
+                                void *ctx, const char *what, pj_program_t **out) {
   /* Memory cache, then the persistent cache, then compile (and persist). */
-  pj_program_t *p = pj_cache_lookup(k.p, k.len);
-  pj_status_t *st = NULL;
-  if (!p) {
-    pj_disk_cache_lookup(k.p, k.len, &p);
-    if (!p) {
-      char *text = NULL;
-      size_t len = 0;
-      int check[PJ_CALL_MAX_SLOTS], nw2 = 0;
-      st = build_program(c, fn, &text, &len, check, &nw2);
-      if (!st && (nw2 != *nwritten || memcmp(check, written, sizeof(int) * (size_t)nw2) != 0))
-        st = pj_status_new(PJ_ERR_RUNTIME, "internal: written storages disagree for aten::%s",
-                           c->op);
-      if (!st) st = pj_program_compile(text, len, &p);
-      if (st && text && getenv("TORCH_PJRT_DUMP_ON_ERROR"))
-        st = pj_status_wrap(st, "program:\n%s\n", text);
-      free(text);
-      if (!st) pj_disk_cache_store(k.p, k.len, p);
-    }
-    if (!st) p = pj_cache_insert(k.p, k.len, p);
+  pj_program_t *p = pj_cache_lookup(key, len);
+  if (p) {
+    *out = p;
+    return NULL;
   }
-  free(k.p);
-  if (st) return pj_status_wrap(st, "aten::%s: ", c->op);
-  *prog = p;
+  pj_status_t *st = NULL;
+  pj_disk_cache_lookup(key, len, &p);
+  if (!p) {
+    char *text = NULL;
+    size_t tlen = 0;
+    st = build(ctx, &text, &tlen);
+    if (!st) st = pj_program_compile(text, tlen, &p);
+    if (st && text && getenv("TORCH_PJRT_DUMP_ON_ERROR"))
+      st = pj_status_wrap(st, "program:\n%s\n", text);
+    free(text);
+    if (st) return pj_status_wrap(st, "%s: ", what);
+    pj_disk_cache_store(key, len, p);
+  }
+  *out = pj_cache_insert(key, len, p);
   return NULL;
+}
+
+pj_status_t *pj_run_program(pj_program_t *prog, int device, struct PJRT_Buffer **bufs,
+                            const bool *donate, int nbufs, const pj_scalar_t *scalars,
+                            int nscalars, struct PJRT_Buffer **outs, int nouts) {
+  if (pj_program_num_outputs(prog) != (size_t)nouts)
+    return pj_status_new(PJ_ERR_RUNTIME, "internal: program has %zu outputs, expected %d",
+                         pj_program_num_outputs(prog), nouts);
+  size_t nargs = (size_t)nbufs + (size_t)nscalars;
+  struct PJRT_Buffer **args = calloc(nargs + 1, sizeof *args);
+  bool *don = calloc(nargs + 1, sizeof *don);
+  bool *owned = calloc((size_t)nscalars + 1, sizeof *owned);
+  pj_status_t *st = NULL;
+  int uploaded = 0;
+  if (!args || !don || !owned) {
+    st = pj_status_new(PJ_ERR_OOM, "out of host memory");
+    goto done;
+  }
+  for (int i = 0; i < nbufs; i++) {
+    args[i] = bufs[i];
+    don[i] = donate[i];
+  }
+  scalar_epoch++;
+  for (; uploaded < nscalars; uploaded++) {
+    st = cached_scalar_buffer(device, &scalars[uploaded], &args[nbufs + uploaded], &owned[uploaded]);
+    if (st) goto done;
+  }
+  st = pj_program_execute(prog, device, args, nargs, don, outs);
+done:
+  /* buffers uploaded for this call only (see cached_scalar_buffer); PJRT keeps them alive
+   * until the launched execution is done with them */
+  for (int i = 0; i < uploaded; i++)
+    if (owned[i]) pj_buffer_destroy(args[nbufs + i]);
+  free(args);
+  free(don);
+  free(owned);
+  return st;
 }
 
 pj_status_t *pj_call_run(pj_call_t *c) {
   pj_lower_fn fn = pj_lowering_find(c->op);
   if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
-  pthread_mutex_lock(&run_lock);
-  pj_status_t *st = NULL;
-  struct PJRT_Buffer **args = NULL, **outs = NULL;
-  bool *donate = NULL, *owned = NULL;
-  size_t nargs = 0, first_scalar = 0;
-  int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
-  pj_program_t *prog = NULL;
-  st = find_program(c, fn, &prog, written, &nwritten);
-  if (st) goto done;
-  args = calloc((size_t)c->nslots + (size_t)c->nscalars + 1, sizeof *args);
-  donate = calloc((size_t)c->nslots + (size_t)c->nscalars + 1, sizeof *donate);
-  outs = calloc((size_t)nwritten + 1, sizeof *outs);
-  if (!args || !donate || !outs) {
-    st = pj_status_new(PJ_ERR_OOM, "out of host memory");
-    goto done;
+  /* Ops recorded by the defer_and_fuse mode come first. */
+  PJ_TRY(pj_defer_flush());
+  pj_runtime_t *rt;
+  PJ_TRY(pj_runtime_get(&rt));
+  pj_keybuf_t k = {0};
+  if (!pj_call_key(c, pj_runtime_identity(rt), &k)) {
+    free(k.p);
+    return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
   }
+  /* The written-slot list is a pure function of the key (slots with a non-empty destination,
+   * in slot order); build_single checks that the program agrees. */
+  int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   for (int s = 0; s < c->nslots; s++) {
+    bool w = false;
+    for (int o = 0; o < c->nout && !w; o++) w = c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0;
+    if (w) written[nwritten++] = s;
+  }
+  struct PJRT_Buffer *bufs[PJ_CALL_MAX_SLOTS], *outs[PJ_CALL_MAX_SLOTS];
+  bool donate[PJ_CALL_MAX_SLOTS];
+  int nbufs = 0;
+  char what[96];
+  snprintf(what, sizeof what, "aten::%s", c->op);
+  single_build_t b = {c, fn, written, nwritten};
+  pj_program_t *prog = NULL;
+  pthread_mutex_lock(&pj_run_lock);
+  pj_status_t *st = pj_program_for_key(k.p, k.len, build_single, &b, what, &prog);
+  for (int s = 0; s < c->nslots && !st; s++) {
     if (!c->slots[s].read) continue;
     st = pj_storage_materialize(c->slots[s].storage, c->slots[s].dtype);
-    if (st) goto done;
     bool w = false;
     for (int i = 0; i < nwritten; i++) w = w || written[i] == s;
-    donate[nargs] = w;
-    args[nargs++] = c->slots[s].storage->buf;
+    donate[nbufs] = w;
+    bufs[nbufs++] = c->slots[s].storage->buf;
   }
-  scalar_epoch++;
-  owned = calloc((size_t)c->nscalars + 1, sizeof *owned);
-  if (!owned) {
-    st = pj_status_new(PJ_ERR_OOM, "out of host memory");
-    goto done;
-  }
-  first_scalar = nargs;
-  for (int i = 0; i < c->nscalars; i++) {
-    st = cached_scalar_buffer(c->device, &c->scalars[i], &args[nargs], &owned[i]);
-    if (st) goto done;
-    nargs++;
-  }
-  if (pj_program_num_outputs(prog) != (size_t)nwritten) {
-    st = pj_status_new(PJ_ERR_RUNTIME, "internal: program has %zu outputs, expected %d",
-                       pj_program_num_outputs(prog), nwritten);
-  } else {
-    st = pj_program_execute(prog, c->device, args, nargs, donate, outs);
-  }
-  if (st) goto done;
+  if (!st) st = pj_run_program(prog, c->device, bufs, donate, nbufs, c->scalars, c->nscalars, outs, nwritten);
   /* A donated input's memory now belongs to the output; its handle is still destroyed by the
    * swap, like any replaced buffer. */
-  for (int i = 0; i < nwritten; i++) {
+  for (int i = 0; i < nwritten && !st; i++) {
     pj_slot_t *sl = &c->slots[written[i]];
     pj_storage_swap(sl->storage, outs[i], sl->dtype);
   }
-done:
-  /* buffers uploaded for this call only (see cached_scalar_buffer); PJRT keeps them alive
-   * until the launched execution is done with them */
-  for (size_t i = first_scalar; owned && i < nargs; i++)
-    if (owned[i - first_scalar]) pj_buffer_destroy(args[i]);
-  pthread_mutex_unlock(&run_lock);
-  free(owned);
-  free(args);
-  free(donate);
-  free(outs);
+  pthread_mutex_unlock(&pj_run_lock);
+  free(k.p);
   return st;
 }

@@ -24,6 +24,10 @@ typedef enum {
   PJ_METRIC_DISK_BYTES_WRITTEN,
   PJ_METRIC_DISK_CORRUPT,
   PJ_METRIC_DISK_EVICTIONS,
+  PJ_METRIC_DEFER_OPS,       /* ops recorded by the defer_and_fuse mode */
+  PJ_METRIC_DEFER_FLUSHES,   /* fused programs executed */
+  PJ_METRIC_DEFER_CUTS,      /* flushes at a detected loop-iteration boundary */
+  PJ_METRIC_DEFER_ELIDED,    /* written storages never materialized (no live tensor left) */
   PJ_NUM_METRICS
 } pj_metric_t;
 

@@ -22,6 +22,9 @@ typedef struct pj_storage {
   pj_dtype_t dtype;         /* element type of buf; meaningful when buf != NULL */
   struct PJRT_Buffer *buf;  /* owned; NULL until first written */
   uint64_t id;              /* unique per storage, for debugging and pending-graph text */
+  int pending;              /* nonzero while a deferred (defer_and_fuse) op that writes this
+                               storage is recorded but not yet run: buf is stale then, and
+                               dtype is the element type the recorded write produces */
   uintptr_t addr;           /* fake device address: [addr, addr + nbytes) is disjoint from every
                                other storage's range and never reused; never dereferenced */
 } pj_storage_t;

@@ -1,0 +1,54 @@
+/* Pieces of the call machinery shared by call.c (one program per op) and defer.c (one program
+ * per recorded run of ops, the defer_and_fuse eager mode). */
+#ifndef TORCH_PJRT_CALL_INTERNAL_H
+#define TORCH_PJRT_CALL_INTERNAL_H
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+
+#include "torch_pjrt/call.h"
+#include "torch_pjrt/exec.h"
+#include "torch_pjrt/hlo.h"
+
+/* A growable byte string for cache keys. */
+typedef struct {
+  unsigned char *p;
+  size_t len, cap;
+  bool failed; /* out of memory: the key is unusable */
+} pj_keybuf_t;
+
+void pj_key_put(pj_keybuf_t *k, const void *data, size_t n);
+void pj_key_int(pj_keybuf_t *k, int64_t v);
+void pj_key_str(pj_keybuf_t *k, const char *s);
+
+/* Appends the call's key: everything that shapes its program (identity first, may be ""),
+ * nothing that is only a runtime value (scalar values, storage identities). The key is
+ * decodable: pj_call_decode rebuilds an equivalent call from it. */
+bool pj_call_key(const pj_call_t *c, const char *identity, pj_keybuf_t *k);
+/* Rebuilds a call from a key made by pj_call_key. Strings point into `key`, which must outlive
+ * the call; slot storages are NULL and scalar values zero. */
+bool pj_call_decode(const unsigned char *key, size_t len, int device, pj_call_t *c);
+
+/* Emits the call's lowering and its destination writes into h. in[s] is slot s's whole value
+ * before the call (read slots only), scalars[i] the call's scalar arguments. On success full[s]
+ * holds every slot's value after the call and written[s] says whether the call wrote slot s
+ * (a slot is written iff some destination in it is non-empty). */
+pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const pj_val_t *in,
+                          const pj_val_t *scalars, pj_val_t *full, bool *written);
+
+/* Serializes program execution and the scalar-buffer cache. */
+extern pthread_mutex_t pj_run_lock;
+
+/* Finds the program for a key: memory cache, then the disk cache, then build(ctx, &text, &len)
+ * and compile (stored in both caches). `what` names it in errors. */
+pj_status_t *pj_program_for_key(const unsigned char *key, size_t len,
+                                pj_status_t *(*build)(void *ctx, char **text, size_t *len),
+                                void *ctx, const char *what, pj_program_t **out);
+
+/* Executes prog (caller holds pj_run_lock): arguments are bufs[0..nbufs) (donate[i] says
+ * whether bufs[i] is donated) followed by a 0-d buffer per scalar. outs gets nouts buffers. */
+pj_status_t *pj_run_program(pj_program_t *prog, int device, struct PJRT_Buffer **bufs,
+                            const bool *donate, int nbufs, const pj_scalar_t *scalars,
+                            int nscalars, struct PJRT_Buffer **outs, int nouts);
+
+#endif

@@ -1,0 +1,536 @@
+/* The defer_and_fuse eager mode (see torch_pjrt/defer.h): recording, the loop-period detector,
+ * and the flush that builds, caches and runs one program per recorded run of ops. */
+#include "torch_pjrt/defer.h"
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "call_internal.h"
+#include "torch_pjrt/metrics.h"
+#include "torch_pjrt/runtime.h"
+#include "torch_pjrt/transfer.h"
+
+/* A recorded call: its key (pj_call_key with an empty identity) is the whole description the
+ * program build needs; slots are mapped to graph storages; scalar values are kept because they
+ * become arguments of the fused program. */
+typedef struct {
+  unsigned char *key;
+  size_t keylen;
+  uint64_t hash; /* of the key: the loop-period detector compares these */
+  int nslots;
+  int *gslot; /* graph storage of each slot */
+  int nscalars;
+  pj_scalar_t *scalars;
+} dop_t;
+
+/* A storage the graph touches. */
+typedef struct {
+  pj_storage_t *s;  /* retained by the graph until the flush */
+  pj_dtype_t dtype; /* element type the graph sees (one per storage per graph) */
+  int64_t numel;
+  bool param;   /* its contents before the graph are read: a program parameter */
+  bool written; /* some recorded op writes it */
+} gstore_t;
+
+typedef struct {
+  dop_t *ops;
+  int nops, cap_ops;
+  gstore_t *st;
+  int nst, cap_st;
+  int *index; /* open-addressing map storage pointer -> st index (-1 empty) */
+  int index_cap;
+  int device;
+} graph_t;
+
+/* Loop-period detector. While learning, the op hashes since the last natural boundary are kept;
+ * every later position whose hash equals the first one is a candidate period P, verified op by
+ * op (h[i] == h[i-P]); a candidate that matches two whole periods is learned. Once learned, the
+ * stream is followed by phase and the graph is cut whenever the phase returns to 0, so every
+ * iteration runs the same program. A mismatch forgets the period and learning restarts. */
+#define DETECT_CANDIDATES 16
+#define DETECT_MIN_OPS 64 /* a learned period shorter than this is repeated up to it */
+typedef struct {
+  uint64_t *hist;
+  int n, cap;
+  int cand[DETECT_CANDIDATES];
+  int ncand;
+  uint64_t *period;
+  int plen, phase;
+} detector_t;
+
+static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
+static graph_t G;
+static detector_t D;
+static atomic_int pending_ops;
+static int max_ops = 2048;
+
+/* ---- graph bookkeeping ---- */
+
+static size_t ptr_hash(const void *p) {
+  uintptr_t v = (uintptr_t)p;
+  v ^= v >> 17;
+  v *= 0x9E3779B97F4A7C15ull;
+  return (size_t)(v >> 20);
+}
+
+static bool index_rebuild(graph_t *g, int cap) {
+  int *idx = malloc(sizeof(int) * (size_t)cap);
+  if (!idx) return false;
+  for (int i = 0; i < cap; i++) idx[i] = -1;
+  for (int i = 0; i < g->nst; i++) {
+    size_t b = ptr_hash(g->st[i].s) & (size_t)(cap - 1);
+    while (idx[b] >= 0) b = (b + 1) & (size_t)(cap - 1);
+    idx[b] = i;
+  }
+  free(g->index);
+  g->index = idx;
+  g->index_cap = cap;
+  return true;
+}
+
+static int find_store(const graph_t *g, const pj_storage_t *s) {
+  if (!g->index_cap) return -1;
+  for (size_t b = ptr_hash(s) & (size_t)(g->index_cap - 1);; b = (b + 1) & (size_t)(g->index_cap - 1)) {
+    if (g->index[b] < 0) return -1;
+    if (g->st[g->index[b]].s == s) return g->index[b];
+  }
+}
+
+/* Adds a storage; returns its index or -1 when out of memory. */
+static int add_store(graph_t *g, pj_storage_t *s, pj_dtype_t dt, int64_t numel, bool param) {
+  if (g->nst == g->cap_st) {
+    int cap = g->cap_st ? g->cap_st * 2 : 64;
+    gstore_t *p = realloc(g->st, sizeof *p * (size_t)cap);
+    if (!p) return -1;
+    g->st = p;
+    g->cap_st = cap;
+  }
+  if ((g->nst + 1) * 2 > g->index_cap && !index_rebuild(g, g->index_cap ? g->index_cap * 2 : 256))
+    return -1;
+  int i = g->nst++;
+  g->st[i] = (gstore_t){.s = s, .dtype = dt, .numel = numel, .param = param};
+  pj_storage_retain(s);
+  size_t b = ptr_hash(s) & (size_t)(g->index_cap - 1);
+  while (g->index[b] >= 0) b = (b + 1) & (size_t)(g->index_cap - 1);
+  g->index[b] = i;
+  return i;
+}
+
+/* Releases everything the graph holds and leaves it empty. */
+static void graph_clear(graph_t *g) {
+  for (int i = 0; i < g->nops; i++) {
+    free(g->ops[i].key);
+    free(g->ops[i].gslot);
+    free(g->ops[i].scalars);
+  }
+  for (int i = 0; i < g->nst; i++) {
+    g->st[i].s->pending = 0;
+    pj_storage_release(g->st[i].s);
+  }
+  free(g->ops);
+  free(g->st);
+  free(g->index);
+  memset(g, 0, sizeof *g);
+}
+
+static int64_t desc_numel(const pj_tensor_desc_t *d) {
+  int64_t n = 1;
+  for (int i = 0; i < d->rank; i++) n *= d->sizes[i];
+  return n;
+}
+
+static bool slot_written(const pj_call_t *c, int s) {
+  for (int o = 0; o < c->nout; o++)
+    if (c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0) return true;
+  return false;
+}
+
+/* ---- the fused program ---- */
+
+typedef struct {
+  graph_t *g;
+  const bool *live;
+} fused_build_t;
+
+static pj_status_t *build_fused(void *ctx, char **text, size_t *len) {
+  fused_build_t *fb = ctx;
+  graph_t *g = fb->g;
+  pj_hlo_t *h = pj_hlo_new();
+  pj_call_t *c = malloc(sizeof *c);
+  pj_val_t *vals = calloc((size_t)g->nst + 1, sizeof(pj_val_t));
+  int *param_of = calloc((size_t)g->nst + 1, sizeof(int));
+  pj_val_t *outs = calloc((size_t)g->nst + 1, sizeof(pj_val_t));
+  int *alias = calloc((size_t)g->nst + 1, sizeof(int));
+  int total_scalars = 0;
+  for (int i = 0; i < g->nops; i++) total_scalars += g->ops[i].nscalars;
+  pj_val_t *scalars = calloc((size_t)total_scalars + 1, sizeof(pj_val_t));
+  pj_val_t in[PJ_CALL_MAX_SLOTS], full[PJ_CALL_MAX_SLOTS];
+  bool written[PJ_CALL_MAX_SLOTS];
+  pj_status_t *st = NULL;
+  if (!h || !c || !vals || !param_of || !outs || !alias || !scalars) {
+    st = pj_status_new(PJ_ERR_OOM, "out of host memory building a fused program");
+    goto done;
+  }
+  /* Parameters: storages read before being written (graph order), then every op's scalars. */
+  int nparam = 0;
+  for (int i = 0; i < g->nst; i++) {
+    param_of[i] = -1;
+    vals[i].id = -1;
+    if (g->st[i].param) {
+      vals[i] = pj_hlo_param(h, pj_type(g->st[i].dtype, 1, &g->st[i].numel));
+      param_of[i] = nparam++;
+    }
+  }
+  int first_scalar = 0;
+  for (int k = 0; k < g->nops && !st; k++) {
+    const dop_t *op = &g->ops[k];
+    if (!pj_call_decode(op->key, op->keylen, g->device, c)) {
+      st = pj_status_new(PJ_ERR_RUNTIME, "internal: a recorded call could not be decoded");
+      break;
+    }
+    for (int i = 0; i < c->nscalars; i++)
+      scalars[first_scalar + i] = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
+    pj_lower_fn fn = pj_lowering_find(c->op);
+    if (!fn) {
+      st = pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+      break;
+    }
+    for (int s = 0; s < c->nslots; s++) in[s] = vals[op->gslot[s]];
+    st = pj_call_emit(h, c, fn, in, scalars + first_scalar, full, written);
+    if (st) st = pj_status_wrap(st, "aten::%s (op %d of a fused run): ", c->op, k);
+    for (int s = 0; s < c->nslots && !st; s++)
+      if (written[s]) vals[op->gslot[s]] = full[s];
+    first_scalar += c->nscalars;
+  }
+  if (st) goto done;
+  int n = 0;
+  for (int i = 0; i < g->nst; i++)
+    if (fb->live[i]) {
+      alias[n] = param_of[i];
+      outs[n++] = vals[i];
+    }
+  st = pj_hlo_finish(h, outs, n, alias, text, len);
+done:
+  pj_hlo_free(h);
+  free(c);
+  free(vals);
+  free(param_of);
+  free(outs);
+  free(alias);
+  free(scalars);
+  return st;
+}
+
+/* Structural key of the graph: identity, every recorded call key with its storage wiring, and
+ * each storage's role. Scalar values and storage identities are not part of it. */
+static bool fused_key(const graph_t *g, const bool *live, const char *identity, pj_keybuf_t *k) {
+  pj_key_str(k, identity);
+  pj_key_str(k, "defer_and_fuse");
+  pj_key_int(k, g->nops);
+  for (int i = 0; i < g->nops; i++) {
+    const dop_t *op = &g->ops[i];
+    pj_key_int(k, (int64_t)op->keylen);
+    pj_key_put(k, op->key, op->keylen);
+    pj_key_put(k, op->gslot, sizeof(int) * (size_t)op->nslots);
+  }
+  pj_key_int(k, g->nst);
+  for (int i = 0; i < g->nst; i++) {
+    const gstore_t *s = &g->st[i];
+    pj_key_int(k, s->dtype);
+    pj_key_int(k, s->numel);
+    pj_key_int(k, (int64_t)s->param | (int64_t)s->written << 1 | (int64_t)live[i] << 2);
+  }
+  return !k->failed;
+}
+
+/* Builds (or finds) and runs the graph's program, installs the live results, and empties the
+ * graph. Caller holds mu. On failure the graph is dropped too: the storages it would have
+ * written keep their previous contents, and the error names the op that failed to build. */
+static pj_status_t *flush_locked(void) {
+  graph_t g = G;
+  memset(&G, 0, sizeof G);
+  atomic_store(&pending_ops, 0);
+  if (g.nops == 0) {
+    graph_clear(&g);
+    return NULL;
+  }
+  pj_status_t *st = NULL;
+  bool *live = calloc((size_t)g.nst + 1, sizeof(bool));
+  struct PJRT_Buffer **bufs = calloc((size_t)g.nst + 1, sizeof *bufs);
+  struct PJRT_Buffer **outs = calloc((size_t)g.nst + 1, sizeof *outs);
+  bool *donate = calloc((size_t)g.nst + 1, sizeof(bool));
+  int total_scalars = 0;
+  for (int i = 0; i < g.nops; i++) total_scalars += g.ops[i].nscalars;
+  pj_scalar_t *scalars = calloc((size_t)total_scalars + 1, sizeof *scalars);
+  pj_keybuf_t k = {0};
+  if (!live || !bufs || !outs || !donate || !scalars) {
+    st = pj_status_new(PJ_ERR_OOM, "out of host memory running a fused graph");
+    goto done;
+  }
+  int nlive = 0, elided = 0;
+  for (int i = 0; i < g.nst; i++) {
+    /* the graph's own reference is one; anything above is a tensor (or a runtime user) */
+    live[i] = g.st[i].written && __atomic_load_n(&g.st[i].s->refs, __ATOMIC_ACQUIRE) > 1;
+    nlive += live[i];
+    elided += g.st[i].written && !live[i];
+  }
+  pj_runtime_t *rt;
+  st = pj_runtime_get(&rt);
+  if (st) goto done;
+  if (!fused_key(&g, live, pj_runtime_identity(rt), &k)) {
+    st = pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
+    goto done;
+  }
+  int ns = 0;
+  for (int i = 0; i < g.nops; i++) {
+    memcpy(scalars + ns, g.ops[i].scalars, sizeof *scalars * (size_t)g.ops[i].nscalars);
+    ns += g.ops[i].nscalars;
+  }
+  char what[64];
+  snprintf(what, sizeof what, "a fused run of %d ops", g.nops);
+  fused_build_t fb = {&g, live};
+  pj_program_t *prog = NULL;
+  pthread_mutex_lock(&pj_run_lock);
+  st = pj_program_for_key(k.p, k.len, build_fused, &fb, what, &prog);
+  int nbufs = 0;
+  for (int i = 0; i < g.nst && !st; i++) {
+    if (!g.st[i].param) continue;
+    st = pj_storage_materialize(g.st[i].s, g.st[i].dtype);
+    donate[nbufs] = live[i]; /* its result aliases this parameter */
+    bufs[nbufs++] = g.st[i].s->buf;
+  }
+  if (!st) st = pj_run_program(prog, g.device, bufs, donate, nbufs, scalars, total_scalars, outs, nlive);
+  for (int i = 0, o = 0; i < g.nst && !st; i++)
+    if (live[i]) pj_storage_swap(g.st[i].s, outs[o++], g.st[i].dtype);
+  pthread_mutex_unlock(&pj_run_lock);
+  if (!st) {
+    pj_metric_add(PJ_METRIC_DEFER_FLUSHES, 1);
+    pj_metric_add(PJ_METRIC_DEFER_ELIDED, elided);
+  }
+done:
+  free(k.p);
+  free(live);
+  free(bufs);
+  free(outs);
+  free(donate);
+  free(scalars);
+  graph_clear(&g);
+  return st;
+}
+
+/* ---- loop-period detector ---- */
+
+static void detector_restart(void) {
+  D.n = 0;
+  D.ncand = 0;
+}
+
+static void detector_forget(void) {
+  free(D.period);
+  D.period = NULL;
+  D.plen = D.phase = 0;
+  detector_restart();
+}
+
+/* Called for each op before it is recorded; returns true when the graph should be cut (flushed)
+ * before this op because it starts a new loop iteration. */
+static bool detector_step(uint64_t h) {
+  if (D.plen > 0) {
+    if (D.period[D.phase] == h) {
+      bool cut = D.phase == 0;
+      D.phase = (D.phase + 1) % D.plen;
+      return cut;
+    }
+    detector_forget(); /* the loop changed: learn again from this op */
+  }
+  if (D.n == D.cap) {
+    int cap = D.cap ? D.cap * 2 : 1024;
+    if (cap > 4 * max_ops + 64) {
+      detector_restart(); /* no period within reach: start over */
+    } else {
+      uint64_t *p = realloc(D.hist, sizeof *p * (size_t)cap);
+      if (!p) {
+        detector_restart();
+        return false;
+      }
+      D.hist = p;
+      D.cap = cap;
+    }
+  }
+  if (D.n == D.cap) return false;
+  int i = D.n;
+  D.hist[D.n++] = h;
+  for (int c = 0; c < D.ncand;) {
+    int P = D.cand[c];
+    if (D.hist[i] != D.hist[i - P]) {
+      D.cand[c] = D.cand[--D.ncand];
+      continue;
+    }
+    if (i == 2 * P - 1) {
+      /* two whole periods matched: learn it (repeated up to DETECT_MIN_OPS ops) */
+      int reps = (DETECT_MIN_OPS + P - 1) / P;
+      uint64_t *per = malloc(sizeof *per * (size_t)P * (size_t)reps);
+      if (!per) {
+        detector_restart();
+        return false;
+      }
+      for (int r = 0; r < reps; r++) memcpy(per + (size_t)r * (size_t)P, D.hist, sizeof *per * (size_t)P);
+      D.period = per;
+      D.plen = P * reps;
+      D.phase = 0;
+      detector_restart();
+      return false;
+    }
+    c++;
+  }
+  if (i > 0 && h == D.hist[0] && D.ncand < DETECT_CANDIDATES && 2 * i <= max_ops)
+    D.cand[D.ncand++] = i;
+  return false;
+}
+
+/* ---- public API ---- */
+
+pj_status_t *pj_call_defer(pj_call_t *c) {
+  if (!pj_lowering_find(c->op)) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+  pj_keybuf_t k = {0};
+  if (!pj_call_key(c, "", &k)) {
+    free(k.p);
+    return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
+  }
+  dop_t op = {.key = k.p, .keylen = k.len, .nslots = c->nslots, .nscalars = c->nscalars};
+  op.hash = pj_hash_bytes(k.p, k.len, 0);
+  op.gslot = malloc(sizeof(int) * (size_t)(c->nslots + 1));
+  op.scalars = malloc(sizeof(pj_scalar_t) * (size_t)(c->nscalars + 1));
+  if (!op.gslot || !op.scalars) {
+    free(op.key);
+    free(op.gslot);
+    free(op.scalars);
+    return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
+  }
+  memcpy(op.scalars, c->scalars, sizeof(pj_scalar_t) * (size_t)c->nscalars);
+  pj_status_t *st = NULL;
+  pthread_mutex_lock(&mu);
+  bool cut = detector_step(op.hash);
+  if (G.nops > 0 && (cut || G.nops >= max_ops || G.device != c->device)) {
+    if (cut) pj_metric_add(PJ_METRIC_DEFER_CUTS, 1);
+    st = flush_locked();
+  }
+  /* A storage seen with another element type than the graph's: run what is recorded first. */
+  for (int s = 0; s < c->nslots && !st && G.nops > 0; s++) {
+    int gi = find_store(&G, c->slots[s].storage);
+    if (gi >= 0 && (G.st[gi].dtype != c->slots[s].dtype || G.st[gi].numel != c->slots[s].numel))
+      st = flush_locked();
+  }
+  if (!st && G.nops == G.cap_ops) {
+    int cap = G.cap_ops ? G.cap_ops * 2 : 256;
+    dop_t *p = realloc(G.ops, sizeof *p * (size_t)cap);
+    if (!p) {
+      st = pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
+    } else {
+      G.ops = p;
+      G.cap_ops = cap;
+    }
+  }
+  for (int s = 0; s < c->nslots && !st; s++) {
+    const pj_slot_t *sl = &c->slots[s];
+    int gi = find_store(&G, sl->storage);
+    if (gi < 0) gi = add_store(&G, sl->storage, sl->dtype, sl->numel, sl->read);
+    if (gi < 0) st = pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
+    else op.gslot[s] = gi;
+  }
+  if (st) {
+    pthread_mutex_unlock(&mu);
+    free(op.key);
+    free(op.gslot);
+    free(op.scalars);
+    return st;
+  }
+  for (int s = 0; s < c->nslots; s++)
+    if (slot_written(c, s)) {
+      gstore_t *g = &G.st[op.gslot[s]];
+      g->written = true;
+      if (!g->s->buf) g->s->dtype = g->dtype;
+      g->s->pending = 1;
+    }
+  G.device = c->device;
+  G.ops[G.nops++] = op;
+  atomic_store(&pending_ops, G.nops);
+  pj_metric_add(PJ_METRIC_DEFER_OPS, 1);
+  pthread_mutex_unlock(&mu);
+  return NULL;
+}
+
+pj_status_t *pj_defer_flush(void) {
+  if (atomic_load_explicit(&pending_ops, memory_order_acquire) == 0) return NULL;
+  pthread_mutex_lock(&mu);
+  /* a flush at a natural boundary (a read, a sync) is a boundary the loop already has */
+  if (D.plen == 0) detector_restart();
+  pj_status_t *st = flush_locked();
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+int pj_defer_pending_ops(void) { return atomic_load(&pending_ops); }
+
+void pj_defer_set_max_ops(int n) {
+  pthread_mutex_lock(&mu);
+  max_ops = n < 1 ? 1 : n;
+  pthread_mutex_unlock(&mu);
+}
+int pj_defer_max_ops(void) { return max_ops; }
+
+void pj_defer_reset_detector(void) {
+  pthread_mutex_lock(&mu);
+  detector_forget();
+  pthread_mutex_unlock(&mu);
+}
+
+/* "aten::<op>.<overload>" from a recorded key (identity "", then op, then overload). */
+static void key_op_name(const dop_t *op, char *out, size_t n) {
+  const unsigned char *p = op->key;
+  int64_t len;
+  memcpy(&len, p, 8);
+  p += 8 + len + 1;
+  memcpy(&len, p, 8);
+  const char *name = (const char *)p + 8;
+  p += 8 + len + 1;
+  const char *ovl = (const char *)p + 8;
+  snprintf(out, n, "aten::%s%s%s", name, *ovl ? "." : "", ovl);
+}
+
+char *pj_defer_graph_text(void) {
+  pthread_mutex_lock(&mu);
+  size_t cap = 256 + (size_t)G.nops * 160, len = 0;
+  char *text = malloc(cap);
+  if (!text) {
+    pthread_mutex_unlock(&mu);
+    return NULL;
+  }
+  len += (size_t)snprintf(text, cap, "pending graph: %d ops, %d storages\n", G.nops, G.nst);
+  for (int i = 0; i < G.nops; i++) {
+    const dop_t *op = &G.ops[i];
+    char name[128], line[1024];
+    key_op_name(op, name, sizeof name);
+    int w = snprintf(line, sizeof line, "  %d: %s", i, name);
+    for (int s = 0; s < op->nslots && w < (int)sizeof line - 32; s++) {
+      const gstore_t *g = &G.st[op->gslot[s]];
+      w += snprintf(line + w, sizeof line - (size_t)w, " s%llu:%s", (unsigned long long)g->s->id,
+                    pj_dtype_info(g->dtype)->name);
+    }
+    if (len + (size_t)w + 2 > cap) {
+      cap = (len + (size_t)w + 2) * 2;
+      char *p = realloc(text, cap);
+      if (!p) break;
+      text = p;
+    }
+    memcpy(text + len, line, (size_t)w);
+    len += (size_t)w;
+    text[len++] = '\n';
+    text[len] = 0;
+  }
+  pthread_mutex_unlock(&mu);
+  return text;
+}
