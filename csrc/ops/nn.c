@@ -6,8 +6,8 @@
  *  - Half types compute in float32 (the acc type PyTorch's CPU kernels use) and round once.
  *  - Multi-output ops produce a candidate value per schema return (plus mutated running stats
  *    for batch norm); put_results() hands them to the destinations in order, skipping returns
- *    that have no destination: masked-off gradients (None from the Meta kernel) and empty ones
- *    (the bridge does not pass 0-element destinations).
+ *    that have no destination (masked-off gradients: None from the Meta kernel) and leaving
+ *    empty destinations unwritten.
  *  - Losses take reduction as at::Reduction: 0 none, 1 mean, 2 sum. */
 #include <math.h>
 #include <stdio.h>
@@ -26,16 +26,14 @@ static pj_dtype_t acc_of(pj_dtype_t dt) { return dt == PJ_BF16 || dt == PJ_F16 ?
 
 static pj_val_t cst(pj_lower_t *L, pj_val_t like, double v) { return pj_full(H, like.t, v); }
 
-/* Hands candidate results to the destinations in order; present[k] false or an empty value
- * means "no destination for this one". Checks the count so a mismatch between these rules and
- * the bridge's destinations is an error, never a silently misplaced result. */
+/* Hands candidate results to the destinations in order; present[k] false means "no
+ * destination for this one" (a masked-off gradient: None from the Meta kernel). Empty
+ * destinations (e.g. batch norm's saved statistics outside training, CPU's convention) are
+ * passed but left unwritten. Checks the count so a mismatch between these rules and the
+ * bridge's destinations is an error, never a silently misplaced result. */
 static void put_results(pj_lower_t *L, const pj_val_t *v, const bool *present, int n) {
-  bool use[8];
   int count = 0;
-  for (int i = 0; i < n && i < 8; i++) {
-    use[i] = present[i] && v[i].id >= 0 && pj_type_numel(&v[i].t) > 0;
-    count += use[i];
-  }
+  for (int i = 0; i < n; i++) count += present[i];
   if (!pj_hlo_ok(H)) return;
   if (count != pj_nout(L)) {
     pj_fail(L, PJ_ERR_RUNTIME, "internal: aten::%s produced %d results for %d destinations",
@@ -43,10 +41,18 @@ static void put_results(pj_lower_t *L, const pj_val_t *v, const bool *present, i
     return;
   }
   int k = 0;
-  for (int i = 0; i < n && i < 8; i++) {
-    if (!use[i]) continue;
+  for (int i = 0; i < n; i++) {
+    if (!present[i]) continue;
     pj_type_t t = pj_out_type(L, k);
     pj_val_t x = v[i];
+    if (pj_type_numel(&t) == 0) {
+      k++;
+      continue;
+    }
+    if (x.id < 0) {
+      pj_fail(L, PJ_ERR_RUNTIME, "internal: aten::%s result %d missing", L->c->op, i);
+      return;
+    }
     if (pj_type_numel(&x.t) == pj_type_numel(&t)) x = pj_reshape(H, x, t.rank, t.dims);
     pj_set_result(L, k++, x);
   }
@@ -233,9 +239,10 @@ static pj_status_t *lower_group_norm_backward(pj_lower_t *L) {
  * out, save_mean, save_invstd, then the new running mean and variance (present only where the
  * running stats are destinations). In training the batch statistics normalize and the running
  * stats move by `momentum` toward the batch mean and the *unbiased* batch variance; in eval
- * the running stats normalize and save_mean / save_invstd report them (the Meta kernel's
- * non-CPU convention: [C], not CPU's empty tensors). */
-static void batch_norm_forward(pj_lower_t *L, bool training, bool stats, bool stats_are_dests) {
+ * the running stats normalize and save_mean / save_invstd are empty (CPU's convention; the
+ * bridge shapes those destinations so) and stay unwritten. */
+static void batch_norm_forward(pj_lower_t *L, bool training, bool stats, bool stats_are_dests,
+                               bool reserve) {
   pj_val_t x0 = pj_tensor(L, "input");
   pj_dtype_t ct = acc_of(x0.t.dtype);
   pj_val_t x = pj_convert(H, x0, ct);
@@ -264,9 +271,10 @@ static void batch_norm_forward(pj_lower_t *L, bool training, bool stats, bool st
   pj_val_t w = opt_tensor(L, "weight", ct), b = opt_tensor(L, "bias", ct);
   if (w.id >= 0) y = MUL(y, bcast_channel(L, w, y.t, cdim));
   if (b.id >= 0) y = ADD(y, bcast_channel(L, b, y.t, cdim));
-  pj_val_t v[5] = {y, mean, invstd, new_rm, new_rv};
-  bool p[5] = {true, true, true, stats_are_dests, stats_are_dests};
-  put_results(L, v, p, 5);
+  /* the _batch_norm_* ops return an empty uint8 `reserve` (cudnn's workspace) after invstd */
+  pj_val_t v[6] = {y, mean, invstd, {.id = -1, .sub = -1}, new_rm, new_rv};
+  bool p[6] = {true, true, true, reserve, stats_are_dests, stats_are_dests};
+  put_results(L, v, p, 6);
 }
 
 /* _native_batch_norm_legit (running stats mutated in place: destinations 3 and 4 by schema),
@@ -283,7 +291,21 @@ static pj_status_t *lower_batch_norm_legit(pj_lower_t *L) {
    * them written); native_batch_norm only in training mode (see below). */
   bool stat_dests = stats && !no_training &&
                     (strcmp(L->c->op, "native_batch_norm") != 0 || training);
-  batch_norm_forward(L, training, stats, stat_dests);
+  batch_norm_forward(L, training, stats, stat_dests, false);
+  return NULL;
+}
+
+/* _batch_norm_with_update (training; running stats written) and _batch_norm_no_update
+ * (evaluation with the running stats; not in the table: its CompositeExplicitAutograd kernel
+ * calls CPU's kernel directly, so it needs an explicit PrivateUse1 registration first). */
+static pj_status_t *lower_batch_norm_update(pj_lower_t *L) {
+  bool update = !strcmp(L->c->op, "_batch_norm_with_update");
+  bool stats = pj_has(L, "running_mean") && pj_has(L, "running_var");
+  if (!stats) {
+    pj_fail(L, PJ_ERR_RUNTIME, "%s: running_mean and running_var must be defined", L->c->op);
+    return NULL;
+  }
+  batch_norm_forward(L, update, true, update, true);
   return NULL;
 }
 
@@ -592,6 +614,7 @@ const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"_native_batch_norm_legit", lower_batch_norm_legit},
     {"native_batch_norm", lower_batch_norm_legit},
     {"_native_batch_norm_legit_no_training", lower_batch_norm_legit},
+    {"_batch_norm_with_update", lower_batch_norm_update},
     {"native_batch_norm_backward", lower_batch_norm_backward},
     {"batch_norm_backward", lower_batch_norm_backward},
     {"embedding_dense_backward", lower_embedding_dense_backward},

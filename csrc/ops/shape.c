@@ -25,8 +25,11 @@ static pj_status_t *lower_cat(pj_lower_t *L) {
     if (numel == 0) continue;
     parts[k++] = pj_convert(H, pj_tensor_at(L, "tensors", i), ot.dtype);
   }
-  if (k == 0) return pj_status_new(PJ_ERR_RUNTIME, "internal: cat with a non-empty result but "
-                                   "no non-empty input");
+  if (k == 0) { /* then the result is empty too: nothing to write */
+    if (pj_type_numel(&ot) == 0) return NULL;
+    return pj_status_new(PJ_ERR_RUNTIME, "internal: cat with a non-empty result but "
+                         "no non-empty input");
+  }
   pj_set_result(L, 0, pj_concat(H, parts, k, dim));
   return NULL;
 }

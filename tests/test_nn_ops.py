@@ -1,0 +1,95 @@
+"""NN and shape ops checked against CPU: values, dtypes and shapes of every output, and the
+gradients of ops whose backward has its own lowering. Each case also asserts that nothing fell
+back to the CPU."""
+import pytest
+import torch
+
+import torch_pjrt
+
+TPU = torch.device("tpu")
+BF = torch.bfloat16
+
+
+def fallbacks():
+    return dict(torch_pjrt._C.fallback_ops())
+
+
+def to_tpu(obj):
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().to(TPU).requires_grad_(obj.requires_grad)
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_tpu(o) for o in obj)
+    return obj
+
+
+def check(fn, *args, grad=False, atol=None, rtol=None, **kwargs):
+    """fn(*args) on tpu vs CPU (every tensor output; gradients of sum(outputs) if grad)."""
+    before = fallbacks()
+    targs = to_tpu(args)
+    exp, got = fn(*args, **kwargs), fn(*targs, **kwargs)
+    exp_l = list(exp) if isinstance(exp, (tuple, list)) else [exp]
+    got_l = list(got) if isinstance(got, (tuple, list)) else [got]
+    assert len(exp_l) == len(got_l)
+    for e, g in zip(exp_l, got_l):
+        if isinstance(e, torch.Tensor):
+            assert g.dtype == e.dtype and g.shape == e.shape, (g.dtype, g.shape, e.dtype, e.shape)
+            torch.testing.assert_close(g.cpu(), e, atol=atol, rtol=rtol, equal_nan=True)
+    if grad:
+        leaves = [a for a in args if isinstance(a, torch.Tensor) and a.requires_grad]
+        tleaves = [a for a in targs if isinstance(a, torch.Tensor) and a.requires_grad]
+        le = sum(e.float().sum() for e in exp_l if isinstance(e, torch.Tensor) and e.requires_grad)
+        lg = sum(g.float().sum() for g in got_l if isinstance(g, torch.Tensor) and g.requires_grad)
+        ge = torch.autograd.grad(le, leaves)
+        gg = torch.autograd.grad(lg, tleaves)
+        for e, g in zip(ge, gg):
+            torch.testing.assert_close(g.cpu(), e, atol=atol, rtol=rtol)
+    assert fallbacks() == before, "an op fell back to the CPU"
+    return got
+
+
+# ---- cat ----
+
+@pytest.mark.parametrize("shapes", [[(0, 3), (0, 3)], [(0,), (0,)], [(4, 0, 2), (4, 0, 2)]])
+def test_cat_of_only_empty_tensors(shapes):
+    check(lambda *ts: torch.cat(ts, dim=-1), *[torch.randn(s) for s in shapes])
+
+
+def test_combinations_and_glu_backward():
+    check(torch.combinations, torch.arange(3.0))
+    check(torch.nn.functional.glu, torch.randn(4, 6, requires_grad=True), grad=True)
+
+
+# ---- normalization statistics (dtype and shape conventions of CPU) ----
+
+@pytest.mark.parametrize("xd,pd", [(torch.float32, torch.float32), (BF, BF), (BF, torch.float32)])
+@pytest.mark.parametrize("training", [True, False])
+def test_native_batch_norm_saved_stats(xd, pd, training):
+    x = torch.randn(3, 4, 5, dtype=xd)
+    w, b = torch.randn(4, dtype=pd), torch.randn(4, dtype=pd)
+    rm, rv = torch.randn(4, dtype=pd), torch.rand(4, dtype=pd) + 0.5
+    trm, trv = rm.to(TPU), rv.to(TPU)
+    got = torch.native_batch_norm(x.to(TPU), w.to(TPU), b.to(TPU), trm, trv, training, 0.1, 1e-5)
+    exp = torch.native_batch_norm(x, w, b, rm, rv, training, 0.1, 1e-5)
+    tol = dict(atol=2e-2, rtol=2e-2) if xd == BF else {}
+    for g, e in zip(got, exp):
+        assert g.dtype == e.dtype and g.shape == e.shape
+        torch.testing.assert_close(g.cpu(), e, **tol)
+    torch.testing.assert_close(trm.cpu(), rm, **tol)
+    torch.testing.assert_close(trv.cpu(), rv, **tol)
+
+
+@pytest.mark.parametrize("op", ["_batch_norm_with_update", "_native_batch_norm_legit_no_training"])
+@pytest.mark.parametrize("dt", [torch.float32, BF])
+def test_batch_norm_variants(op, dt):
+    f = getattr(torch.ops.aten, op)
+    x, w, b = torch.randn(2, 3, 4, dtype=dt), torch.randn(3, dtype=dt), torch.randn(3, dtype=dt)
+    rm, rv = torch.randn(3, dtype=dt), torch.rand(3, dtype=dt) + 0.5
+    tol = dict(atol=2e-2, rtol=2e-2) if dt == BF else {}
+    check(lambda *a: f(*a, 0.1, 1e-5), x, w, b, rm, rv, **tol)
+
+
+@pytest.mark.parametrize("wd", [None, BF, torch.float32])
+def test_native_layer_norm_stats_dtype(wd):
+    x = torch.randn(2, 3, 8, dtype=BF)
+    w = None if wd is None else torch.randn(8, dtype=wd)
+    check(lambda x, w: torch.native_layer_norm(x, [8], w, w, 1e-5), x, w, atol=2e-2, rtol=2e-2)
