@@ -118,37 +118,16 @@ bool mutates_unannotated(const std::string& base, const c10::FunctionSchema& sch
   return false;
 }
 
-// The saved statistics of layer / batch norm follow CPU's conventions, where the Meta kernels
-// follow CUDA's: they keep the input's dtype unless a reduced-precision input comes with
-// float32 parameters (then float32), and batch norm's are empty outside training.
-void cpu_norm_stat_returns(const std::string& base, const c10::FunctionSchema& schema,
-                           const torch::jit::Stack& args, std::vector<c10::IValue>& meta) {
-  const bool ln = base == "native_layer_norm";
-  if (!ln && base != "native_batch_norm" && base != "_native_batch_norm_legit" &&
-      base != "_native_batch_norm_legit_no_training" && base != "_batch_norm_with_update" &&
-      base != "_batch_norm_no_update")
-    return;
-  at::ScalarType in = at::kFloat;
-  bool mixed = false;
-  bool training = base != "_native_batch_norm_legit_no_training" && base != "_batch_norm_no_update";
-  for (size_t i = 0; i < schema.arguments().size(); i++) {
-    const std::string& n = schema.arguments()[i].name();
-    if (n == "input" && args[i].isTensor()) in = args[i].toTensor().scalar_type();
-    else if (n == "training") training = args[i].toBool();
-    else if ((n == "weight" || n == "bias" || n == "running_mean" || n == "running_var") &&
-             args[i].isTensor() && args[i].toTensor().defined())
-      mixed = mixed || args[i].toTensor().scalar_type() == at::kFloat;
-  }
-  if (in != at::kBFloat16 && in != at::kHalf) mixed = false;
-  for (size_t r = 1; r < 3 && r < meta.size(); r++) {
-    if (!meta[r].isTensor() || !meta[r].toTensor().defined()) continue;
-    const at::Tensor& m = meta[r].toTensor();
-    at::ScalarType dt = mixed ? at::kFloat : in;
-    if (ln || training)
-      meta[r] = at::empty_strided(m.sizes(), m.strides(), m.options().dtype(dt));
-    else
-      meta[r] = at::empty({0}, m.options().dtype(dt));
-  }
+// A few non-view ops (mm, bmm, addmm, dot, vdot, ...) let conjugate / negative views through
+// PyTorch's Conjugate and Negative fallbacks, expecting the kernel to honor the bits; lowerings
+// read stored values, so such inputs are resolved first (a copy only when a bit is set).
+at::Tensor resolve_bits(const at::Tensor& t) {
+  return t.defined() && (t.is_conj() || t.is_neg()) ? t.resolve_conj().resolve_neg() : t;
+}
+
+std::vector<at::Tensor> resolve_bits(std::vector<at::Tensor> ts) {
+  for (at::Tensor& t : ts) t = resolve_bits(t);
+  return ts;
 }
 
 void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v) {
@@ -160,7 +139,7 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
   if (type->kind() == c10::TypeKind::OptionalType)
     type = type->expectRef<c10::OptionalType>().getElementType();
   switch (type->kind()) {
-    case c10::TypeKind::TensorType: return b.add_tensor(name, v.toTensor());
+    case c10::TypeKind::TensorType: return b.add_tensor(name, resolve_bits(v.toTensor()));
     case c10::TypeKind::NumberType: return b.add_scalar(name, v.toScalar());
     case c10::TypeKind::IntType:
     case c10::TypeKind::SymIntType:
@@ -182,7 +161,8 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
       auto ek = elem->kind();
       if (ek == c10::TypeKind::OptionalType)
         ek = elem->expectRef<c10::OptionalType>().getElementType()->kind();
-      if (ek == c10::TypeKind::TensorType) return b.add_tensor_list(name, tensors_of(v));
+      if (ek == c10::TypeKind::TensorType)
+        return b.add_tensor_list(name, resolve_bits(tensors_of(v)));
       if (ek == c10::TypeKind::IntType || ek == c10::TypeKind::SymIntType) {
         std::vector<int64_t> ints;
         if (v.isIntList()) {
@@ -210,7 +190,7 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
       return;
     }
     default:
-      if (v.isTensor()) return b.add_tensor(name, v.toTensor());
+      if (v.isTensor()) return b.add_tensor(name, resolve_bits(v.toTensor()));
       if (v.isScalar()) return b.add_scalar(name, v.toScalar());
       TORCH_CHECK_NOT_IMPLEMENTED(false, "argument type ", type->str(), " of ", name);
   }
@@ -332,7 +312,6 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     if (fresh_returns) return run_cpu_fallback(op, stack, "no Meta kernel for its output shapes");
     meta.emplace(schema.returns().size(), c10::IValue());  // returns alias the arguments
   }
-  cpu_norm_stat_returns(base, schema, args, *meta);
   const std::vector<c10::IValue>& meta_returns_ = *meta;
 
   // 2. Destinations: returns first (fresh tensors, or the mutated arguments they alias), then
@@ -418,6 +397,14 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
   // Every destination is passed, empty ones included, so lowerings can address results by
   // position (an empty one is simply not written).
+  // A destination with the conjugate / negative bit (addmm_ on a conj view) is computed into
+  // a plain tensor and copied in through copy_, which applies the bits.
+  std::vector<std::pair<at::Tensor, at::Tensor>> write_back;
+  for (at::Tensor& d : dests)
+    if (d.is_conj() || d.is_neg()) {
+      write_back.emplace_back(d, at::empty(d.sizes(), d.options()));
+      d = write_back.back().second;
+    }
   for (const at::Tensor& d : dests) b.add_out(d);
   if (b.call().nout > 0) {
     if (debug) {
@@ -435,6 +422,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     }
     if (check_nan()) check_finite(schema, args, dests);
   }
+  for (auto& [dst, tmp] : write_back) dst.copy_(tmp);
 
   torch::jit::drop(*stack, nargs);
   for (auto& r : returns) stack->push_back(std::move(r));

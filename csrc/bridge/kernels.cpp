@@ -3,7 +3,11 @@
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/as_strided_native.h>
+#include <ATen/ops/conj_physical.h>
+#include <ATen/ops/copy_native.h>
 #include <ATen/ops/unfold_native.h>
+#include <ATen/ops/view_as_complex_native.h>
+#include <ATen/ops/view_as_real_native.h>
 #include <ATen/ops/view_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <torch/library.h>
@@ -126,6 +130,32 @@ at::Tensor view_dtype(const at::Tensor& self, at::ScalarType dtype) {
   return out;
 }
 
+// t's stored values: the same storage, sizes and strides without the conjugate and negative
+// bits (those only say how PyTorch reads the values).
+at::Tensor stored_values(const at::Tensor& t) {
+  auto keys = t.key_set().remove(c10::DispatchKey::Conjugate).remove(c10::DispatchKey::Negative);
+  auto out = at::detail::make_tensor<c10::TensorImpl>(c10::Storage(t.storage()), keys, t.dtype());
+  out.unsafeGetTensorImpl()->set_sizes_and_strides(t.sizes(), t.strides(), t.storage_offset());
+  return out;
+}
+
+// copy_ with PyTorch's lazy conjugation and negation. Copies to or from tpu reach _copy_from,
+// which moves stored values; the Conjugate/Negative fallbacks in front of it would resolve a
+// lazy input by clone, i.e. by copy_ again, and recurse forever. So the bits are settled here:
+// the stored values are copied, then conjugated / negated in place where the two sides differ.
+at::Tensor& copy_kernel(at::Tensor& self, const at::Tensor& src, bool non_blocking) {
+  if (!self.is_conj() && !self.is_neg() && !src.is_conj() && !src.is_neg())
+    return at::native::copy_(self, src, non_blocking);
+  const bool conj = self.is_conj() != src.is_conj();
+  const bool neg = self.is_neg() != src.is_neg();
+  at::Tensor dst = stored_values(self);
+  at::native::copy_(dst, stored_values(src), non_blocking);
+  // (conj_physical_'s composite kernel calls a CPU/CUDA stub: go to the .out overload instead)
+  if (conj && dst.is_complex()) at::conj_physical_out(dst, dst);
+  if (neg) dst.neg_();
+  return self;
+}
+
 }  // namespace
 }  // namespace torch_pjrt
 
@@ -138,11 +168,16 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_reshape_alias", TORCH_FN(at::native::_reshape_alias));
   m.impl("unfold", TORCH_FN(at::native::unfold));
   m.impl("view.dtype", TORCH_FN(view_dtype));
+  // metadata-only reinterpretations of the storage (complex <-> pairs of reals); reads and
+  // writes through them convert the storage's elements in-program (csrc/ops/view_io.c)
+  m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
+  m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("resize_", TORCH_FN(resize_));
   m.impl("set_.source_Storage_storage_offset", TORCH_FN(set_storage));
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
+  m.impl("copy_", TORCH_FN(copy_kernel));
   m.impl("_copy_from", TORCH_FN(copy_from_kernel));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));

@@ -411,7 +411,57 @@ static pj_status_t *lower_lerp(pj_lower_t *L) {
   pj_val_t d = SUB(b, a);
   pj_val_t lo = ADD(a, MUL(w, d));
   pj_val_t hi = SUB(b, MUL(d, SUB(cst(L, w, 1), w)));
-  pj_set_result(L, 0, SEL(CMP("LT", U("abs", w), cst(L, w, 0.5)), lo, hi));
+  pj_val_t aw = U("abs", w); /* real for a complex weight */
+  pj_set_result(L, 0, SEL(CMP("LT", aw, cst(L, aw, 0.5)), lo, hi));
+  return NULL;
+}
+
+/* ---- complex numbers ---- */
+
+/* re + i im for real values re and im of one float dtype. */
+static pj_val_t make_complex(pj_lower_t *L, pj_val_t re, pj_val_t im) {
+  pj_val_t parts[2] = {re, im};
+  pj_dtype_t ct = re.t.dtype == PJ_F64 ? PJ_C128 : PJ_C64;
+  return pj_hlo_op(H, "stablehlo.complex", parts, 2, NULL, pj_type_with_dtype(re.t, ct));
+}
+
+/* The real dtype of complex dt's parts. */
+static pj_dtype_t part_dtype(pj_dtype_t dt) { return dt == PJ_C128 ? PJ_F64 : PJ_F32; }
+
+static pj_status_t *lower_conj_physical(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  if (pj_dtype_info(x.t.dtype)->is_complex)
+    x = make_complex(L, U("real", x), U("negate", U("imag", x)));
+  pj_set_result(L, 0, x);
+  return NULL;
+}
+
+/* torch.complex(real, imag) and torch.polar(abs, angle): float parts, complex result. */
+static pj_status_t *lower_complex_polar(pj_lower_t *L) {
+  pj_dtype_t pt = part_dtype(pj_out_type(L, 0).dtype);
+  bool polar = !strcmp(L->c->op, "polar");
+  pj_val_t a = arg_at_out(L, polar ? "abs" : "real", pt);
+  pj_val_t b = arg_at_out(L, polar ? "angle" : "imag", pt);
+  if (polar) {
+    pj_val_t re = MUL(a, U("cosine", b));
+    b = MUL(a, U("sine", b));
+    a = re;
+  }
+  pj_set_result(L, 0, make_complex(L, a, b));
+  return NULL;
+}
+
+/* angle: atan2(imag, real) of a complex; for real x, pi where x < 0, else 0 (NaN stays NaN). */
+static pj_status_t *lower_angle(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  pj_dtype_t ot = pj_out_type(L, 0).dtype;
+  if (pj_dtype_info(x.t.dtype)->is_complex) {
+    pj_set_result(L, 0, pj_binary(H, "stablehlo.atan2", U("imag", x), U("real", x)));
+    return NULL;
+  }
+  pj_val_t y = pj_convert(H, x, ot);
+  pj_val_t r = SEL(CMP("LT", y, cst(L, y, 0)), cst(L, y, M_PI), cst(L, y, 0));
+  pj_set_result(L, 0, SEL(CMP("NE", y, y), y, r));
   return NULL;
 }
 
@@ -668,6 +718,10 @@ const pj_lowering_entry_t pj_lowerings_elementwise[] = {
     {"clamp_min", lower_clamp},
     {"clamp_max", lower_clamp},
     {"lerp", lower_lerp},
+    {"conj_physical", lower_conj_physical},
+    {"complex", lower_complex_polar},
+    {"polar", lower_complex_polar},
+    {"angle", lower_angle},
     {"addcmul", lower_addcmul_addcdiv},
     {"addcdiv", lower_addcmul_addcdiv},
     {"fill", lower_fill},

@@ -172,8 +172,37 @@ pj_val_t pj_view_write(pj_hlo_t *h, pj_val_t full, int64_t numel, pj_dtype_t dt,
   return pj_scatter_1d(h, full, linear_indices(h, d), v, NULL);
 }
 
+/* Complex elements are (real, imag) pairs of their part type in memory; XLA's bitcast_convert
+ * rejects complex types, so they are split into or assembled from interleaved parts. */
+static pj_val_t complex_bitcast(pj_hlo_t *h, pj_val_t full, pj_dtype_t dt) {
+  if (pj_dtype_info(full.t.dtype)->is_complex) {
+    int64_t n = full.t.dims[0], col[2] = {n, 1}, m = 2 * n;
+    pj_val_t re = pj_reshape(h, pj_unary(h, "stablehlo.real", full), 2, col);
+    pj_val_t im = pj_reshape(h, pj_unary(h, "stablehlo.imag", full), 2, col);
+    pj_val_t pair[2] = {re, im};
+    return pj_view_bitcast(h, pj_reshape(h, pj_concat(h, pair, 2, 1), 1, &m), dt);
+  }
+  pj_dtype_t pt = dt == PJ_C128 ? PJ_F64 : PJ_F32;
+  pj_val_t parts = pj_view_bitcast(h, full, pt);
+  if (parts.id < 0) return parts;
+  int64_t n = parts.t.dims[0];
+  if (n % 2)
+    return pj_hlo_fail(h, PJ_ERR_RUNTIME, "a storage of %lld %s elements is not a whole number of %s",
+                       (long long)n, pj_dtype_info(pt)->name, pj_dtype_info(dt)->name);
+  int64_t m = n / 2, d2[2] = {m, 2}, start[2] = {0, 0}, limit[2] = {m, 1};
+  pj_val_t x = pj_reshape(h, parts, 2, d2);
+  pj_val_t re = pj_reshape(h, pj_slice(h, x, start, limit, NULL), 1, &m);
+  start[1] = 1;
+  limit[1] = 2;
+  pj_val_t im = pj_reshape(h, pj_slice(h, x, start, limit, NULL), 1, &m);
+  pj_val_t ins[2] = {re, im};
+  return pj_hlo_op(h, "stablehlo.complex", ins, 2, NULL, pj_type(dt, 1, &m));
+}
+
 pj_val_t pj_view_bitcast(pj_hlo_t *h, pj_val_t full, pj_dtype_t dt) {
   if (full.id < 0 || full.t.dtype == dt) return full;
+  if (pj_dtype_info(full.t.dtype)->is_complex || pj_dtype_info(dt)->is_complex)
+    return complex_bitcast(h, full, dt);
   size_t a = pj_dtype_info(full.t.dtype)->itemsize, b = pj_dtype_info(dt)->itemsize;
   if (full.t.dtype == PJ_BOOL || dt == PJ_BOOL) {
     if (a == b) return pj_convert(h, full, dt); /* bool <-> 8-bit: the bits are 0/1 */
