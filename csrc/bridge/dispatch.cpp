@@ -118,6 +118,39 @@ bool mutates_unannotated(const std::string& base, const c10::FunctionSchema& sch
   return false;
 }
 
+// The saved statistics of layer / batch norm follow CPU's conventions, where the Meta kernels
+// follow CUDA's: they keep the input's dtype unless a reduced-precision input comes with
+// float32 parameters (then float32), and batch norm's are empty outside training.
+void cpu_norm_stat_returns(const std::string& base, const c10::FunctionSchema& schema,
+                           const torch::jit::Stack& args, std::vector<c10::IValue>& meta) {
+  const bool ln = base == "native_layer_norm";
+  if (!ln && base != "native_batch_norm" && base != "_native_batch_norm_legit" &&
+      base != "_native_batch_norm_legit_no_training" && base != "_batch_norm_with_update" &&
+      base != "_batch_norm_no_update")
+    return;
+  at::ScalarType in = at::kFloat;
+  bool mixed = false;
+  bool training = base != "_native_batch_norm_legit_no_training" && base != "_batch_norm_no_update";
+  for (size_t i = 0; i < schema.arguments().size(); i++) {
+    const std::string& n = schema.arguments()[i].name();
+    if (n == "input" && args[i].isTensor()) in = args[i].toTensor().scalar_type();
+    else if (n == "training") training = args[i].toBool();
+    else if ((n == "weight" || n == "bias" || n == "running_mean" || n == "running_var") &&
+             args[i].isTensor() && args[i].toTensor().defined())
+      mixed = mixed || args[i].toTensor().scalar_type() == at::kFloat;
+  }
+  if (in != at::kBFloat16 && in != at::kHalf) mixed = false;
+  for (size_t r = 1; r < 3 && r < meta.size(); r++) {
+    if (!meta[r].isTensor() || !meta[r].toTensor().defined()) continue;
+    const at::Tensor& m = meta[r].toTensor();
+    at::ScalarType dt = mixed ? at::kFloat : in;
+    if (ln || training)
+      meta[r] = at::empty_strided(m.sizes(), m.strides(), m.options().dtype(dt));
+    else
+      meta[r] = at::empty({0}, m.options().dtype(dt));
+  }
+}
+
 // A few non-view ops (mm, bmm, addmm, dot, vdot, ...) let conjugate / negative views through
 // PyTorch's Conjugate and Negative fallbacks, expecting the kernel to honor the bits; lowerings
 // read stored values, so such inputs are resolved first (a copy only when a bit is set).
@@ -312,6 +345,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     if (fresh_returns) return run_cpu_fallback(op, stack, "no Meta kernel for its output shapes");
     meta.emplace(schema.returns().size(), c10::IValue());  // returns alias the arguments
   }
+  cpu_norm_stat_returns(base, schema, args, *meta);
   const std::vector<c10::IValue>& meta_returns_ = *meta;
 
   // 2. Destinations: returns first (fresh tensors, or the mutated arguments they alias), then
