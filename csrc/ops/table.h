@@ -20,7 +20,8 @@ typedef struct {
   X(random)            \
   X(factory)           \
   X(optim)             \
-  X(foreach)
+  X(foreach)           \
+  X(fft)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];
 PJ_FAMILIES(PJ_DECLARE_FAMILY)
