@@ -110,6 +110,23 @@ class SmallCNN(nn.Module):
         return self.fc(torch.flatten(self.features(x), 1))
 
 
+class GeluMLPBlock(nn.Module):
+    """Elementwise-heavy stack: pre-norm GELU MLPs with residual connections (the benchmark's
+    fusion case: most ops are cheap elementwise ops between few matmuls)."""
+
+    def __init__(self, d: int = 128, hidden: int = 256, layers: int = 4):
+        super().__init__()
+        self.norms = nn.ModuleList(nn.LayerNorm(d) for _ in range(layers))
+        self.up = nn.ModuleList(nn.Linear(d, hidden) for _ in range(layers))
+        self.down = nn.ModuleList(nn.Linear(hidden, d) for _ in range(layers))
+        self.head = nn.Linear(d, 1)
+
+    def forward(self, x):
+        for norm, up, down in zip(self.norms, self.up, self.down):
+            x = x + down(nn.functional.gelu(up(norm(x)))) * 0.5
+        return self.head(x).squeeze(-1)
+
+
 def init_weights(model: nn.Module, seed: int) -> nn.Module:
     """Deterministic initial weights (so CPU and tpu copies start identical)."""
     g = torch.Generator().manual_seed(seed)

@@ -45,7 +45,10 @@ typedef struct {
   int device;
 } graph_t;
 
-/* Loop-period detector. While learning, the op hashes since the last natural boundary are kept;
+/* Loop-period detector. It matters only for loops that never read a result: a loop whose
+ * iterations end in a read (loss.item()) is already cut there, the same way every time. So it
+ * starts learning only after a graph hit the size bound, and a natural flush (a read, a sync)
+ * while nothing is learned switches it off again. While learning, the op hashes are kept;
  * every later position whose hash equals the first one is a candidate period P, verified op by
  * op (h[i] == h[i-P]); a candidate that matches two whole periods is learned. Once learned, the
  * stream is followed by phase and the graph is cut whenever the phase returns to 0, so every
@@ -53,6 +56,7 @@ typedef struct {
 #define DETECT_CANDIDATES 16
 #define DETECT_MIN_OPS 64 /* a learned period shorter than this is repeated up to it */
 typedef struct {
+  bool active; /* learning: a size-bound flush happened since the last natural flush */
   uint64_t *hist;
   int n, cap;
   int cand[DETECT_CANDIDATES];
@@ -332,6 +336,7 @@ static void detector_forget(void) {
   free(D.period);
   D.period = NULL;
   D.plen = D.phase = 0;
+  D.active = false;
   detector_restart();
 }
 
@@ -345,11 +350,16 @@ static bool detector_step(uint64_t h) {
       return cut;
     }
     detector_forget(); /* the loop changed: learn again from this op */
+    D.active = true;
   }
+  if (!D.active) return false;
   if (D.n == D.cap) {
-    int cap = D.cap ? D.cap * 2 : 1024;
-    if (cap > 4 * max_ops + 64) {
-      detector_restart(); /* no period within reach: start over */
+    /* periods up to twice the size bound are learnable; beyond that, start over */
+    int limit = 4 * max_ops + 64;
+    int cap = D.cap ? D.cap * 2 : 256;
+    if (cap > limit) cap = limit;
+    if (cap <= D.cap) {
+      detector_restart();
     } else {
       uint64_t *p = realloc(D.hist, sizeof *p * (size_t)cap);
       if (!p) {
@@ -416,6 +426,10 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
   bool cut = detector_step(op.hash);
   if (G.nops > 0 && (cut || G.nops >= max_ops || G.device != c->device)) {
     if (cut) pj_metric_add(PJ_METRIC_DEFER_CUTS, 1);
+    else if (G.nops >= max_ops && D.plen == 0 && !D.active) {
+      D.active = true; /* a loop without reads, perhaps: learn its period from here */
+      detector_restart();
+    }
     st = flush_locked();
   }
   /* A storage seen with another element type than the graph's: run what is recorded first. */
@@ -467,7 +481,10 @@ pj_status_t *pj_defer_flush(void) {
   if (atomic_load_explicit(&pending_ops, memory_order_acquire) == 0) return NULL;
   pthread_mutex_lock(&mu);
   /* a flush at a natural boundary (a read, a sync) is a boundary the loop already has */
-  if (D.plen == 0) detector_restart();
+  if (D.plen == 0) {
+    D.active = false;
+    detector_restart();
+  }
   pj_status_t *st = flush_locked();
   pthread_mutex_unlock(&mu);
   return st;
