@@ -310,27 +310,54 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   if (pj_call_dynamic(&b.call())) {
     int64_t count = 0;
     check(pj_dynamic_count(&b.call(), &count));
-    pj_type_t t;
-    check(pj_dynamic_out_type(&b.call(), count, &t));
-    std::vector<int64_t> sizes(t.dims, t.dims + t.rank);
+    pj_type_t ts[PJ_DYNAMIC_MAX_OUTS];
+    int nt = 0;
+    check(pj_dynamic_out_types(&b.call(), count, ts, PJ_DYNAMIC_MAX_OUTS, &nt));
     b.add_int("__count", count);
-    at::Tensor result;
-    for (size_t a = 0; a < nargs && !result.defined(); a++)
-      if (is_write(schema.arguments()[a])) {
-        result = args[a].toTensor();
-        at::native::resize_output(result, sizes);
+    // destinations: the out= arguments in schema order, else fresh tensors
+    std::vector<at::Tensor> results;
+    size_t next_write = 0;
+    bool any = false;
+    for (int i = 0; i < nt; i++) {
+      std::vector<int64_t> sizes(ts[i].dims, ts[i].dims + ts[i].rank);
+      at::Tensor r;
+      while (next_write < nargs && !is_write(schema.arguments()[next_write])) next_write++;
+      if (next_write < nargs) {
+        r = args[next_write++].toTensor();
+        at::native::resize_output(r, sizes);
+      } else {
+        r = at::empty(sizes, at::TensorOptions()
+                                 .dtype(from_pj_dtype(ts[i].dtype))
+                                 .device(c10::DeviceType::PrivateUse1, device));
       }
-    const bool out_variant = result.defined();
-    if (!out_variant)
-      result = at::empty(sizes, at::TensorOptions()
-                                    .dtype(from_pj_dtype(t.dtype))
-                                    .device(c10::DeviceType::PrivateUse1, device));
-    if (result.numel() > 0) {
-      b.add_out(result);
+      any = any || r.numel() > 0;
+      results.push_back(r);
+    }
+    if (any) {
+      for (const at::Tensor& r : results) b.add_out(r);
       b.run();
     }
     torch::jit::drop(*stack, nargs);
-    stack->push_back(result);
+    const auto& rets = schema.returns();
+    if (rets.size() == 1 && rets[0].type()->kind() == c10::TypeKind::ListType) {
+      stack->push_back(c10::List<at::Tensor>(results));
+    } else {
+      for (size_t i = 0; i < rets.size() && i < results.size(); i++) stack->push_back(results[i]);
+    }
+    return;
+  }
+
+  // Ops returning a bool computed from values (equal): the lowering writes a 0-d bool, read
+  // back here (a host sync).
+  if (schema.returns().size() == 1 &&
+      schema.returns()[0].type()->kind() == c10::TypeKind::BoolType) {
+    at::Tensor r = at::empty(
+        {}, at::TensorOptions().dtype(at::kBool).device(c10::DeviceType::PrivateUse1, device));
+    b.add_out(r);
+    b.run();
+    const bool value = r.cpu().item<bool>();
+    torch::jit::drop(*stack, nargs);
+    stack->push_back(value);
     return;
   }
 

@@ -12,6 +12,7 @@
 
 #include "dynamic.h"
 #include "slices.h"
+#include "order.h"
 #include "table.h"
 #include "emit.h"
 #include "torch_pjrt/transfer.h"
@@ -331,6 +332,63 @@ static pj_status_t *lower_index_update(pj_lower_t *L) {
   return NULL;
 }
 
+/* index_reduce: slices of source combined into self at index along dim with prod / mean / amax /
+ * amin; include_self=False starts the indexed slices from the reduction's identity. mean
+ * divides by the number of contributions (floor division for integers, as CPU). */
+static pj_status_t *lower_index_reduce(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t x = at_least_1d(L, pj_convert(H, pj_tensor(L, "self"), ot.dtype));
+  pj_val_t idx = flat(L, pj_tensor(L, "index"));
+  int dim = pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank);
+  const char *reduce = pj_str(L, "reduce", "");
+  bool include_self = pj_bool(L, "include_self", true);
+  const char *comb = !strcmp(reduce, "prod")   ? "mul"
+                     : !strcmp(reduce, "mean") ? "add"
+                     : !strcmp(reduce, "amax") ? "max"
+                     : !strcmp(reduce, "amin") ? "min"
+                                               : NULL;
+  if (!comb)
+    return pj_status_new(PJ_ERR_RUNTIME, "index_reduce(): Expected reduce to be one of prod, "
+                         "mean, amax or amin, got %s.", reduce);
+  if (x.id < 0 || idx.id < 0 || idx.t.dims[0] == 0) {
+    pj_set_result(L, 0, x);
+    return NULL;
+  }
+  pj_type_t ut = x.t;
+  ut.dims[dim] = idx.t.dims[0];
+  pj_val_t upd = pj_reshape(H, pj_convert(H, pj_tensor(L, "source"), ot.dtype), ut.rank, ut.dims);
+  pj_type_t bt = pj_type_with_dtype(x.t, PJ_BOOL);
+  pj_val_t touched = pj_put_slices(L, pj_full(H, bt, 0), dim, idx,
+                                   pj_full(H, pj_type_with_dtype(ut, PJ_BOOL), 1), NULL);
+  pj_val_t base = x;
+  if (!include_self) {
+    pj_dtype_t dt = x.t.dtype;
+    bool mx = !strcmp(comb, "max"), mn = !strcmp(comb, "min");
+    pj_val_t ident = dt == PJ_I64 && mx   ? pj_const_i(H, dt, INT64_MIN)
+                     : dt == PJ_I64 && mn ? pj_const_i(H, dt, INT64_MAX)
+                     : mx                 ? pj_const(H, dt, pj_dtype_lowest(dt))
+                     : mn                 ? pj_const(H, dt, pj_dtype_highest(dt))
+                                          : pj_const(H, dt, !strcmp(comb, "mul") ? 1 : 0);
+    base = pj_select(H, touched, pj_broadcast_in_dim(H, ident, x.t, NULL), x);
+  }
+  pj_val_t r = pj_put_slices(L, base, dim, idx, upd, comb);
+  if (!strcmp(reduce, "mean")) {
+    pj_val_t cnt = pj_put_slices(L, full_like(L, x, include_self ? 1 : 0), dim, idx,
+                                 pj_full(H, upd.t, 1), "add");
+    cnt = pj_select(H, touched, cnt, full_like(L, x, 1));
+    pj_val_t q = bin(L, "stablehlo.divide", r, cnt);
+    if (!pj_dtype_info(x.t.dtype)->is_float && !pj_dtype_info(x.t.dtype)->is_complex) {
+      pj_val_t rem = bin(L, "stablehlo.remainder", r, cnt);
+      pj_val_t adj = bin(L, "stablehlo.and", pj_compare(H, "NE", rem, full_like(L, r, 0)),
+                         pj_compare(H, "LT", r, full_like(L, r, 0)));
+      q = pj_select(H, adj, bin(L, "stablehlo.subtract", q, full_like(L, q, 1)), q);
+    }
+    r = q;
+  }
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
 static pj_status_t *lower_take(pj_lower_t *L) {
   pj_val_t x = flat(L, pj_tensor(L, "self"));
   pj_val_t idx = pj_tensor(L, "index");
@@ -358,7 +416,7 @@ static pj_status_t *lower_put(pj_lower_t *L) {
 
 /* Sorts operands[0] (keys) along dim, carrying the other operands; comparator `before(a, b)`:
  * ascending puts NaN last, descending puts NaN first (CPU's order). Always stable. */
-static bool sort_along(pj_lower_t *L, pj_val_t *ops, int n, int dim, bool descending,
+bool pj_sort_along(pj_lower_t *L, pj_val_t *ops, int n, int dim, bool descending,
                        pj_val_t *res) {
   pj_type_t sts[8];
   for (int i = 0; i < n; i++) sts[2 * i] = sts[2 * i + 1] = pj_type_scalar(ops[i].t.dtype);
@@ -393,7 +451,7 @@ static pj_status_t *lower_sort(pj_lower_t *L) {
   bool topk = !strcmp(L->c->op, "topk");
   bool desc = topk ? pj_bool(L, "largest", true) : pj_bool(L, "descending", false);
   pj_val_t ops[2] = {x, pj_iota(H, pj_type_with_dtype(x.t, PJ_I64), dim)}, res[2];
-  if (!sort_along(L, ops, 2, dim, desc, res)) return NULL;
+  if (!pj_sort_along(L, ops, 2, dim, desc, res)) return NULL;
   if (topk) {
     int64_t st[PJ_MAX_RANK] = {0}, lim[PJ_MAX_RANK];
     for (int i = 0; i < x.t.rank; i++) lim[i] = x.t.dims[i];
@@ -407,16 +465,16 @@ static pj_status_t *lower_sort(pj_lower_t *L) {
 
 /* Positions [m] (i64) of a flat bool mask [m] with the true ones first, in increasing order:
  * a stable sort of (mask ? 0 : 1, iota). */
-static pj_val_t true_positions(pj_lower_t *L, pj_val_t mask) {
+pj_val_t pj_true_positions(pj_lower_t *L, pj_val_t mask) {
   pj_type_t it = pj_type_with_dtype(mask.t, PJ_I32);
   pj_val_t key = pj_select(H, mask, pj_full(H, it, 0), pj_full(H, it, 1));
   pj_val_t ops[2] = {key, pj_iota(H, pj_type_with_dtype(mask.t, PJ_I64), 0)}, res[2];
-  if (!sort_along(L, ops, 2, 0, false, res)) return kBad;
+  if (!pj_sort_along(L, ops, 2, 0, false, res)) return kBad;
   return res[1];
 }
 
 /* Count of true elements of a bool value, as 0-d i64. */
-static pj_val_t count_true(pj_lower_t *L, pj_val_t mask) {
+pj_val_t pj_count_true(pj_lower_t *L, pj_val_t mask) {
   int64_t all[PJ_MAX_RANK];
   for (int i = 0; i < mask.t.rank; i++) all[i] = i;
   return pj_reduce(H, as_i64(L, mask), all, mask.t.rank, "add");
@@ -425,7 +483,7 @@ static pj_val_t count_true(pj_lower_t *L, pj_val_t mask) {
 /* The first n positions of a mask, unravelled into coordinates of the mask's shape: one [n]
  * index vector per mask dim. */
 static void mask_coords(pj_lower_t *L, pj_val_t mask, int64_t n, pj_val_t *coords) {
-  pj_val_t pos = true_positions(L, flat(L, mask));
+  pj_val_t pos = pj_true_positions(L, flat(L, mask));
   int64_t z = 0;
   pos = pj_slice(H, pos, &z, &n, NULL);
   pj_type_t t = pj_type(PJ_I64, 1, &n);
@@ -472,7 +530,7 @@ static pj_status_t *lower_masked_select(pj_lower_t *L) {
   pj_val_t m = pj_convert(H, pj_tensor(L, "mask"), PJ_BOOL);
   broadcast_pair(L, &x, &m);
   int64_t n = pj_out_type(L, 0).dims[0], z = 0;
-  pj_val_t pos = pj_slice(H, true_positions(L, flat(L, m)), &z, &n, NULL);
+  pj_val_t pos = pj_slice(H, pj_true_positions(L, flat(L, m)), &z, &n, NULL);
   pj_set_result(L, 0, pj_gather_1d(H, flat(L, x), pos));
   return NULL;
 }
@@ -484,8 +542,8 @@ static pj_val_t put_rows_at_mask(pj_lower_t *L, pj_val_t x, pj_val_t mask, pj_va
                                  const char *combiner) {
   int64_t M = mask.t.dims[0], vn = rows.t.dims[1];
   pj_type_t mt = pj_type(PJ_I64, 1, &M);
-  pj_val_t pos = true_positions(L, mask);
-  pj_val_t cnt = pj_broadcast_in_dim(H, count_true(L, mask), mt, NULL);
+  pj_val_t pos = pj_true_positions(L, mask);
+  pj_val_t cnt = pj_broadcast_in_dim(H, pj_count_true(L, mask), mt, NULL);
   pj_val_t j = pj_iota(H, mt, 0);
   pj_val_t target = pj_select(H, pj_compare(H, "LT", j, cnt), pos, pj_full(H, mt, (double)M));
   pj_val_t src = bin(L, "stablehlo.minimum", j, pj_full(H, mt, (double)(vn - 1)));
@@ -782,6 +840,7 @@ static bool index_has_mask(const pj_call_t *c) {
 }
 
 bool pj_call_dynamic(const pj_call_t *c) {
+  if (pj_select_dynamic(c)) return true;
   if (!strcmp(c->op, "nonzero") || !strcmp(c->op, "masked_select")) return true;
   if (!strcmp(c->op, "index") || !strcmp(c->op, "_unsafe_index")) return index_has_mask(c);
   return false;
@@ -802,12 +861,13 @@ static pj_status_t *lower_count(pj_lower_t *L) {
     PJ_TRY(index_plan(L->c, 0, &p));
     m = pj_convert(H, pj_tensor_at(L, "indices", p.mask_entry), PJ_BOOL);
   }
-  pj_set_result(L, 0, count_true(L, m));
+  pj_set_result(L, 0, pj_count_true(L, m));
   return NULL;
 }
 
 pj_status_t *pj_dynamic_count(const pj_call_t *c, int64_t *count) {
   *count = 0;
+  if (pj_select_dynamic(c) == PJ_SHAPE_FROM_ARGS) return NULL;
   if (c->nslots >= PJ_CALL_MAX_SLOTS)
     return pj_status_new(PJ_ERR_RUNTIME, "too many distinct storages in one op");
   pj_call_t *cc = malloc(sizeof *cc);
@@ -835,7 +895,18 @@ pj_status_t *pj_dynamic_count(const pj_call_t *c, int64_t *count) {
   return st;
 }
 
-pj_status_t *pj_dynamic_out_type(const pj_call_t *c, int64_t count, pj_type_t *out) {
+static pj_status_t *dynamic_out_type(const pj_call_t *c, int64_t count, pj_type_t *out);
+
+pj_status_t *pj_dynamic_out_types(const pj_call_t *c, int64_t count, pj_type_t *outs, int max,
+                                  int *n) {
+  *n = 0;
+  if (pj_select_dynamic(c)) return pj_select_out_types(c, count, outs, max, n);
+  if (max < 1) return pj_status_new(PJ_ERR_RUNTIME, "internal: no room for results");
+  *n = 1;
+  return dynamic_out_type(c, count, outs);
+}
+
+static pj_status_t *dynamic_out_type(const pj_call_t *c, int64_t count, pj_type_t *out) {
   const pj_arg_t *self = call_arg(c, "self");
   if (!self || self->kind != PJ_ARG_TENSOR)
     return pj_status_new(PJ_ERR_RUNTIME, "internal: aten::%s without self", c->op);
@@ -880,6 +951,7 @@ const pj_lowering_entry_t pj_lowerings_index[] = {
     {"index_add", lower_index_update},
     {"index_copy", lower_index_update},
     {"index_fill", lower_index_update},
+    {"index_reduce", lower_index_reduce},
     {"take", lower_take},
     {"put", lower_put},
     {"sort", lower_sort},

@@ -21,6 +21,7 @@ typedef struct {
   X(factory)           \
   X(optim)             \
   X(foreach)           \
+  X(select)            \
   X(fft)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];

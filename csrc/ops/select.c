@@ -1,0 +1,835 @@
+/* Lowerings: select family (order statistics and their indices, scans that carry indices,
+ * binary search, histograms, equality of whole tensors, fixed-size nonzero).
+ *
+ * Row layout: ops that work along one dim move it last and flatten the others, so the value is
+ * [B, n] (B rows of n elements); per-row positions are i64 [B] or [B, m] and elements are read
+ * with one flat gather. Tie-breaking follows CPU's algorithms exactly where they are
+ * deterministic functions of the input: median is the stable-sort rank (value, index), kthvalue
+ * replays CPU's quickselect step by step in a while loop, searchsorted replays its binary search
+ * (so NaN and unsorted boundaries give CPU's answers), cummax/cummin take the latest of equal
+ * extremes. */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "order.h"
+#include "table.h"
+#include "emit.h"
+
+static const pj_val_t kBad = {.id = -1, .sub = -1};
+
+static bool is_float(pj_dtype_t dt) { return pj_dtype_info(dt)->is_float; }
+static bool is_complex(pj_dtype_t dt) { return pj_dtype_info(dt)->is_complex; }
+
+static pj_val_t csti(pj_lower_t *L, pj_val_t like, int64_t v) {
+  return pj_broadcast_in_dim(H, pj_const_i(H, like.t.dtype, v), like.t, NULL);
+}
+static pj_val_t bcast(pj_lower_t *L, pj_val_t s, pj_type_t t) {
+  return pj_broadcast_in_dim(H, s, t, NULL);
+}
+static pj_val_t isnan_(pj_lower_t *L, pj_val_t x) {
+  return is_float(x.t.dtype) ? CMP("NE", x, x) : pj_full(H, pj_type_with_dtype(x.t, PJ_BOOL), 0);
+}
+static pj_val_t not_(pj_lower_t *L, pj_val_t x) { return U("not", x); }
+
+/* ---- row layout ---- */
+
+typedef struct {
+  pj_type_t t;  /* the original type */
+  int dim;
+  int64_t B, n; /* rows, row length */
+  int64_t perm[PJ_MAX_RANK];
+} rows_t;
+
+/* x as [B, n] with dim last (0-d: [1, 1]). */
+static pj_val_t to_rows(pj_lower_t *L, pj_val_t x, int dim, rows_t *r) {
+  r->t = x.t;
+  r->dim = dim;
+  int rank = x.t.rank, k = 0;
+  r->B = 1;
+  for (int i = 0; i < rank; i++)
+    if (i != dim) r->perm[k++] = i, r->B *= x.t.dims[i];
+  if (rank > 0) r->perm[k++] = dim;
+  r->n = rank > 0 ? x.t.dims[dim] : 1;
+  if (x.id < 0) return kBad;
+  if (rank > 1 && dim != rank - 1) x = pj_transpose(H, x, r->perm);
+  int64_t d[2] = {r->B, r->n};
+  return pj_reshape(H, x, 2, d);
+}
+
+/* [B, n] back to the original layout (dim restored from last). */
+static pj_val_t from_rows(pj_lower_t *L, pj_val_t v, const rows_t *r) {
+  int rank = r->t.rank;
+  if (rank == 0) return pj_reshape(H, v, 0, NULL);
+  int64_t d[PJ_MAX_RANK], inv[PJ_MAX_RANK];
+  for (int i = 0; i < rank; i++) d[i] = r->t.dims[r->perm[i]], inv[r->perm[i]] = i;
+  v = pj_reshape(H, v, rank, d);
+  if (rank > 1 && r->dim != rank - 1) v = pj_transpose(H, v, inv);
+  return v;
+}
+
+/* Elements of x [B, n] at per-row positions pos [B] or [B, m] (i64, in range). */
+static pj_val_t take_rows(pj_lower_t *L, pj_val_t x, pj_val_t pos) {
+  if (x.id < 0 || pos.id < 0) return kBad;
+  int64_t n = x.t.dims[1], total = pj_type_numel(&x.t);
+  pj_val_t base = MUL(pj_iota(H, pos.t, 0), csti(L, pos, n));
+  return pj_gather_1d(H, pj_reshape(H, x, 1, &total), ADD(base, pos));
+}
+
+/* Iota along the row dim of a [B, n] shape, i64. */
+static pj_val_t col_iota(pj_lower_t *L, pj_type_t t) {
+  return pj_iota(H, pj_type_with_dtype(t, PJ_I64), 1);
+}
+
+/* A [B] value broadcast along the rows of the [B, n] shape t. */
+static pj_val_t bcast_rows(pj_lower_t *L, pj_val_t v, pj_type_t t) {
+  int64_t d0 = 0;
+  return pj_broadcast_in_dim(H, v, pj_type_with_dtype(t, v.t.dtype), &d0);
+}
+
+/* Reduction of [B, n] over its rows' elements to [B]. */
+static pj_val_t row_reduce(pj_lower_t *L, pj_val_t x, const char *kind) {
+  int64_t one = 1;
+  return pj_reduce(H, x, &one, 1, kind);
+}
+
+/* A [B] result shaped as destination k (keepdim or not) and set. */
+static void set_rowwise(pj_lower_t *L, int k, pj_val_t v) {
+  if (k >= pj_nout(L)) return;
+  pj_type_t t = pj_out_type(L, k);
+  if (pj_type_numel(&t) == 0) return;
+  pj_set_result(L, k, pj_reshape(H, v, t.rank, t.dims));
+}
+
+/* ---- median / nanmedian ---- */
+
+/* The original position that ends up first when libstdc++'s nth_element (introselect: median
+ * of three moved to the front, unguarded partition, insertion sort below 4 elements) selects
+ * position 0 of n mutually equivalent elements: where CPU's nanmedian finds the "median" of a
+ * row that is all NaN. Only positions move, so it is computed here once per row length. */
+static int64_t equivalent_nth0(int64_t n) {
+  if (n <= 3 || n > (1 << 24)) return 0;
+  int64_t *a = malloc((size_t)n * sizeof *a);
+  if (!a) return 0;
+  for (int64_t i = 0; i < n; i++) a[i] = i;
+  int64_t first = 0, last = n, t;
+  while (last - first > 3) {
+    int64_t mid = first + (last - first) / 2;
+    t = a[first], a[first] = a[mid], a[mid] = t;
+    int64_t lo = first + 1, hi = last;
+    for (;;) {
+      --hi;
+      if (!(lo < hi)) break;
+      t = a[lo], a[lo] = a[hi], a[hi] = t;
+      ++lo;
+    }
+    if (lo <= 0) first = lo;
+    else last = lo;
+  }
+  int64_t r = a[0];
+  free(a);
+  return r;
+}
+
+/* Row-wise median as CPU computes it: the element of rank (n-1)/2 in the order (value, index),
+ * or with NaNs: median returns the first NaN, nanmedian the element of rank (m-1)/2 among the
+ * m non-NaN ones (rank 0, a NaN, when all are NaN). */
+static void median_rows(pj_lower_t *L, pj_val_t x, bool ignore_nan, pj_val_t *val, pj_val_t *idx) {
+  int64_t n = x.t.dims[1];
+  pj_val_t ops[2] = {x, col_iota(L, x.t)}, res[2];
+  if (!pj_sort_along(L, ops, 2, 1, false, res)) {
+    *val = *idx = kBad;
+    return;
+  }
+  pj_val_t nnan = row_reduce(L, pj_convert(H, isnan_(L, x), PJ_I64), "add"); /* [B] */
+  pj_val_t pos;
+  if (ignore_nan) {
+    /* (n - nnan - 1) / 2 with C's truncation: 0 when every element is NaN */
+    pj_val_t m = SUB(csti(L, nnan, n), nnan);
+    pos = DIV(MAX(SUB(m, csti(L, m, 1)), csti(L, m, 0)), csti(L, m, 2));
+  } else {
+    pos = SEL(CMP("GT", nnan, csti(L, nnan, 0)), SUB(csti(L, nnan, n), nnan),
+              csti(L, nnan, (n - 1) / 2));
+  }
+  *val = take_rows(L, res[0], pos);
+  *idx = take_rows(L, res[1], pos);
+  if (ignore_nan && n > 3) /* rows of NaN only: nth_element's arrangement of equivalent ones */
+    *idx = SEL(CMP("EQ", nnan, csti(L, nnan, n)), csti(L, nnan, equivalent_nth0(n)), *idx);
+}
+
+static pj_status_t *lower_median(pj_lower_t *L) {
+  bool ignore_nan = !strcmp(L->c->op, "nanmedian");
+  pj_val_t x = pj_tensor(L, "self");
+  if (is_complex(x.t.dtype))
+    return pj_status_new(PJ_ERR_RUNTIME, "%s() does not support complex inputs", L->c->op);
+  rows_t r;
+  pj_val_t val, idx;
+  if (!pj_has(L, "dim")) { /* the whole tensor: values only */
+    int64_t n = pj_type_numel(&x.t);
+    if (n == 0) { /* CPU returns NaN for an empty input */
+      pj_set_result(L, 0, pj_full(H, pj_out_type(L, 0), NAN));
+      return NULL;
+    }
+    int64_t d[2] = {1, n};
+    median_rows(L, pj_reshape(H, x, 2, d), ignore_nan, &val, &idx);
+    set_rowwise(L, 0, val);
+    return NULL;
+  }
+  int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank) : 0;
+  pj_val_t xr = to_rows(L, x, dim, &r);
+  if (r.B == 0 || r.n == 0) return NULL; /* nothing to write (CPU raises for n == 0) */
+  median_rows(L, xr, ignore_nan, &val, &idx);
+  set_rowwise(L, 0, val);
+  set_rowwise(L, 1, idx);
+  return NULL;
+}
+
+/* ---- mode ---- */
+
+/* Inclusive running maximum along the rows of an i64 [B, n] by recursive doubling. */
+static pj_val_t running_max(pj_lower_t *L, pj_val_t x) {
+  int64_t n = x.t.dims[1];
+  for (int64_t s = 1; s < n; s *= 2) {
+    int64_t st[2] = {0, 0}, lim[2] = {x.t.dims[0], n - s}, lo[2] = {0, s}, hi[2] = {0, 0};
+    pj_val_t sh = pj_pad(H, pj_slice(H, x, st, lim, NULL), pj_const_i(H, PJ_I64, INT64_MIN), lo,
+                         hi, NULL);
+    x = MAX(x, sh);
+  }
+  return x;
+}
+
+/* CPU sorts (value, index) pairs by value and takes the first run of maximal length; its index
+ * is the run's last element. The sort here is stable, which is what CPU's sort does on the rows
+ * it sorts by insertion (up to 16 elements); NaNs never compare equal, so each is a run of one. */
+static pj_status_t *lower_mode(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  if (is_complex(x.t.dtype))
+    return pj_status_new(PJ_ERR_RUNTIME, "mode() does not support complex inputs");
+  rows_t r;
+  int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", -1), x.t.rank) : 0;
+  pj_val_t xr = to_rows(L, x, dim, &r);
+  if (r.B == 0 || r.n == 0) return NULL;
+  int64_t B = r.B, n = r.n;
+  pj_val_t ops[2] = {xr, col_iota(L, xr.t)}, s[2];
+  if (!pj_sort_along(L, ops, 2, 1, false, s)) return NULL;
+  pj_val_t v = s[0];
+  pj_type_t bt = pj_type_with_dtype(v.t, PJ_BOOL);
+  /* differs[p]: v[p] != v[p+1], for p < n-1 */
+  pj_val_t starts, ends;
+  if (n > 1) {
+    int64_t a0[2] = {0, 0}, a1[2] = {B, n - 1}, b0[2] = {0, 1}, b1[2] = {B, n};
+    pj_val_t differs = CMP("NE", pj_slice(H, v, a0, a1, NULL), pj_slice(H, v, b0, b1, NULL));
+    int64_t lo[2] = {0, 1}, hi[2] = {0, 0};
+    pj_val_t t = pj_const(H, PJ_BOOL, 1);
+    starts = pj_pad(H, differs, t, lo, hi, NULL);
+    ends = pj_pad(H, differs, t, hi, lo, NULL);
+  } else {
+    starts = ends = pj_full(H, bt, 1);
+  }
+  pj_val_t it = col_iota(L, v.t);
+  pj_val_t run_start = running_max(L, SEL(starts, it, csti(L, it, 0)));
+  pj_val_t freq = SEL(ends, ADD(SUB(it, run_start), csti(L, it, 1)), csti(L, it, 0));
+  pj_val_t maxf = row_reduce(L, freq, "max");
+  pj_val_t first = SEL(AND(ends, CMP("EQ", freq, bcast_rows(L, maxf, it.t))), it,
+                       csti(L, it, n));
+  pj_val_t pos = row_reduce(L, first, "min");
+  set_rowwise(L, 0, take_rows(L, v, pos));
+  set_rowwise(L, 1, take_rows(L, s[1], pos));
+  return NULL;
+}
+
+/* ---- while loops ---- */
+
+typedef pj_val_t (*loop_cond_fn)(pj_lower_t *L, const pj_val_t *st, void *user);
+typedef void (*loop_body_fn)(pj_lower_t *L, pj_val_t *st, void *user);
+
+#define MAX_LOOP_STATE 12
+
+/* stablehlo.while over state[0..n): cond gives a 0-d bool, body updates the state in place.
+ * The regions only use their block arguments (nothing captured from outside). */
+static bool while_loop(pj_lower_t *L, pj_val_t *state, int n, loop_cond_fn cond,
+                       loop_body_fn body, void *user) {
+  pj_type_t ts[MAX_LOOP_STATE];
+  pj_val_t a[MAX_LOOP_STATE], res[MAX_LOOP_STATE];
+  for (int i = 0; i < n; i++) ts[i] = state[i].t;
+  pj_hlo_region_begin(H, ts, n, a);
+  pj_val_t p = cond(L, a, user);
+  char *cr = pj_hlo_region_end(H, &p, 1);
+  pj_hlo_region_begin(H, ts, n, a);
+  body(L, a, user);
+  char *br = pj_hlo_region_end(H, a, n);
+  bool ok = false;
+  if (cr && br) {
+    size_t len = strlen(cr) + strlen(br) + 4;
+    char *both = malloc(len);
+    if (both) {
+      snprintf(both, len, "%s, %s", cr, br);
+      ok = pj_hlo_op_multi(H, "stablehlo.while", state, n, both, NULL, ts, n, res);
+      free(both);
+    } else {
+      pj_fail(L, PJ_ERR_OOM, "out of host memory");
+    }
+  }
+  free(cr);
+  free(br);
+  for (int i = 0; i < n; i++) state[i] = ok ? res[i] : kBad;
+  return ok;
+}
+
+/* ---- kthvalue: CPU's quickselect, replayed ---- */
+
+/* CPU's kthvalue runs a median-of-three quickselect (Sedgewick's partition, NaN greatest) on
+ * each row and reports the index the k-th element ends up with; among equal values that index
+ * depends on the swaps, so the same swaps are made here. Each loop iteration advances every row
+ * by one partition setup and one exchange (the element-by-element scans of the partition become
+ * one masked min/max each). State: values, indices, L, R, i, j, pivot, phase (0 setup,
+ * 1 partitioning, 2 done). */
+typedef struct {
+  int64_t k, n;
+} qs_t;
+
+enum { QA, QIX, QL, QR, QI, QJ, QPIV, QPH, QN };
+
+static pj_val_t gt_or_nan(pj_lower_t *L, pj_val_t x, pj_val_t y) {
+  pj_val_t g = CMP("GT", x, y);
+  if (!is_float(x.t.dtype)) return g;
+  return OR(g, AND(isnan_(L, x), not_(L, isnan_(L, y))));
+}
+
+/* Elements of [B, n] at per-row positions clamped into the row. */
+static pj_val_t take_clamped(pj_lower_t *L, pj_val_t x, pj_val_t pos) {
+  pj_val_t c = MIN(MAX(pos, csti(L, pos, 0)), csti(L, pos, x.t.dims[1] - 1));
+  return take_rows(L, x, c);
+}
+
+/* Exchanges positions p and q ([B]) of the rows where en ([B] bool) holds. */
+static void qs_swap(pj_lower_t *L, pj_val_t *st, pj_val_t en, pj_val_t p, pj_val_t q) {
+  pj_val_t it = col_iota(L, st[QA].t);
+  pj_val_t enb = bcast_rows(L, en, pj_type_with_dtype(it.t, PJ_BOOL));
+  pj_val_t mp = AND(enb, CMP("EQ", it, bcast_rows(L, p, it.t)));
+  pj_val_t mq = AND(enb, CMP("EQ", it, bcast_rows(L, q, it.t)));
+  for (int k = QA; k <= QIX; k++) {
+    pj_val_t a = st[k];
+    pj_val_t ap = bcast_rows(L, take_clamped(L, a, p), a.t);
+    pj_val_t aq = bcast_rows(L, take_clamped(L, a, q), a.t);
+    st[k] = SEL(mp, aq, SEL(mq, ap, a));
+  }
+}
+
+static pj_val_t qs_cond(pj_lower_t *L, const pj_val_t *st, void *user) {
+  (void)user;
+  pj_val_t ph = st[QPH];
+  int64_t zero = 0;
+  return pj_reduce(H, CMP("NE", ph, csti(L, ph, 2)), &zero, 1, "or");
+}
+
+static void qs_body(pj_lower_t *L, pj_val_t *st, void *user) {
+  const qs_t *q = user;
+  pj_val_t one = csti(L, st[QL], 1);
+  pj_val_t lo = st[QL], hi = st[QR], ph = st[QPH];
+  /* setup of a partition round */
+  pj_val_t setup = CMP("EQ", ph, csti(L, ph, 0));
+  pj_val_t small = AND(setup, CMP("LE", hi, lo));
+  pj_val_t two = AND(setup, CMP("EQ", hi, ADD(lo, one)));
+  pj_val_t gen = AND(setup, CMP("GT", hi, ADD(lo, one)));
+  pj_val_t lo1 = ADD(lo, one);
+  pj_val_t mid = DIV(ADD(lo, hi), csti(L, lo, 2));
+  pj_val_t en = OR(gen, AND(two, gt_or_nan(L, take_clamped(L, st[QA], lo),
+                                           take_clamped(L, st[QA], hi))));
+  qs_swap(L, st, en, SEL(gen, mid, lo), SEL(gen, lo1, hi));
+  qs_swap(L, st, AND(gen, gt_or_nan(L, take_clamped(L, st[QA], lo1), take_clamped(L, st[QA], hi))),
+          lo1, hi);
+  qs_swap(L, st, AND(gen, gt_or_nan(L, take_clamped(L, st[QA], lo), take_clamped(L, st[QA], hi))),
+          lo, hi);
+  qs_swap(L, st, AND(gen, gt_or_nan(L, take_clamped(L, st[QA], lo1), take_clamped(L, st[QA], lo))),
+          lo1, lo);
+  st[QPIV] = SEL(gen, take_clamped(L, st[QA], lo), st[QPIV]);
+  st[QI] = SEL(gen, lo1, st[QI]);
+  st[QJ] = SEL(gen, hi, st[QJ]);
+  ph = SEL(OR(small, two), csti(L, ph, 2), SEL(gen, csti(L, ph, 1), ph));
+  /* one exchange of the partition: i moves up to the first element not below the pivot, j
+   * down to the last not above it */
+  pj_val_t part = CMP("EQ", ph, csti(L, ph, 1));
+  pj_val_t a = st[QA], it = col_iota(L, a.t);
+  pj_val_t pivb = bcast_rows(L, st[QPIV], a.t);
+  pj_val_t ib = bcast_rows(L, st[QI], it.t), jb = bcast_rows(L, st[QJ], it.t);
+  pj_val_t lob = bcast_rows(L, lo, it.t), hib = bcast_rows(L, hi, it.t);
+  pj_val_t ci = AND(AND(CMP("GT", it, ib), CMP("LE", it, hib)), not_(L, gt_or_nan(L, pivb, a)));
+  pj_val_t cj = AND(AND(CMP("LT", it, jb), CMP("GE", it, lob)), not_(L, gt_or_nan(L, a, pivb)));
+  pj_val_t inew = MIN(row_reduce(L, SEL(ci, it, csti(L, it, q->n)), "min"), hi);
+  pj_val_t jnew = MAX(row_reduce(L, SEL(cj, it, csti(L, it, -1)), "max"), lo);
+  pj_val_t cross = CMP("LT", jnew, inew);
+  qs_swap(L, st, part, SEL(cross, lo, inew), jnew);
+  pj_val_t kk = csti(L, lo, q->k);
+  pj_val_t fin = AND(part, cross), cont = AND(part, not_(L, cross));
+  st[QL] = SEL(AND(fin, CMP("LE", jnew, kk)), inew, lo);
+  st[QR] = SEL(AND(fin, CMP("GE", jnew, kk)), SUB(jnew, one), hi);
+  st[QI] = SEL(cont, inew, st[QI]);
+  st[QJ] = SEL(cont, jnew, st[QJ]);
+  st[QPH] = SEL(fin, csti(L, ph, 0), ph);
+}
+
+static pj_status_t *lower_kthvalue(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  if (is_complex(x.t.dtype))
+    return pj_status_new(PJ_ERR_RUNTIME, "kthvalue() does not support complex inputs");
+  rows_t r;
+  int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", -1), x.t.rank) : 0;
+  pj_val_t xr = to_rows(L, x, dim, &r);
+  int64_t k = pj_int(L, "k", 1);
+  if (k < 1 || k > r.n)
+    return pj_status_new(PJ_ERR_INDEX, "kthvalue(): selected number k out of range for "
+                         "dimension %d", dim);
+  if (r.B == 0) return NULL;
+  qs_t q = {.k = k - 1, .n = r.n};
+  int64_t B = r.B;
+  pj_type_t bt = pj_type(PJ_I64, 1, &B);
+  pj_val_t st[QN];
+  st[QA] = xr;
+  st[QIX] = col_iota(L, xr.t);
+  st[QL] = pj_full(H, bt, 0);
+  st[QR] = pj_full(H, bt, (double)(r.n - 1));
+  st[QI] = pj_full(H, bt, 0);
+  st[QJ] = pj_full(H, bt, 0);
+  st[QPIV] = pj_full(H, pj_type(xr.t.dtype, 1, &B), 0);
+  st[QPH] = pj_full(H, bt, 0);
+  if (!while_loop(L, st, QN, qs_cond, qs_body, &q)) return NULL;
+  pj_val_t pos = pj_full(H, bt, (double)q.k);
+  set_rowwise(L, 0, take_rows(L, st[QA], pos));
+  set_rowwise(L, 1, take_rows(L, st[QIX], pos));
+  return NULL;
+}
+
+/* ---- searchsorted / bucketize: CPU's binary search, replayed ---- */
+
+/* For each value, CPU's lower bound (first position whose boundary is not below the value:
+ * !(b >= v) moves right) or upper bound (!(b > v) moves right), by a fixed number of halving
+ * steps over the row of boundaries (through `sorter` when given). */
+static pj_status_t *lower_searchsorted(pj_lower_t *L) {
+  bool bucketize = !strcmp(L->c->op, "bucketize");
+  const char *bname = bucketize ? "boundaries" : "sorted_sequence";
+  const char *names[2] = {bname, "self"};
+  pj_dtype_t ct = pj_result_type(L, names, 2);
+  pj_val_t bd = pj_convert(H, pj_tensor(L, bname), ct);
+  const pj_arg_t *sa = pj_arg(L, "self");
+  pj_val_t v = pj_convert(H, sa && sa->kind == PJ_ARG_TENSOR ? pj_tensor(L, "self")
+                                                             : pj_scalar(L, "self"), ct);
+  const char *side = pj_str(L, "side", NULL);
+  bool right = pj_bool(L, "right", false) || (side && !strcmp(side, "right"));
+  pj_type_t ot = pj_out_type(L, 0);
+  if (bd.id < 0 || v.id < 0) return NULL;
+  if (pj_type_numel(&ot) == 0) return NULL;
+  int64_t M = bd.t.rank ? bd.t.dims[bd.t.rank - 1] : 1;
+  if (M == 0) {
+    pj_set_result(L, 0, pj_full(H, ot, 0));
+    return NULL;
+  }
+  int64_t total = pj_type_numel(&bd.t);
+  pj_val_t bflat = pj_reshape(H, bd, 1, &total);
+  pj_val_t sorter = pj_has(L, "sorter") ? pj_convert(H, pj_tensor(L, "sorter"), PJ_I64) : kBad;
+  if (sorter.id >= 0) sorter = pj_reshape(H, sorter, 1, &total);
+  /* values as [rows, N] with the row base offset of each value */
+  pj_type_t it = pj_type_with_dtype(v.t, PJ_I64);
+  pj_val_t base = pj_full(H, it, 0);
+  if (bd.t.rank > 1) {
+    int64_t N = v.t.dims[v.t.rank - 1], rows = pj_type_numel(&v.t) / (N ? N : 1);
+    int64_t d2[2] = {rows, N};
+    pj_type_t t2 = pj_type(PJ_I64, 2, d2);
+    base = pj_reshape(H, MUL(pj_iota(H, t2, 0), pj_full(H, t2, (double)M)), v.t.rank, v.t.dims);
+  }
+  pj_val_t start = pj_full(H, it, 0), end = pj_full(H, it, (double)M);
+  pj_val_t one = pj_full(H, it, 1), two = pj_full(H, it, 2), last = pj_full(H, it, (double)(M - 1));
+  for (int64_t span = M; span > 0; span /= 2) { /* floor(log2 M) + 1 steps */
+    pj_val_t active = CMP("LT", start, end);
+    pj_val_t mid = ADD(start, DIV(SUB(end, start), two));
+    pj_val_t pos = ADD(base, MIN(mid, last));
+    if (sorter.id >= 0) pos = ADD(base, pj_gather_1d(H, sorter, pos));
+    pj_val_t mv = pj_gather_1d(H, bflat, pos);
+    pj_val_t go = not_(L, CMP(right ? "GT" : "GE", mv, v));
+    start = SEL(AND(active, go), ADD(mid, one), start);
+    end = SEL(AND(active, not_(L, go)), mid, end);
+  }
+  pj_set_result(L, 0, start);
+  return NULL;
+}
+
+/* ---- cummax / cummin ---- */
+
+/* Running (value, index) extremum along the rows by recursive doubling. The combination of an
+ * earlier pair a and a later pair b takes b when b is NaN, or when neither is NaN and b is at
+ * least (cummax) / at most (cummin) a: CPU's loop, which keeps the latest of equal extremes and
+ * the latest NaN. The combination is associative, so doubling gives the sequential result. */
+static pj_status_t *lower_cumextremum(pj_lower_t *L) {
+  bool is_max = !strcmp(L->c->op, "_cummax_helper");
+  pj_val_t x = pj_tensor(L, "self");
+  int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank) : 0;
+  rows_t r;
+  pj_val_t v = to_rows(L, x, dim, &r);
+  if (r.B == 0 || r.n == 0) return NULL;
+  if (v.t.dtype == PJ_BOOL) v = pj_convert(H, v, PJ_I32);
+  pj_dtype_t dt = v.t.dtype;
+  pj_val_t ix = col_iota(L, v.t);
+  pj_val_t ident = dt == PJ_I64 ? pj_const_i(H, dt, is_max ? INT64_MIN : INT64_MAX)
+                                : pj_const(H, dt, is_max ? pj_dtype_lowest(dt)
+                                                         : pj_dtype_highest(dt));
+  int64_t B = r.B, n = r.n;
+  for (int64_t s = 1; s < n; s *= 2) {
+    int64_t st[2] = {0, 0}, lim[2] = {B, n - s}, lo[2] = {0, s}, hi[2] = {0, 0};
+    pj_val_t av = pj_pad(H, pj_slice(H, v, st, lim, NULL), ident, lo, hi, NULL);
+    pj_val_t ai = pj_pad(H, pj_slice(H, ix, st, lim, NULL), pj_const_i(H, PJ_I64, -1), lo, hi,
+                         NULL);
+    pj_val_t take_b = CMP(is_max ? "GE" : "LE", v, av);
+    if (is_float(dt))
+      take_b = OR(isnan_(L, v), AND(not_(L, isnan_(L, av)), take_b));
+    v = SEL(take_b, v, av);
+    ix = SEL(take_b, ix, ai);
+  }
+  pj_set_result(L, 0, from_rows(L, v, &r));
+  pj_set_result(L, 1, from_rows(L, ix, &r));
+  return NULL;
+}
+
+/* ---- logcumsumexp ---- */
+
+/* log(exp(a) + exp(b)) as CPU's scan step computes it: max + log1p(exp(min - max)), except when
+ * both are the same infinity (then that infinity); a NaN propagates. */
+static pj_val_t log_add_exp(pj_lower_t *L, pj_val_t a, pj_val_t b) {
+  pj_val_t bn = isnan_(L, b);
+  pj_val_t mn = SEL(bn, b, MIN(a, b)), mx = SEL(bn, b, MAX(a, b));
+  pj_val_t fin = pj_hlo_op(H, "stablehlo.is_finite", &mn, 1, NULL,
+                           pj_type_with_dtype(mn.t, PJ_BOOL));
+  pj_val_t r = ADD(mx, U("log_plus_one", U("exponential", SUB(mn, mx))));
+  pj_val_t use = OR(CMP("NE", mn, mx), fin);
+  return SEL(use, r, a);
+}
+
+static pj_status_t *lower_logcumsumexp(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  if (is_complex(ot.dtype))
+    return pj_status_new(PJ_ERR_UNIMPLEMENTED,
+                         "aten::_logcumsumexp is not lowered for complex tensors on tpu");
+  int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank) : 0;
+  pj_dtype_t ct = ot.dtype == PJ_BF16 || ot.dtype == PJ_F16 ? PJ_F32 : ot.dtype;
+  rows_t r;
+  pj_val_t v = to_rows(L, pj_convert(H, pj_convert(H, x, ot.dtype), ct), dim, &r);
+  if (r.B == 0 || r.n == 0) return NULL;
+  int64_t B = r.B, n = r.n;
+  for (int64_t s = 1; s < n; s *= 2) {
+    int64_t st[2] = {0, 0}, lim[2] = {B, n - s}, lo[2] = {0, s}, hi[2] = {0, 0};
+    pj_val_t a = pj_pad(H, pj_slice(H, v, st, lim, NULL), pj_const(H, ct, -INFINITY), lo, hi,
+                        NULL);
+    v = log_add_exp(L, a, v);
+  }
+  pj_set_result(L, 0, from_rows(L, v, &r));
+  return NULL;
+}
+
+/* ---- nonzero_static ---- */
+
+static pj_status_t *lower_nonzero_static(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  int64_t size = ot.dims[0], r = x.t.rank, n = pj_type_numel(&x.t);
+  if (size == 0 || r == 0 || x.id < 0) {
+    if (pj_type_numel(&ot)) pj_set_result(L, 0, pj_full(H, ot, 0));
+    return NULL;
+  }
+  pj_val_t fill = pj_const_i(H, PJ_I64, pj_int(L, "fill_value", -1));
+  int64_t one = 1;
+  pj_type_t st = pj_type(PJ_I64, 1, &size);
+  pj_val_t pos, cnt;
+  if (n == 0) {
+    pos = pj_full(H, st, 0);
+    cnt = pj_const_i(H, PJ_I64, 0);
+  } else {
+    pj_val_t m = pj_reshape(H, pj_convert(H, x, PJ_BOOL), 1, &n);
+    pos = pj_true_positions(L, m);
+    cnt = pj_count_true(L, m);
+    int64_t z = 0, lim = size < n ? size : n, lo = 0, hi = size > n ? size - n : 0;
+    pos = pj_slice(H, pos, &z, &lim, NULL);
+    if (hi) pos = pj_pad(H, pos, pj_const_i(H, PJ_I64, 0), &lo, &hi, NULL);
+  }
+  pj_val_t valid = CMP("LT", pj_iota(H, st, 0), bcast(L, cnt, st));
+  pj_val_t cols[PJ_MAX_RANK];
+  int64_t stride = 1;
+  int64_t d2[2] = {size, 1};
+  for (int d = (int)r - 1; d >= 0; d--) {
+    pj_val_t c = pj_binary(H, "stablehlo.remainder", DIV(pos, pj_full(H, st, (double)stride)),
+                           pj_full(H, st, (double)x.t.dims[d]));
+    c = SEL(valid, c, bcast(L, fill, st));
+    cols[d] = pj_reshape(H, c, 2, d2);
+    stride *= x.t.dims[d];
+  }
+  (void)one;
+  pj_set_result(L, 0, pj_concat(H, cols, (int)r, 1));
+  return NULL;
+}
+
+/* ---- equal ---- */
+
+/* torch.equal: same sizes and every element equal after type promotion (NaN is never equal).
+ * The result is a 0-d bool that the bridge reads back as a Python bool. */
+static pj_status_t *lower_equal(pj_lower_t *L) {
+  pj_val_t a = pj_tensor(L, "self"), b = pj_tensor(L, "other");
+  if (a.id < 0 || b.id < 0) return NULL;
+  if (!pj_type_same_shape(&a.t, &b.t)) {
+    pj_set_result(L, 0, pj_const(H, PJ_BOOL, 0));
+    return NULL;
+  }
+  pj_dtype_t ct = pj_promote(a.t.dtype, b.t.dtype);
+  pj_val_t eq = CMP("EQ", pj_convert(H, a, ct), pj_convert(H, b, ct));
+  int64_t all[PJ_MAX_RANK];
+  for (int i = 0; i < eq.t.rank; i++) all[i] = i;
+  pj_set_result(L, 0, pj_reduce(H, eq, all, eq.t.rank, "and"));
+  return NULL;
+}
+
+/* ---- data-dependent result shapes (dynamic.h) ---- */
+
+/* Inclusive running sum along a 1-D i64 value by recursive doubling. */
+static pj_val_t running_sum_1d(pj_lower_t *L, pj_val_t x) {
+  int64_t n = x.t.dims[0];
+  for (int64_t s = 1; s < n; s *= 2) {
+    int64_t z = 0, lim = n - s, lo = s, hi = 0;
+    x = ADD(x, pj_pad(H, pj_slice(H, x, &z, &lim, NULL), pj_const_i(H, x.t.dtype, 0), &lo, &hi,
+                      NULL));
+  }
+  return x;
+}
+
+/* Run starts of a flat value v [N]: p == 0 or v[p] != v[p-1] (NaNs are never equal). */
+static pj_val_t run_starts(pj_lower_t *L, pj_val_t v) {
+  int64_t n = v.t.dims[0];
+  if (n <= 1) return pj_full(H, pj_type_with_dtype(v.t, PJ_BOOL), 1);
+  int64_t a0 = 0, a1 = n - 1, b0 = 1, b1 = n, lo = 1, hi = 0;
+  pj_val_t d = CMP("NE", pj_slice(H, v, &b0, &b1, NULL), pj_slice(H, v, &a0, &a1, NULL));
+  return pj_pad(H, d, pj_const(H, PJ_BOOL, 1), &lo, &hi, NULL);
+}
+
+static pj_val_t flat_of(pj_lower_t *L, pj_val_t x) {
+  int64_t n = pj_type_numel(&x.t);
+  return pj_reshape(H, x, 1, &n);
+}
+
+static const pj_arg_t *carg(const pj_call_t *c, const char *name) {
+  for (int i = 0; i < c->nargs; i++)
+    if (!strcmp(c->args[i].name, name)) return &c->args[i];
+  return NULL;
+}
+
+static const pj_tensor_desc_t *ctensor(const pj_call_t *c, const char *name) {
+  const pj_arg_t *a = carg(c, name);
+  return a && a->kind == PJ_ARG_TENSOR ? &c->tensors[a->first] : NULL;
+}
+
+static bool cflag(const pj_call_t *c, const char *name) {
+  const pj_arg_t *a = carg(c, name);
+  return a && a->kind == PJ_ARG_BOOL && a->i;
+}
+
+int pj_select_dynamic(const pj_call_t *c) {
+  const char *op = c->op;
+  if (!strcmp(op, "_unique2") || !strcmp(op, "bincount")) return PJ_SHAPE_FROM_COUNT;
+  if (!strcmp(op, "unique_consecutive")) {
+    const pj_arg_t *d = carg(c, "dim");
+    return !d || d->kind == PJ_ARG_NONE ? PJ_SHAPE_FROM_COUNT : 0;
+  }
+  if (!strcmp(op, "repeat_interleave")) {
+    const pj_arg_t *os = carg(c, "output_size");
+    return carg(c, "repeats") && !carg(c, "self") && (!os || os->kind == PJ_ARG_NONE)
+               ? PJ_SHAPE_FROM_COUNT
+               : 0;
+  }
+  if (!strcmp(op, "_logcumsumexp")) return PJ_SHAPE_FROM_ARGS;
+  return 0;
+}
+
+pj_status_t *pj_select_out_types(const pj_call_t *c, int64_t count, pj_type_t *outs, int max,
+                                 int *n) {
+  const char *op = c->op;
+  *n = 0;
+  if (max < 3) return pj_status_new(PJ_ERR_RUNTIME, "internal: no room for results");
+  if (!strcmp(op, "_logcumsumexp")) {
+    const pj_tensor_desc_t *s = ctensor(c, "self");
+    if (!s) return pj_status_new(PJ_ERR_RUNTIME, "internal: _logcumsumexp without self");
+    outs[(*n)++] = pj_type(s->dtype, s->rank, s->sizes);
+    return NULL;
+  }
+  if (!strcmp(op, "_unique2") || !strcmp(op, "unique_consecutive")) {
+    const pj_tensor_desc_t *s = ctensor(c, "self");
+    if (!s) return pj_status_new(PJ_ERR_RUNTIME, "internal: %s without self", op);
+    int64_t zero = 0;
+    outs[0] = pj_type(s->dtype, 1, &count);
+    outs[1] = cflag(c, "return_inverse") ? pj_type(PJ_I64, s->rank, s->sizes)
+                                         : pj_type(PJ_I64, 1, &zero);
+    outs[2] = cflag(c, "return_counts") ? pj_type(PJ_I64, 1, &count) : pj_type(PJ_I64, 1, &zero);
+    *n = 3;
+    return NULL;
+  }
+  if (!strcmp(op, "bincount")) {
+    const pj_tensor_desc_t *s = ctensor(c, "self"), *w = ctensor(c, "weights");
+    const pj_arg_t *ml = carg(c, "minlength");
+    int64_t minlength = ml && ml->kind == PJ_ARG_INT ? ml->i : 0;
+    if (!s || s->rank != 1 || pj_dtype_info(s->dtype)->is_float ||
+        pj_dtype_info(s->dtype)->is_complex || s->dtype == PJ_BOOL || count < 0)
+      return pj_status_new(PJ_ERR_RUNTIME,
+                           "bincount only supports 1-d non-negative integral inputs.");
+    if (minlength < 0)
+      return pj_status_new(PJ_ERR_RUNTIME, "minlength should be >= 0");
+    if (w && (w->rank != 1 || w->sizes[0] != s->sizes[0]))
+      return pj_status_new(PJ_ERR_RUNTIME, "weights should be 1-d and have the same length as "
+                           "input");
+    int64_t len = count > minlength ? count : minlength;
+    outs[(*n)++] = pj_type(w ? (w->dtype == PJ_F32 ? PJ_F32 : PJ_F64) : PJ_I64, 1, &len);
+    return NULL;
+  }
+  if (!strcmp(op, "repeat_interleave")) {
+    const pj_tensor_desc_t *r = ctensor(c, "repeats");
+    if (!r || r->rank != 1)
+      return pj_status_new(PJ_ERR_RUNTIME, "repeat_interleave only accept 1D vector as repeat");
+    if (count < 0) return pj_status_new(PJ_ERR_RUNTIME, "repeats can not be negative");
+    outs[(*n)++] = pj_type(r->dtype, 1, &count);
+    return NULL;
+  }
+  return pj_status_new(PJ_ERR_RUNTIME, "internal: aten::%s is not a dynamic op", op);
+}
+
+/* Counting programs "_pj_count_<op>": one 0-d i64 (negative: invalid input, reported by
+ * pj_select_out_types with CPU's message). */
+static pj_status_t *lower_select_count(pj_lower_t *L) {
+  const char *op = L->c->op + strlen("_pj_count_");
+  pj_val_t r = pj_const_i(H, PJ_I64, 0);
+  if (!strcmp(op, "_unique2") || !strcmp(op, "unique_consecutive")) {
+    pj_val_t x = flat_of(L, pj_tensor(L, "self"));
+    if (x.id >= 0 && x.t.dims[0] > 0) {
+      if (!strcmp(op, "_unique2")) {
+        pj_val_t res;
+        if (!pj_sort_along(L, &x, 1, 0, false, &res)) return NULL;
+        x = res;
+      }
+      r = pj_count_true(L, run_starts(L, x));
+    }
+  } else if (!strcmp(op, "bincount")) {
+    pj_val_t x = flat_of(L, pj_convert(H, pj_tensor(L, "self"), PJ_I64));
+    if (x.id >= 0 && x.t.dims[0] > 0) {
+      int64_t zero = 0;
+      pj_val_t mx = pj_reduce(H, x, &zero, 1, "max"), mn = pj_reduce(H, x, &zero, 1, "min");
+      r = SEL(CMP("LT", mn, pj_const_i(H, PJ_I64, 0)), pj_const_i(H, PJ_I64, -1),
+              ADD(mx, pj_const_i(H, PJ_I64, 1)));
+    }
+  } else if (!strcmp(op, "repeat_interleave")) {
+    pj_val_t x = flat_of(L, pj_convert(H, pj_tensor(L, "repeats"), PJ_I64));
+    if (x.id >= 0 && x.t.dims[0] > 0) {
+      int64_t zero = 0;
+      pj_val_t mn = pj_reduce(H, x, &zero, 1, "min");
+      r = SEL(CMP("LT", mn, pj_const_i(H, PJ_I64, 0)), pj_const_i(H, PJ_I64, -1),
+              pj_reduce(H, x, &zero, 1, "add"));
+    }
+  }
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
+/* unique (always sorted on CPU, NaNs last and each its own value) and unique_consecutive:
+ * values at the run starts, inverse = run number of each element, counts = run lengths. */
+static pj_status_t *lower_unique(pj_lower_t *L) {
+  bool sorted = !strcmp(L->c->op, "_unique2");
+  int64_t K = pj_int(L, "__count", 0);
+  pj_val_t x = pj_tensor(L, "self");
+  pj_val_t v = flat_of(L, x);
+  if (v.id < 0) return NULL;
+  int64_t N = v.t.dims[0];
+  if (N == 0 || K == 0) return NULL;
+  pj_type_t nt = pj_type(PJ_I64, 1, &N);
+  pj_val_t order = pj_iota(H, nt, 0);
+  if (sorted) {
+    pj_val_t ops[2] = {v, order}, res[2];
+    if (!pj_sort_along(L, ops, 2, 0, false, res)) return NULL;
+    v = res[0];
+    order = res[1];
+  }
+  pj_val_t starts = run_starts(L, v);
+  pj_val_t pos = pj_true_positions(L, starts); /* run starts first */
+  int64_t z = 0, k1 = K + 1 <= N ? K + 1 : N;
+  pj_val_t first = pj_slice(H, pos, &z, &K, NULL);
+  pj_set_result(L, 0, pj_gather_1d(H, v, first));
+  if (pj_nout(L) > 1) {
+    pj_type_t it = pj_out_type(L, 1);
+    if (pj_type_numel(&it) > 0) {
+      pj_val_t run = SUB(running_sum_1d(L, pj_convert(H, starts, PJ_I64)), pj_full(H, nt, 1));
+      pj_val_t inv = sorted ? pj_scatter_1d(H, pj_full(H, nt, 0), order, run, NULL) : run;
+      pj_set_result(L, 1, pj_reshape(H, inv, it.rank, it.dims));
+    }
+  }
+  if (pj_nout(L) > 2) {
+    pj_type_t ct = pj_out_type(L, 2);
+    if (pj_type_numel(&ct) > 0) {
+      /* next run start (N after the last run) minus this one */
+      pj_val_t nxt = pj_slice(H, pos, (int64_t[]){1}, &k1, NULL);
+      int64_t lo = 0, hi = K - (k1 - 1);
+      nxt = pj_pad(H, nxt, pj_const_i(H, PJ_I64, N), &lo, &hi, NULL);
+      pj_type_t kt = pj_type(PJ_I64, 1, &K);
+      pj_val_t valid = CMP("LT", pj_iota(H, kt, 0), pj_full(H, kt, (double)(K - 1)));
+      nxt = SEL(valid, nxt, pj_full(H, kt, (double)N));
+      pj_set_result(L, 2, SUB(nxt, first));
+    }
+  }
+  return NULL;
+}
+
+/* bincount: weights (or ones) summed into bins; the bin count came from the counting program. */
+static pj_status_t *lower_bincount(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t x = flat_of(L, pj_convert(H, pj_tensor(L, "self"), PJ_I64));
+  if (x.id < 0 || pj_type_numel(&ot) == 0) return NULL;
+  if (x.t.dims[0] == 0) {
+    pj_set_result(L, 0, pj_full(H, ot, 0));
+    return NULL;
+  }
+  pj_val_t w = pj_has(L, "weights") ? pj_convert(H, flat_of(L, pj_tensor(L, "weights")), ot.dtype)
+                                    : pj_full(H, pj_type_with_dtype(x.t, ot.dtype), 1);
+  pj_set_result(L, 0, pj_scatter_1d(H, pj_full(H, ot, 0), x, w, "add"));
+  return NULL;
+}
+
+/* repeat_interleave(repeats): output[j] = number of i whose running sum of repeats is <= j,
+ * i.e. a running sum over bins marked at each running sum. */
+static pj_status_t *lower_repeat_interleave(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  int64_t T = pj_type_numel(&ot);
+  pj_val_t r = flat_of(L, pj_convert(H, pj_tensor(L, "repeats"), PJ_I64));
+  if (r.id < 0 || T == 0) return NULL;
+  pj_val_t cum = running_sum_1d(L, r);
+  int64_t T1 = T + 1;
+  pj_type_t t1 = pj_type(PJ_I64, 1, &T1);
+  pj_val_t marks = pj_scatter_1d(H, pj_full(H, t1, 0), MIN(cum, pj_full(H, cum.t, (double)T)),
+                                 pj_full(H, cum.t, 1), "add");
+  int64_t z = 0;
+  pj_set_result(L, 0, running_sum_1d(L, pj_slice(H, marks, &z, &T, NULL)));
+  return NULL;
+}
+
+const pj_lowering_entry_t pj_lowerings_select[] = {
+    {"median", lower_median},
+    {"nanmedian", lower_median},
+    {"mode", lower_mode},
+    {"kthvalue", lower_kthvalue},
+    {"searchsorted", lower_searchsorted},
+    {"bucketize", lower_searchsorted},
+    {"_cummax_helper", lower_cumextremum},
+    {"_cummin_helper", lower_cumextremum},
+    {"_logcumsumexp", lower_logcumsumexp},
+    {"nonzero_static", lower_nonzero_static},
+    {"equal", lower_equal},
+    {"_unique2", lower_unique},
+    {"unique_consecutive", lower_unique},
+    {"bincount", lower_bincount},
+    {"repeat_interleave", lower_repeat_interleave},
+    {"_pj_count__unique2", lower_select_count},
+    {"_pj_count_unique_consecutive", lower_select_count},
+    {"_pj_count_bincount", lower_select_count},
+    {"_pj_count_repeat_interleave", lower_select_count},
+    {NULL, NULL},
+};
