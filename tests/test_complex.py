@@ -192,3 +192,42 @@ def test_fft_runs_on_device_and_stft():
     z = _z(8)
     _same(torch.fft.fftshift(torch.fft.fft(z.to(TPU))), torch.fft.fftshift(torch.fft.fft(z)), atol=1e-5, rtol=1e-5)
     assert dict(torch.tpu.fallback_ops()) == before
+
+
+# ---- complex reductions and scans ----
+
+REDUCTIONS = {
+    "sum_dim": lambda a: a.sum(1),
+    "sum": lambda a: a.sum(),
+    "mean": lambda a: a.mean(0),
+    "prod_dim": lambda a: a.prod(1),
+    "prod": lambda a: a.prod(),
+    "vector_norm": lambda a: torch.linalg.vector_norm(a),
+    "vector_norm_3": lambda a: torch.linalg.vector_norm(a, 3, dim=1),
+    "vector_norm_inf": lambda a: torch.linalg.vector_norm(a, float("inf")),
+    "vector_norm_dtype": lambda a: torch.linalg.vector_norm(a, dtype=torch.complex128),
+    "norm": lambda a: torch.norm(a),
+    "var": lambda a: torch.var(a, 1),
+    "std": lambda a: torch.std(a),
+    "var_mean_mean": lambda a: torch.var_mean(a, 0)[1],
+    "var_mean_var": lambda a: torch.var_mean(a, 0)[0],
+    "cumsum": lambda a: a.cumsum(1),
+    "cumprod": lambda a: a.cumprod(0),
+    "logsumexp": lambda a: torch.logsumexp(a, 1),
+    "trace": lambda a: a[:4, :4].trace(),
+    "einsum": lambda a: torch.einsum("ij,ij->i", a, a),
+}
+
+
+@pytest.mark.parametrize("name", sorted(REDUCTIONS))
+def test_complex_reduction_matches_cpu(name):
+    z = _z(4, 5)
+    _same(REDUCTIONS[name](z.to(TPU)), REDUCTIONS[name](z), atol=1e-4, rtol=1e-4)
+
+
+def test_nansum_of_complex_raises_like_cpu():
+    z = _z(3)
+    with pytest.raises(RuntimeError):
+        torch.nansum(z)
+    with pytest.raises(RuntimeError, match="complex"):
+        torch.nansum(z.to(TPU))

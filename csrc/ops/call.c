@@ -334,6 +334,10 @@ static pj_status_t *build_single(void *ctx, char **text, size_t *len) {
   for (int i = 0; i < c->nscalars; i++) scalars[i] = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
   st = pj_call_emit(h, c, b->fn, in, scalars, full, written);
   if (st) goto done;
+  if (!pj_hlo_ok(h)) { /* the lowering's own error (its writes were skipped): report that */
+    st = pj_hlo_finish(h, NULL, 0, NULL, text, len);
+    goto done;
+  }
   pj_val_t outs[PJ_CALL_MAX_SLOTS];
   int alias[PJ_CALL_MAX_SLOTS], n = 0;
   for (int s = 0; s < c->nslots; s++)

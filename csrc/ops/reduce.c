@@ -128,7 +128,10 @@ static pj_status_t *lower_sum_like(pj_lower_t *L) {
   const char *op = L->c->op;
   pj_val_t x = pj_tensor(L, "self");
   pj_dtype_t out = pj_out_type(L, 0).dtype;
-  if (is_complex(x.t.dtype) || is_complex(out)) return unsupported_complex(L);
+  if (!strcmp(op, "nansum") && (is_complex(x.t.dtype) || is_complex(out))) {
+    pj_fail(L, PJ_ERR_RUNTIME, "nansum does not support complex inputs");
+    return NULL;
+  }
   rdims_t r;
   rdims_arg(L, "dim", &x.t, &r); /* prod.dim_int's single int arrives as a one-element list */
   /* CPU converts to the requested dtype first, then accumulates in that dtype's acc type;
@@ -286,20 +289,23 @@ static pj_status_t *lower_argmax_argmin(pj_lower_t *L) {
 static pj_status_t *lower_var_std(pj_lower_t *L) {
   const char *op = L->c->op;
   pj_val_t x = pj_tensor(L, "self");
-  if (is_complex(x.t.dtype)) return unsupported_complex(L);
-  if (!is_float(x.t.dtype)) { /* the Meta kernel accepts these; CPU's kernel does not */
+  if (!is_float(x.t.dtype) && !is_complex(x.t.dtype)) { /* Meta accepts these; CPU does not */
     pj_fail(L, PJ_ERR_RUNTIME, "std and var only support floating point and complex dtypes");
     return NULL;
   }
   rdims_t r;
   rdims_arg(L, "dim", &x.t, &r);
-  pj_dtype_t ct = acc_of(pj_out_type(L, 0).dtype);
-  x = pj_convert(H, x, ct);
+  pj_dtype_t ct = acc_of(pj_out_type(L, 0).dtype); /* real, also for a complex input */
+  if (!is_complex(x.t.dtype)) x = pj_convert(H, x, ct);
   /* two passes (mean, then squared deviations) for accuracy */
   pj_val_t sum = reduce(L, x, &r, "add");
   pj_val_t mean = DIV(sum, cst(L, sum, (double)r.count));
   pj_val_t d = SUB(x, expand_back(L, mean, &x.t, &r));
-  pj_val_t ss = reduce(L, MUL(d, d), &r, "add");
+  /* |d|^2: for complex deviations the squared modulus re^2 + im^2 */
+  pj_val_t d2 = is_complex(d.t.dtype)
+                    ? ADD(MUL(U("real", d), U("real", d)), MUL(U("imag", d), U("imag", d)))
+                    : MUL(d, d);
+  pj_val_t ss = reduce(L, pj_convert(H, d2, ct), &r, "add");
   /* divisor max(N - correction, 0) with the correction a runtime value (default 1) */
   pj_val_t n = cst(L, ss, (double)r.count);
   pj_val_t corr = pj_has(L, "correction") ? bcast_scalar(L, pj_scalar(L, "correction"), ss)
@@ -320,13 +326,18 @@ static pj_status_t *lower_var_std(pj_lower_t *L) {
 static pj_status_t *lower_norm(pj_lower_t *L) {
   const char *pname = pj_arg(L, "ord") ? "ord" : "p";
   pj_val_t x = pj_tensor(L, "self");
-  if (is_complex(x.t.dtype)) return unsupported_complex(L);
   pj_dtype_t out = pj_out_type(L, 0).dtype;
   pj_dtype_t ct = acc_of(out);
   rdims_t r;
   rdims_arg(L, "dim", &x.t, &r);
-  x = pj_convert(H, pj_convert(H, x, out), ct);
-  pj_val_t a = U("abs", x);
+  pj_val_t a;
+  if (is_complex(x.t.dtype)) { /* norms of complex vectors are norms of the moduli (real) */
+    if (pj_has(L, "dtype")) x = pj_convert(H, x, out == PJ_F64 ? PJ_C128 : PJ_C64);
+    a = pj_convert(H, U("abs", x), ct);
+  } else {
+    x = pj_convert(H, pj_convert(H, x, out), ct);
+    a = U("abs", x);
+  }
   pj_val_t sq = reduce(L, MUL(a, a), &r, "add");
   pj_val_t p = pj_has(L, pname) ? bcast_scalar(L, pj_scalar(L, pname), sq) : cst(L, sq, 2);
   pj_val_t n2 = U("sqrt", sq);
@@ -352,14 +363,15 @@ static pj_status_t *lower_norm(pj_lower_t *L) {
 
 static pj_status_t *lower_logsumexp(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
-  if (is_complex(x.t.dtype)) return unsupported_complex(L);
   rdims_t r;
   rdims_arg(L, "dim", &x.t, &r);
   x = pj_convert(H, x, acc_of(pj_out_type(L, 0).dtype));
-  /* subtract the max; an infinite max (all -inf, or +inf present) is replaced by 0 so the
-   * shift cannot make inf - inf = NaN, and added back after the log */
-  pj_val_t m = reduce(L, x, &r, "max");
+  /* subtract the max (of the real parts for complex input); an infinite max (all -inf, or
+   * +inf present) is replaced by 0 so the shift cannot make inf - inf = NaN, and added back
+   * after the log */
+  pj_val_t m = reduce(L, is_complex(x.t.dtype) ? U("real", x) : x, &r, "max");
   m = SEL(CMP("EQ", U("abs", m), cst(L, m, INFINITY)), cst(L, m, 0), m);
+  m = pj_convert(H, m, x.t.dtype);
   pj_val_t s = reduce(L, U("exponential", SUB(x, expand_back(L, m, &x.t, &r))), &r, "add");
   set_out(L, 0, ADD(U("log", s), m));
   return NULL;
@@ -408,7 +420,6 @@ static pj_status_t *lower_cumsum_cumprod(pj_lower_t *L) {
   bool prod = !strcmp(L->c->op, "cumprod");
   pj_val_t x = pj_tensor(L, "self");
   pj_dtype_t out = pj_out_type(L, 0).dtype;
-  if (is_complex(out)) return unsupported_complex(L);
   int dim = pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank);
   pj_dtype_t ct = out == PJ_BOOL ? PJ_I64 : acc_of(out);
   x = pj_convert(H, pj_convert(H, x, out == PJ_BOOL ? x.t.dtype : out), ct);
