@@ -163,6 +163,23 @@ std::vector<at::Tensor> resolve_bits(std::vector<at::Tensor> ts) {
   return ts;
 }
 
+// Ops without a Meta kernel whose one result has the shape and dtype of `self` (gradients
+// of losses); their output metadata is that of self.
+std::optional<std::vector<c10::IValue>> returns_like_self(const std::string& base,
+                                                          const c10::FunctionSchema& schema,
+                                                          const torch::jit::Stack& args) {
+  if (base != "multi_margin_loss_backward" && base != "multilabel_margin_loss_backward")
+    return std::nullopt;
+  for (size_t i = 0; i < schema.arguments().size(); i++)
+    if (schema.arguments()[i].name() == "self" && args[i].isTensor()) {
+      const at::Tensor& t = args[i].toTensor();
+      std::vector<c10::IValue> r;
+      r.emplace_back(at::empty(t.sizes(), t.options().device(c10::kMeta)));
+      return r;
+    }
+  return std::nullopt;
+}
+
 void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v) {
   const std::string& name = arg.name();
   // out= tensors are destinations only (added as outs after they are resized: describing them
@@ -365,6 +382,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   bool fresh_returns = false;
   for (const c10::Argument& r : schema.returns()) fresh_returns = fresh_returns || !is_write(r);
   std::optional<std::vector<c10::IValue>> meta = meta_returns(op, args);
+  if (!meta) meta = returns_like_self(base, schema, args);
   if (!meta) {
     // No Meta kernel. Data-dependent output shapes (nonzero, masked_select, ...) cannot be
     // known without running: those take the CPU path. Ops whose only outputs are their mutated

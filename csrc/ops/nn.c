@@ -14,6 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "../hlo/strbuf.h"
 #include "table.h"
 #include "emit.h"
 
@@ -606,6 +607,308 @@ static pj_status_t *lower_smooth_l1_huber(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- shrink backwards ---- */
+
+/* A Scalar argument (a runtime 0-d value) converted to t's dtype and broadcast to t. */
+static pj_val_t scalar_like(pj_lower_t *L, const char *name, pj_type_t t) {
+  return pj_broadcast_in_dim(H, pj_convert(H, pj_scalar(L, name), t.dtype), t, NULL);
+}
+
+/* softshrink_backward / hardshrink_backward: the gradient passes where |x| > lambd. */
+static pj_status_t *lower_shrink_backward(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  pj_val_t x = pj_convert(H, pj_tensor(L, "self"), ct);
+  pj_val_t g = pj_tensor(L, pj_arg(L, "grad_out") ? "grad_out" : "grad_output");
+  g = pj_broadcast_to(H, pj_convert(H, g, ct), ot.rank, ot.dims);
+  x = pj_broadcast_to(H, x, ot.rank, ot.dims);
+  pj_val_t lam = scalar_like(L, "lambd", x.t);
+  pj_val_t inside = AND(CMP("GE", x, U("negate", lam)), CMP("LE", x, lam));
+  pj_set_result(L, 0, SEL(inside, cst(L, g, 0), g));
+  return NULL;
+}
+
+/* ---- margin losses (backward) ---- */
+
+/* grad_output per sample [N] (reduction none) or a scalar broadcast to [N], divided by N for
+ * mean and by `per` (the class count) always. */
+static pj_val_t per_sample_grad(pj_lower_t *L, int64_t n, double per, pj_dtype_t ct) {
+  pj_val_t g = pj_convert(H, pj_tensor(L, "grad_output"), ct);
+  int64_t red = pj_int(L, "reduction", RED_MEAN);
+  pj_type_t t = pj_type(ct, 1, &n);
+  if (red == RED_NONE && pj_type_numel(&g.t) == n) {
+    g = pj_reshape(H, g, 1, &n);
+  } else {
+    g = pj_broadcast_in_dim(H, pj_reshape(H, g, 0, NULL), t, NULL);
+    if (red == RED_MEAN) per *= (double)n;
+  }
+  return DIV(g, pj_full(H, t, per));
+}
+
+/* multi_margin_loss: per sample, sum over j != y of max(0, margin - x[y] + x[j])^p * w[y],
+ * divided by C. */
+static pj_status_t *lower_multi_margin_backward(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  pj_val_t x = pj_convert(H, pj_tensor(L, "self"), ct);
+  int64_t c = x.t.rank ? x.t.dims[x.t.rank - 1] : 1, total = pj_type_numel(&x.t);
+  int64_t n = c ? total / c : 0, nc[2] = {n, c};
+  x = pj_reshape(H, x, 2, nc);
+  pj_type_t t2 = x.t, i2 = pj_type_with_dtype(x.t, PJ_I64);
+  int64_t d0 = 0, d1 = 1;
+  pj_val_t tgt = pj_reshape(H, pj_convert(H, pj_tensor(L, "target"), PJ_I64), 1, &n);
+  pj_val_t onehot = CMP("EQ", pj_iota(H, i2, 1), pj_broadcast_in_dim(H, tgt, i2, &d0));
+  pj_val_t xy = pj_reduce(H, SEL(onehot, x, pj_full(H, t2, 0)), &d1, 1, "add");
+  pj_val_t z = ADD(SUB(scalar_like(L, "margin", t2), pj_broadcast_in_dim(H, xy, t2, &d0)), x);
+  pj_val_t active = AND(CMP("GT", z, pj_full(H, t2, 0)), U("not", onehot));
+  /* p is 1 or 2 (checked by PyTorch before the backward exists) */
+  pj_val_t h = SEL(CMP("EQ", scalar_like(L, "p", t2), pj_full(H, t2, 1)), pj_full(H, t2, 1),
+                   MUL(pj_full(H, t2, 2), z));
+  pj_val_t coef = per_sample_grad(L, n, (double)c, ct);
+  if (pj_has(L, "weight")) {
+    pj_val_t w = pj_broadcast_in_dim(H, pj_convert(H, pj_tensor(L, "weight"), ct), t2, &d1);
+    coef = MUL(coef, pj_reduce(H, SEL(onehot, w, pj_full(H, t2, 0)), &d1, 1, "add"));
+  }
+  pj_val_t dj = SEL(active, MUL(h, pj_broadcast_in_dim(H, coef, t2, &d0)), pj_full(H, t2, 0));
+  pj_val_t dy = U("negate", pj_reduce(H, dj, &d1, 1, "add"));
+  pj_val_t gi = ADD(dj, SEL(onehot, pj_broadcast_in_dim(H, dy, t2, &d0), pj_full(H, t2, 0)));
+  pj_set_result(L, 0, pj_reshape(H, gi, ot.rank, ot.dims));
+  return NULL;
+}
+
+/* multilabel_margin_loss_forward (loss, is_target) and its backward: per sample, the targets
+ * are target[0..k) up to the first negative entry; every (target t, non-target j) pair adds
+ * max(0, 1 - x[t] + x[j]) / C. Built over [N, K, C] with K = C target slots. */
+static pj_status_t *lower_multilabel_margin(pj_lower_t *L) {
+  bool bw = strstr(L->c->op, "backward") != NULL;
+  pj_val_t x = pj_tensor(L, "self");
+  pj_dtype_t ct = acc_of(x.t.dtype);
+  x = pj_convert(H, x, ct);
+  pj_type_t xt0 = x.t;
+  int64_t c = x.t.rank ? x.t.dims[x.t.rank - 1] : 1, total = pj_type_numel(&x.t);
+  int64_t n = c ? total / c : 0, nc[2] = {n, c}, nkc[3] = {n, c, c};
+  x = pj_reshape(H, x, 2, nc);
+  pj_val_t tg = pj_reshape(H, pj_convert(H, pj_tensor(L, "target"), PJ_I64), 2, nc);
+  pj_type_t i2 = tg.t, t3 = pj_type(ct, 3, nkc), i3 = pj_type(PJ_I64, 3, nkc);
+  pj_type_t b3 = pj_type(PJ_BOOL, 3, nkc);
+  int64_t d0 = 0, d1 = 1, d2 = 2, m01[2] = {0, 1}, m02[2] = {0, 2};
+  /* slots before the first negative target are valid */
+  pj_val_t kio = pj_iota(H, i2, 1);
+  pj_val_t stop = pj_reduce(H, SEL(CMP("LT", tg, pj_full(H, i2, 0)), kio, pj_full(H, i2, (double)c)),
+                            &d1, 1, "min");
+  pj_val_t valid = CMP("LT", kio, pj_broadcast_in_dim(H, stop, i2, &d0)); /* [N, K] */
+  pj_val_t onehot = AND(CMP("EQ", pj_broadcast_in_dim(H, tg, i3, m01), pj_iota(H, i3, 2)),
+                        pj_broadcast_in_dim(H, valid, b3, m01)); /* [N, K, C] */
+  pj_val_t xb = pj_broadcast_in_dim(H, x, t3, m02);
+  pj_val_t xt = pj_reduce(H, SEL(onehot, xb, pj_full(H, t3, 0)), &d2, 1, "add"); /* [N, K] */
+  pj_val_t z = ADD(SUB(pj_full(H, t3, 1), pj_broadcast_in_dim(H, xt, t3, m01)), xb);
+  pj_val_t is_target = bw ? CMP("NE", pj_reshape(H, pj_convert(H, pj_tensor(L, "is_target"), ct),
+                                                 2, nc),
+                                pj_full(H, x.t, 0))
+                          : pj_reduce(H, onehot, &d1, 1, "or"); /* [N, C] */
+  pj_val_t m = AND(AND(CMP("GT", z, pj_full(H, t3, 0)), pj_broadcast_in_dim(H, valid, b3, m01)),
+                   pj_broadcast_in_dim(H, U("not", is_target), b3, m02));
+  if (!bw) {
+    int64_t dd[2] = {1, 2};
+    pj_val_t l = pj_reduce(H, SEL(m, z, pj_full(H, t3, 0)), dd, 2, "add"); /* [N] */
+    l = DIV(l, cst(L, l, (double)c));
+    int64_t red = pj_int(L, "reduction", RED_MEAN);
+    if (red != RED_NONE) {
+      l = pj_reduce(H, l, &d0, 1, "add");
+      if (red == RED_MEAN) l = DIV(l, cst(L, l, (double)n));
+    }
+    pj_val_t it = pj_reshape(H, pj_convert(H, is_target, ct), xt0.rank, xt0.dims);
+    pj_val_t v[2] = {l, it};
+    bool pr[2] = {true, true};
+    put_results(L, v, pr, 2);
+    return NULL;
+  }
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t mf = SEL(m, pj_full(H, t3, 1), pj_full(H, t3, 0));
+  pj_val_t coef = pj_broadcast_in_dim(H, per_sample_grad(L, n, (double)c, ct), x.t, &d0);
+  pj_val_t dj = pj_reduce(H, mf, &d1, 1, "add");                     /* [N, C]: per j */
+  pj_val_t dk = pj_reduce(H, mf, &d2, 1, "add");                     /* [N, K]: per slot */
+  pj_val_t dt = pj_reduce(H, SEL(onehot, pj_broadcast_in_dim(H, dk, t3, m01), pj_full(H, t3, 0)),
+                          &d1, 1, "add");                            /* [N, C]: per class */
+  pj_val_t gi = MUL(SUB(dj, dt), coef);
+  pj_set_result(L, 0, pj_reshape(H, gi, ot.rank, ot.dims));
+  return NULL;
+}
+
+/* ---- pairwise distances: cdist, pdist ---- */
+
+/* p-norm over the last dim of d (differences). */
+static pj_val_t pnorm_last(pj_lower_t *L, pj_val_t d, double p) {
+  int64_t last = d.t.rank - 1;
+  pj_val_t a = U("abs", d);
+  if (p == 0)
+    return pj_reduce(H, SEL(CMP("NE", a, cst(L, a, 0)), cst(L, a, 1), cst(L, a, 0)), &last, 1,
+                     "add");
+  if (p == 1) return pj_reduce(H, a, &last, 1, "add");
+  if (p == 2) return U("sqrt", pj_reduce(H, MUL(d, d), &last, 1, "add"));
+  if (isinf(p)) {
+    pj_val_t mx = pj_reduce(H, a, &last, 1, "max");
+    return MAX(mx, cst(L, mx, 0));
+  }
+  pj_val_t s = pj_reduce(H, pj_binary(H, "stablehlo.power", a, cst(L, a, p)), &last, 1, "add");
+  return pj_binary(H, "stablehlo.power", s, cst(L, s, 1.0 / p));
+}
+
+/* d(dist)/d(diff) for differences d and their distance (broadcast to d), CPU's formulas. */
+static pj_val_t pnorm_grad(pj_lower_t *L, pj_val_t d, pj_val_t dist, double p) {
+  pj_val_t zero = cst(L, d, 0), a = U("abs", d), sg = U("sign", d);
+  pj_val_t dist0 = CMP("EQ", dist, zero);
+  if (p == 0) return zero;
+  if (p == 1) return sg;
+  if (isinf(p)) return MUL(sg, SEL(CMP("EQ", a, dist), cst(L, d, 1), zero));
+  if (p == 2) return SEL(dist0, zero, DIV(d, dist));
+  pj_val_t num = pj_binary(H, "stablehlo.power", a, cst(L, d, p - 1));
+  pj_val_t den = pj_binary(H, "stablehlo.power", dist, cst(L, d, p - 1));
+  pj_val_t r = DIV(MUL(sg, num), den);
+  pj_val_t bad = dist0;
+  if (p < 1) bad = OR(bad, CMP("EQ", d, zero));
+  return SEL(bad, zero, r);
+}
+
+/* x [b..., n, m] broadcast to the batch dims of `batch` (rank rb + 2). */
+static pj_val_t batch_to(pj_lower_t *L, pj_val_t x, const int64_t *bdims, int nb) {
+  int64_t dims[PJ_MAX_RANK];
+  for (int i = 0; i < nb; i++) dims[i] = bdims[i];
+  dims[nb] = x.t.dims[x.t.rank - 2];
+  dims[nb + 1] = x.t.dims[x.t.rank - 1];
+  return pj_broadcast_to(H, x, nb + 2, dims);
+}
+
+/* diff[b..., i, j, m] = x1[b..., i, m] - x2[b..., j, m] */
+static pj_val_t pair_diff(pj_lower_t *L, pj_val_t x1, pj_val_t x2) {
+  int nb = x1.t.rank - 2;
+  pj_type_t t = x1.t;
+  t.rank = nb + 3;
+  t.dims[nb + 1] = x2.t.dims[nb];
+  t.dims[nb + 2] = x1.t.dims[nb + 1];
+  int64_t m1[PJ_MAX_RANK], m2[PJ_MAX_RANK];
+  for (int i = 0; i < nb; i++) m1[i] = m2[i] = i;
+  m1[nb] = nb;
+  m1[nb + 1] = nb + 2;
+  m2[nb] = nb + 1;
+  m2[nb + 1] = nb + 2;
+  return SUB(pj_broadcast_in_dim(H, x1, t, m1), pj_broadcast_in_dim(H, x2, t, m2));
+}
+
+static pj_status_t *lower_cdist_forward(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  int nb = ot.rank - 2;
+  pj_val_t x1 = batch_to(L, pj_convert(H, pj_tensor(L, "x1"), ct), ot.dims, nb);
+  pj_val_t x2 = batch_to(L, pj_convert(H, pj_tensor(L, "x2"), ct), ot.dims, nb);
+  pj_set_result(L, 0, pnorm_last(L, pair_diff(L, x1, x2), pj_float(L, "p", 2)));
+  return NULL;
+}
+
+/* Sums v over its leading dims that `t` broadcasts (absent or 1), reshaped to t. */
+static pj_val_t sum_to(pj_lower_t *L, pj_val_t v, pj_type_t t) {
+  int64_t dims[PJ_MAX_RANK];
+  int n = 0, off = v.t.rank - t.rank;
+  for (int i = 0; i < v.t.rank; i++)
+    if (i < off || (t.dims[i - off] == 1 && v.t.dims[i] != 1)) dims[n++] = i;
+  if (n) v = pj_reduce(H, v, dims, n, "add");
+  return pj_reshape(H, v, t.rank, t.dims);
+}
+
+/* Gradient for x1: sum over j of grad[i, j] * d(dist[i, j]) / d(x1[i]). */
+static pj_status_t *lower_cdist_backward(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  pj_val_t g = pj_convert(H, pj_tensor(L, "grad"), ct);
+  pj_val_t dist = pj_convert(H, pj_tensor(L, "cdist"), ct);
+  int nb = g.t.rank - 2;
+  pj_val_t x1 = batch_to(L, pj_convert(H, pj_tensor(L, "x1"), ct), g.t.dims, nb);
+  pj_val_t x2 = batch_to(L, pj_convert(H, pj_tensor(L, "x2"), ct), g.t.dims, nb);
+  pj_val_t d = pair_diff(L, x1, x2);
+  int64_t map[PJ_MAX_RANK];
+  for (int i = 0; i < nb + 2; i++) map[i] = i;
+  pj_val_t db = pj_broadcast_in_dim(H, dist, d.t, map);
+  pj_val_t gb = pj_broadcast_in_dim(H, g, d.t, map);
+  pj_val_t c = MUL(gb, pnorm_grad(L, d, db, pj_float(L, "p", 2)));
+  int64_t rd = nb + 1;
+  pj_set_result(L, 0, sum_to(L, pj_reduce(H, c, &rd, 1, "add"), ot));
+  return NULL;
+}
+
+/* A 1-D int64 constant. */
+static pj_val_t const_i64(pj_lower_t *L, const int64_t *v, int64_t n) {
+  pj_sb_t b = {0};
+  pj_type_t t = pj_type(PJ_I64, 1, &n);
+  char ts[64];
+  pj_sb_puts(&b, "value = dense<[");
+  for (int64_t i = 0; i < n; i++) pj_sb_printf(&b, i ? ", %lld" : "%lld", (long long)v[i]);
+  pj_sb_printf(&b, "]> : %s", pj_type_str(&t, ts, sizeof ts));
+  char *attrs = pj_sb_take(&b, NULL);
+  if (!attrs) return pj_fail(L, PJ_ERR_OOM, "out of memory building a constant");
+  pj_val_t r = pj_hlo_op(H, "stablehlo.constant", NULL, 0, attrs, t);
+  free(attrs);
+  return r;
+}
+
+/* pdist pairs (i, j), i < j in row-major order, as flat element indices i*m + k and j*m + k,
+ * [K, m] each. */
+static bool pdist_pairs(pj_lower_t *L, int64_t n, int64_t m, pj_val_t *ei, pj_val_t *ej) {
+  int64_t k = n * (n - 1) / 2;
+  int64_t *pi = malloc(sizeof(int64_t) * (size_t)(k > 0 ? 2 * k : 1));
+  if (!pi) {
+    pj_fail(L, PJ_ERR_OOM, "out of host memory building pdist pairs");
+    return false;
+  }
+  int64_t q = 0;
+  for (int64_t i = 0; i < n; i++)
+    for (int64_t j = i + 1; j < n; j++) {
+      pi[q] = i;
+      pi[k + q] = j;
+      q++;
+    }
+  pj_val_t vi = const_i64(L, pi, k), vj = const_i64(L, pi + k, k);
+  free(pi);
+  int64_t km[2] = {k, m}, d0 = 0;
+  pj_type_t t = pj_type(PJ_I64, 2, km);
+  pj_val_t col = pj_iota(H, t, 1), mm = pj_full(H, t, (double)m);
+  *ei = ADD(MUL(pj_broadcast_in_dim(H, vi, t, &d0), mm), col);
+  *ej = ADD(MUL(pj_broadcast_in_dim(H, vj, t, &d0), mm), col);
+  return true;
+}
+
+static pj_status_t *lower_pdist(pj_lower_t *L) {
+  bool bw = strstr(L->c->op, "backward") != NULL;
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  pj_val_t x = pj_convert(H, pj_tensor(L, "self"), ct);
+  if (x.id < 0 || x.t.rank != 2) {
+    pj_fail(L, PJ_ERR_RUNTIME, "pdist only supports 2D tensors, got: %dD", x.t.rank);
+    return NULL;
+  }
+  int64_t n = x.t.dims[0], m = x.t.dims[1], nm = n * m, k = n * (n - 1) / 2, d0 = 0;
+  if (k == 0 || m == 0) { /* nothing to gather: zero distances / gradients */
+    pj_set_result(L, 0, pj_full(H, pj_type_with_dtype(ot, ct), 0));
+    return NULL;
+  }
+  pj_val_t ei, ej;
+  if (!pdist_pairs(L, n, m, &ei, &ej)) return NULL;
+  pj_val_t flat = pj_reshape(H, x, 1, &nm);
+  pj_val_t d = SUB(pj_gather_1d(H, flat, ei), pj_gather_1d(H, flat, ej)); /* [K, m] */
+  double p = pj_float(L, "p", 2);
+  if (!bw) {
+    pj_set_result(L, 0, pnorm_last(L, d, p));
+    return NULL;
+  }
+  pj_val_t g = pj_reshape(H, pj_convert(H, pj_tensor(L, "grad"), ct), 1, &k);
+  pj_val_t dist = pj_reshape(H, pj_convert(H, pj_tensor(L, "pdist"), ct), 1, &k);
+  pj_val_t c = MUL(pj_broadcast_in_dim(H, g, d.t, &d0),
+                   pnorm_grad(L, d, pj_broadcast_in_dim(H, dist, d.t, &d0), p));
+  pj_val_t acc = pj_scatter_1d(H, pj_full(H, flat.t, 0), ei, c, "add");
+  acc = pj_scatter_1d(H, acc, ej, U("negate", c), "add");
+  pj_set_result(L, 0, pj_reshape(H, acc, ot.rank, ot.dims));
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"native_layer_norm", lower_layer_norm},
     {"native_layer_norm_backward", lower_layer_norm_backward},
@@ -630,5 +933,14 @@ const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"smooth_l1_loss_backward", lower_smooth_l1_huber},
     {"huber_loss", lower_smooth_l1_huber},
     {"huber_loss_backward", lower_smooth_l1_huber},
+    {"softshrink_backward", lower_shrink_backward},
+    {"hardshrink_backward", lower_shrink_backward},
+    {"multi_margin_loss_backward", lower_multi_margin_backward},
+    {"multilabel_margin_loss_forward", lower_multilabel_margin},
+    {"multilabel_margin_loss_backward", lower_multilabel_margin},
+    {"_cdist_forward", lower_cdist_forward},
+    {"_cdist_backward", lower_cdist_backward},
+    {"_pdist_forward", lower_pdist},
+    {"_pdist_backward", lower_pdist},
     {NULL, NULL},
 };
