@@ -196,3 +196,26 @@ def test_repeat_interleave_tensor():
     check(lambda t, r: torch.repeat_interleave(t, r, dim=1), torch.randn(2, 3),
           torch.tensor([2, 0, 1]))
     check(lambda t: torch.repeat_interleave(t, output_size=6), torch.tensor([1, 0, 3, 2]))
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "sum", "mean", "prod"])
+def test_segment_reduce(reduce):
+    d = torch.tensor([1.0, 5, -2, 4, NAN, 3, 2])
+    check(lambda t, n: torch.segment_reduce(t, reduce, lengths=n), d, torch.tensor([2, 0, 3, 1, 1]))
+    check(lambda t, n: torch.segment_reduce(t, reduce, lengths=n, initial=2.0), d,
+          torch.tensor([2, 0, 3, 1, 1]))
+    check(lambda t, o: torch.segment_reduce(t, reduce, offsets=o), d,
+          torch.tensor([0, 2, 2, 5, 6, 7]))
+    d2 = torch.arange(12.0).view(2, 6)
+    check(lambda t, n: torch.segment_reduce(t, reduce, lengths=n, axis=1), d2,
+          torch.tensor([[2, 4], [3, 3]]))
+    check(lambda t, n: torch.segment_reduce(t, reduce, lengths=n, axis=0), d2.view(6, 2),
+          torch.tensor([2, 0, 4]))
+
+
+@pytest.mark.parametrize("reduce", ["amax", "amin"])
+def test_scatter_index_reduce_nan_source(reduce):
+    # XLA's scatter drops a NaN update under stablehlo.maximum/minimum; CPU keeps it
+    x, i, s = torch.tensor([1.0, 2, 3]), torch.tensor([0, 0, 1, 2]), torch.tensor([NAN, 5, -1, 4])
+    check(lambda a, b, c: a.scatter_reduce(0, b, c, reduce), x, i, s)
+    check(lambda a, b, c: a.index_reduce(0, b, c, reduce), x, i, s)

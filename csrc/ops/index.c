@@ -105,6 +105,11 @@ static char *combiner_region(pj_lower_t *L, pj_dtype_t dt, const char *combiner)
                      : !strcmp(combiner, "max") ? "stablehlo.maximum"
                                                 : "stablehlo.minimum";
     r = bin(L, op, a[0], a[1]);
+    if (pj_dtype_info(dt)->is_float && (!strcmp(combiner, "max") || !strcmp(combiner, "min"))) {
+      /* NaN wins, as on CPU (XLA's scatter does not keep the NaN of stablehlo.maximum) */
+      r = pj_select(H, pj_compare(H, "NE", a[1], a[1]), a[1], r);
+      r = pj_select(H, pj_compare(H, "NE", a[0], a[0]), a[0], r);
+    }
   }
   return pj_hlo_region_end(H, &r, 1);
 }

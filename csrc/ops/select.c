@@ -14,6 +14,7 @@
 #include <string.h>
 
 #include "order.h"
+#include "slices.h"
 #include "table.h"
 #include "emit.h"
 
@@ -586,6 +587,100 @@ static pj_status_t *lower_equal(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- segment_reduce ---- */
+
+/* Segments along `axis` given by lengths [*lead, S] or offsets [*lead, S+1]: each element goes
+ * to the segment whose end it is below (elements outside every segment are dropped into a
+ * padding segment); reductions start from `initial` (or the identity), so empty segments get
+ * it; mean divides the sum by the length, and an empty segment's mean is initial or NaN. */
+static pj_status_t *lower_segment_reduce(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t data = pj_convert(H, pj_tensor(L, "data"), ot.dtype);
+  const char *reduce = pj_str(L, "reduce", "");
+  bool use_offsets = !pj_has(L, "lengths");
+  pj_val_t seg = pj_convert(H, pj_tensor(L, use_offsets ? "offsets" : "lengths"), PJ_I64);
+  if (data.id < 0 || seg.id < 0) return NULL;
+  if (pj_type_numel(&ot) == 0) return NULL;
+  int axis = pj_norm_dim(L, pj_int(L, "axis", 0), data.t.rank);
+  const char *comb = !strcmp(reduce, "max")    ? "max"
+                     : !strcmp(reduce, "min")  ? "min"
+                     : !strcmp(reduce, "prod") ? "mul"
+                     : !strcmp(reduce, "sum") || !strcmp(reduce, "mean") ? "add"
+                                                                         : NULL;
+  if (!comb) return pj_status_new(PJ_ERR_RUNTIME, "unsupported reduction %s", reduce);
+  int64_t B = 1, R = 1, N = data.t.dims[axis];
+  for (int i = 0; i < axis; i++) B *= data.t.dims[i];
+  for (int i = axis + 1; i < data.t.rank; i++) R *= data.t.dims[i];
+  int64_t S = ot.dims[axis];
+  int64_t d2[2] = {B, seg.t.dims[seg.t.rank - 1]};
+  seg = pj_reshape(H, seg, 2, d2);
+  pj_val_t ends, start0;
+  int64_t bS[2] = {B, S};
+  pj_type_t st = pj_type(PJ_I64, 2, bS);
+  if (use_offsets) {
+    int64_t a[2] = {0, 1}, b[2] = {B, S + 1}, z[2] = {0, 0}, one[2] = {B, 1};
+    ends = pj_slice(H, seg, a, b, NULL);
+    start0 = pj_slice(H, seg, z, one, NULL);
+  } else {
+    ends = seg; /* running sum of lengths along the rows */
+    for (int64_t s = 1; s < S; s *= 2) {
+      int64_t z[2] = {0, 0}, lim[2] = {B, S - s}, lo[2] = {0, s}, hi[2] = {0, 0};
+      ends = ADD(ends, pj_pad(H, pj_slice(H, ends, z, lim, NULL), pj_const_i(H, PJ_I64, 0), lo,
+                              hi, NULL));
+    }
+    int64_t one[2] = {B, 1};
+    start0 = pj_full(H, pj_type(PJ_I64, 2, one), 0);
+  }
+  /* segment of element (b, j): the number of ends <= j, S when outside every segment */
+  int64_t bNS[3] = {B, N, S}, e0[2] = {0, 2}, j1[1] = {1};
+  pj_type_t t3 = pj_type(PJ_I64, 3, bNS);
+  pj_val_t jj = pj_iota(H, t3, 1);
+  pj_val_t below = CMP("LE", pj_broadcast_in_dim(H, ends, t3, e0), jj);
+  pj_val_t sid = pj_reduce(H, pj_convert(H, below, PJ_I64), (int64_t[]){2}, 1, "add"); /* [B, N] */
+  int64_t bN[2] = {B, N}, z0[1] = {0};
+  pj_type_t tn = pj_type(PJ_I64, 2, bN);
+  pj_val_t jn = pj_iota(H, tn, 1);
+  pj_val_t before = CMP("LT", jn, pj_broadcast_in_dim(H, pj_reshape(H, start0, 1, &B), tn, z0));
+  sid = SEL(before, pj_full(H, tn, (double)S), sid);
+  (void)j1;
+  pj_val_t flat_idx = ADD(MUL(pj_iota(H, tn, 0), pj_full(H, tn, (double)(S + 1))), sid);
+  int64_t BN = B * N;
+  flat_idx = pj_reshape(H, flat_idx, 1, &BN);
+  pj_dtype_t dt = ot.dtype;
+  bool has_init = pj_has(L, "initial");
+  pj_val_t init;
+  if (has_init) {
+    init = pj_convert(H, pj_scalar(L, "initial"), dt);
+  } else if (!strcmp(comb, "max") || !strcmp(comb, "min")) {
+    bool mx = !strcmp(comb, "max");
+    init = dt == PJ_I64 ? pj_const_i(H, dt, mx ? INT64_MIN : INT64_MAX)
+                        : pj_const(H, dt, mx ? pj_dtype_lowest(dt) : pj_dtype_highest(dt));
+  } else {
+    init = pj_const(H, dt, !strcmp(comb, "mul") ? 1 : 0);
+  }
+  int64_t accd[2] = {B * (S + 1), R}, updd[2] = {BN, R};
+  pj_type_t acct = pj_type(dt, 2, accd);
+  pj_val_t upd = pj_reshape(H, data, 2, updd);
+  pj_val_t acc = pj_put_slices(L, pj_broadcast_in_dim(H, init, acct, NULL), 0, flat_idx, upd,
+                               comb);
+  int64_t d3[3] = {B, S + 1, R}, s0[3] = {0, 0, 0}, s1[3] = {B, S, R};
+  pj_val_t r = pj_slice(H, pj_reshape(H, acc, 3, d3), s0, s1, NULL);
+  if (!strcmp(reduce, "mean")) {
+    pj_val_t len = use_offsets ? SUB(ends, pj_slice(H, seg, (int64_t[]){0, 0},
+                                                    (int64_t[]){B, S}, NULL))
+                               : seg;
+    int64_t dd[2] = {0, 1};
+    pj_type_t t3o = pj_type(dt, 3, s1);
+    pj_val_t lenf = pj_broadcast_in_dim(H, pj_convert(H, len, dt), t3o, dd);
+    pj_val_t empty = CMP("EQ", lenf, pj_full(H, t3o, 0));
+    pj_val_t q = DIV(r, lenf);
+    r = SEL(empty, has_init ? pj_broadcast_in_dim(H, init, t3o, NULL) : pj_full(H, t3o, NAN), q);
+  }
+  (void)st;
+  pj_set_result(L, 0, pj_reshape(H, r, ot.rank, ot.dims));
+  return NULL;
+}
+
 /* ---- data-dependent result shapes (dynamic.h) ---- */
 
 /* Inclusive running sum along a 1-D i64 value by recursive doubling. */
@@ -613,19 +708,19 @@ static pj_val_t flat_of(pj_lower_t *L, pj_val_t x) {
   return pj_reshape(H, x, 1, &n);
 }
 
-static const pj_arg_t *carg(const pj_call_t *c, const char *name) {
+static const pj_arg_t *call_arg(const pj_call_t *c, const char *name) {
   for (int i = 0; i < c->nargs; i++)
     if (!strcmp(c->args[i].name, name)) return &c->args[i];
   return NULL;
 }
 
 static const pj_tensor_desc_t *ctensor(const pj_call_t *c, const char *name) {
-  const pj_arg_t *a = carg(c, name);
+  const pj_arg_t *a = call_arg(c, name);
   return a && a->kind == PJ_ARG_TENSOR ? &c->tensors[a->first] : NULL;
 }
 
 static bool cflag(const pj_call_t *c, const char *name) {
-  const pj_arg_t *a = carg(c, name);
+  const pj_arg_t *a = call_arg(c, name);
   return a && a->kind == PJ_ARG_BOOL && a->i;
 }
 
@@ -633,12 +728,12 @@ int pj_select_dynamic(const pj_call_t *c) {
   const char *op = c->op;
   if (!strcmp(op, "_unique2") || !strcmp(op, "bincount")) return PJ_SHAPE_FROM_COUNT;
   if (!strcmp(op, "unique_consecutive")) {
-    const pj_arg_t *d = carg(c, "dim");
+    const pj_arg_t *d = call_arg(c, "dim");
     return !d || d->kind == PJ_ARG_NONE ? PJ_SHAPE_FROM_COUNT : 0;
   }
   if (!strcmp(op, "repeat_interleave")) {
-    const pj_arg_t *os = carg(c, "output_size");
-    return carg(c, "repeats") && !carg(c, "self") && (!os || os->kind == PJ_ARG_NONE)
+    const pj_arg_t *os = call_arg(c, "output_size");
+    return call_arg(c, "repeats") && !call_arg(c, "self") && (!os || os->kind == PJ_ARG_NONE)
                ? PJ_SHAPE_FROM_COUNT
                : 0;
   }
@@ -670,7 +765,7 @@ pj_status_t *pj_select_out_types(const pj_call_t *c, int64_t count, pj_type_t *o
   }
   if (!strcmp(op, "bincount")) {
     const pj_tensor_desc_t *s = ctensor(c, "self"), *w = ctensor(c, "weights");
-    const pj_arg_t *ml = carg(c, "minlength");
+    const pj_arg_t *ml = call_arg(c, "minlength");
     int64_t minlength = ml && ml->kind == PJ_ARG_INT ? ml->i : 0;
     if (!s || s->rank != 1 || pj_dtype_info(s->dtype)->is_float ||
         pj_dtype_info(s->dtype)->is_complex || s->dtype == PJ_BOOL || count < 0)
@@ -823,6 +918,7 @@ const pj_lowering_entry_t pj_lowerings_select[] = {
     {"_logcumsumexp", lower_logcumsumexp},
     {"nonzero_static", lower_nonzero_static},
     {"equal", lower_equal},
+    {"segment_reduce", lower_segment_reduce},
     {"_unique2", lower_unique},
     {"unique_consecutive", lower_unique},
     {"bincount", lower_bincount},
