@@ -21,6 +21,7 @@ typedef struct {
   X(factory)           \
   X(optim)             \
   X(foreach)           \
+  X(special)           \
   X(select)            \
   X(fft)
 
