@@ -250,9 +250,36 @@ static bool fused_key(const graph_t *g, const bool *live, const char *identity, 
   return !k->failed;
 }
 
+/* Runs the recorded ops one by one, each as its own program, as Strict would have: used when
+ * the fused program cannot be built or compiled, so every op before a failing one takes
+ * effect and the error names the op that failed. The graph must already be detached (G empty),
+ * so pj_call_run's own flush finds nothing to do. */
+static pj_status_t *replay(const graph_t *g, pj_status_t *why) {
+  pj_call_t *c = malloc(sizeof *c);
+  pj_status_t *st = c ? NULL : pj_status_new(PJ_ERR_OOM, "out of host memory replaying ops");
+  for (int k = 0; k < g->nops && !st; k++) {
+    const dop_t *op = &g->ops[k];
+    if (!pj_call_decode(op->key, op->keylen, g->device, c)) {
+      st = pj_status_new(PJ_ERR_RUNTIME, "internal: a recorded call could not be decoded");
+      break;
+    }
+    for (int s = 0; s < c->nslots; s++) c->slots[s].storage = g->st[op->gslot[s]].s;
+    memcpy(c->scalars, op->scalars, sizeof *op->scalars * (size_t)op->nscalars);
+    st = pj_call_run(c);
+  }
+  free(c);
+  if (st) {
+    pj_status_free(why);
+    return pj_status_wrap(st, "defer_and_fuse (recorded op run on its own after the fused "
+                              "program failed): ");
+  }
+  pj_status_free(why); /* every op ran on its own: only the fusion failed */
+  return NULL;
+}
+
 /* Builds (or finds) and runs the graph's program, installs the live results, and empties the
- * graph. Caller holds mu. On failure the graph is dropped too: the storages it would have
- * written keep their previous contents, and the error names the op that failed to build. */
+ * graph. Caller holds mu. If the fused program cannot be built or compiled, the ops are
+ * replayed one by one (see replay). */
 static pj_status_t *flush_locked(void) {
   graph_t g = G;
   memset(&G, 0, sizeof G);
@@ -299,6 +326,11 @@ static pj_status_t *flush_locked(void) {
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
   st = pj_program_for_key(k.p, k.len, build_fused, &fb, what, &prog);
+  if (st) {
+    pthread_mutex_unlock(&pj_run_lock);
+    st = replay(&g, st);
+    goto done;
+  }
   int nbufs = 0;
   for (int i = 0; i < g.nst && !st; i++) {
     if (!g.st[i].param) continue;

@@ -1,7 +1,7 @@
 /* The defer_and_fuse recorder without PyTorch: call keys decode back to the same call, a
  * recorded chain of ops runs as one program at the flush with the results Strict gives, a
- * storage nothing else references is not materialized, and the fused program is found in the
- * cache the second time. */
+ * storage nothing else references is not materialized, the fused program is found in the
+ * cache the second time, and a run whose fused program cannot be built is replayed op by op. */
 #include <string.h>
 
 #include "../../csrc/ops/call_internal.h"
@@ -114,6 +114,32 @@ static void test_fused_chain(void) {
   EXPECT(pj_storage_live_count() == 0);
 }
 
+/* A recorded op whose lowering fails: the flush replays the ops one by one, so the op before it
+ * takes effect, and reports the failing op. */
+static void test_failed_fusion_replays(void) {
+  static pj_call_t c;
+  float a[4] = {1, 2, 3, 4}, out[4];
+  pj_storage_t *x = make_storage(a, 4), *y;
+  OK(pj_storage_new(0, sizeof a, &y));
+  add_scalar_call(&c, x, x, 10); /* x += 10, in place */
+  OK(pj_call_defer(&c));
+  add_scalar_call(&c, x, y, 1);
+  c.args[0].name = "not_self"; /* the lowering finds no "self": it fails at build time */
+  OK(pj_call_defer(&c));
+  pj_status_t *st = pj_defer_flush();
+  EXPECT(st != NULL);
+  if (st) {
+    EXPECT(strstr(pj_status_message(st), "add") != NULL);
+    pj_status_free(st);
+  }
+  EXPECT(pj_defer_pending_ops() == 0 && !x->pending);
+  OK(pj_transfer_to_host(x->buf, out, sizeof out));
+  for (int i = 0; i < 4; i++) EXPECT(out[i] == a[i] + 10.0f);
+  pj_storage_release(x);
+  pj_storage_release(y);
+  EXPECT(pj_storage_live_count() == 0);
+}
+
 int main(void) {
   if (!getenv("TORCH_PJRT_PLUGIN")) {
     fprintf(stderr, "TORCH_PJRT_PLUGIN must name the CPU plugin .so (make ctest sets it)\n");
@@ -121,5 +147,6 @@ int main(void) {
   }
   test_key_round_trip();
   test_fused_chain();
+  test_failed_fusion_replays();
   CTEST_DONE();
 }
