@@ -231,3 +231,16 @@ def test_nansum_of_complex_raises_like_cpu():
         torch.nansum(z)
     with pytest.raises(RuntimeError, match="complex"):
         torch.nansum(z.to(TPU)).cpu()  # (defer_and_fuse reports it when the result is read)
+
+
+def test_sgn_backward_zero_gradient_stays_on_device():
+    before = dict(torch.tpu.fallback_ops())
+    x = _x(5).to(TPU).requires_grad_()
+    torch.sgn(x).sum().backward()  # real sgn's gradient is autograd's _efficientzerotensor
+    _same(x.grad, torch.zeros(5))
+    z = _z(5)
+    a, b = z.clone().requires_grad_(), z.to(TPU).requires_grad_()
+    torch.view_as_real(torch.sgn(a)).sum().backward()
+    torch.view_as_real(torch.sgn(b)).sum().backward()
+    _same(b.grad, a.grad)
+    assert dict(torch.tpu.fallback_ops()) == before

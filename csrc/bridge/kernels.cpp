@@ -130,6 +130,16 @@ at::Tensor view_dtype(const at::Tensor& self, at::ScalarType dtype) {
   return out;
 }
 
+// _efficientzerotensor (autograd's zero gradients, e.g. sgn's backward): a zero-filled tensor.
+// CPU marks it with the ZeroTensor key so later arithmetic can skip it; plain zeros give the
+// same values.
+at::Tensor efficient_zero_tensor(c10::SymIntArrayRef size, std::optional<at::ScalarType> dtype,
+                                 std::optional<at::Layout> layout,
+                                 std::optional<at::Device> device, std::optional<bool> pin_memory) {
+  return at::zeros(C10_AS_INTARRAYREF_SLOW(size),
+                   at::TensorOptions().dtype(c10::dtype_or_default(dtype)).device(tpu_device(device)));
+}
+
 // t's stored values: the same storage, sizes and strides without the conjugate and negative
 // bits (those only say how PyTorch reads the values).
 at::Tensor stored_values(const at::Tensor& t) {
@@ -178,6 +188,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("copy_", TORCH_FN(copy_kernel));
+  m.impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   m.impl("_copy_from", TORCH_FN(copy_from_kernel));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
