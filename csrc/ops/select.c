@@ -681,6 +681,233 @@ static pj_status_t *lower_segment_reduce(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- histograms ---- */
+
+/* CPU's linspace(lo, hi, bins + 1) in lo's dtype: the first half counts up from lo by the step,
+ * the second half down from hi. */
+static pj_val_t linspace_edges(pj_lower_t *L, pj_val_t lo, pj_val_t hi, int64_t bins) {
+  pj_dtype_t dt = lo.t.dtype;
+  int64_t E = bins + 1;
+  pj_type_t et = pj_type(dt, 1, &E);
+  if (bins == 0) return bcast(L, lo, et);
+  pj_val_t step = DIV(SUB(hi, lo), pj_const(H, dt, (double)bins));
+  pj_type_t it = pj_type(PJ_I64, 1, &E);
+  pj_val_t i = pj_iota(H, it, 0);
+  pj_val_t up = ADD(bcast(L, lo, et), MUL(bcast(L, step, et), pj_convert(H, i, dt)));
+  pj_val_t down = SUB(bcast(L, hi, et), MUL(bcast(L, step, et),
+                                            pj_convert(H, SUB(pj_full(H, it, (double)bins), i), dt)));
+  return SEL(CMP("LT", i, pj_full(H, it, (double)(E / 2))), up, down);
+}
+
+enum { BIN_LINEAR, BIN_LINEAR_LOCAL, BIN_SEARCH };
+
+/* Bin of each element x [N] (T) among edges [E] (T), as CPU's histogram kernel finds it, and
+ * whether the element is counted at all (inside [edges[0], edges[E-1]], not NaN). */
+static pj_val_t bin_of(pj_lower_t *L, pj_val_t x, pj_val_t edges, int algo, pj_val_t *inside) {
+  int64_t E = edges.t.dims[0], N = x.t.dims[0], z = 0, l1 = 1, e1 = E - 1;
+  pj_type_t nt = pj_type(PJ_I64, 1, &N);
+  pj_val_t lo = bcast(L, pj_reshape(H, pj_slice(H, edges, &z, &l1, NULL), 0, NULL), x.t);
+  pj_val_t hi = bcast(L, pj_reshape(H, pj_slice(H, edges, &e1, &E, NULL), 0, NULL), x.t);
+  *inside = AND(CMP("GE", x, lo), CMP("LE", x, hi));
+  pj_val_t pos;
+  if (algo == BIN_SEARCH) { /* upper_bound over all edges, minus one */
+    int64_t ne[2] = {N, E}, d1[1] = {1}, d0[1] = {0};
+    pj_type_t t2 = pj_type(x.t.dtype, 2, ne);
+    pj_val_t gt = CMP("GT", pj_broadcast_in_dim(H, edges, t2, d1), pj_broadcast_in_dim(H, x, t2, d0));
+    pj_val_t it = pj_iota(H, pj_type(PJ_I64, 2, ne), 1);
+    pos = SUB(row_reduce(L, SEL(gt, it, pj_full(H, it.t, (double)E)), "min"), pj_full(H, nt, 1));
+  } else {
+    pj_val_t q = DIV(MUL(SUB(x, lo), pj_full(H, x.t, (double)(E - 1))), SUB(hi, lo));
+    q = SEL(*inside, q, pj_full(H, x.t, 0));
+    pos = pj_convert(H, q, PJ_I64); /* truncation toward zero, as the C++ cast */
+    if (algo == BIN_LINEAR_LOCAL) {
+      /* upper_bound among edges[pos-1 .. pos+1] (clamped to the edges), minus one */
+      pj_val_t pmin = MAX(SUB(pos, pj_full(H, nt, 1)), pj_full(H, nt, 0));
+      pj_val_t pmax = MIN(ADD(pos, pj_full(H, nt, 2)), pj_full(H, nt, (double)E));
+      pj_val_t r = pmax;
+      for (int k = 2; k >= 0; k--) { /* first candidate whose edge is above x */
+        pj_val_t c = ADD(pmin, pj_full(H, nt, k));
+        pj_val_t ok = AND(CMP("LT", c, pmax),
+                          CMP("GT", pj_gather_1d(H, edges, MIN(c, pj_full(H, nt, (double)(E - 1)))),
+                              x));
+        r = SEL(ok, c, r);
+      }
+      pos = SUB(r, pj_full(H, nt, 1));
+    }
+  }
+  pj_val_t last = pj_full(H, nt, (double)(E - 1));
+  pos = SEL(CMP("EQ", pos, last), SUB(last, pj_full(H, nt, 1)), pos);
+  return MAX(pos, pj_full(H, nt, 0));
+}
+
+/* Min and max of each column of x [N, D] as 0-d values of column d (T). */
+static void column_range(pj_lower_t *L, pj_val_t x, int d, pj_val_t *mn, pj_val_t *mx) {
+  int64_t N = x.t.dims[0], st[2] = {0, d}, lim[2] = {N, d + 1}, z = 0;
+  pj_val_t col = pj_reshape(H, pj_slice(H, x, st, lim, NULL), 1, &N);
+  *mn = pj_reduce(H, col, &z, 1, "min");
+  *mx = pj_reduce(H, col, &z, 1, "max");
+}
+
+/* The D-dimensional histogram of x [N, D] over edges[d]: counts (or weights) per cell, divided
+ * by the total and the cell sizes when density is set. Returns [E0-1, E1-1, ...] in T. */
+static pj_val_t histogram_dd(pj_lower_t *L, pj_val_t x, const pj_val_t *edges, int D, int algo,
+                             pj_val_t w, bool density) {
+  int64_t N = x.t.dims[0];
+  pj_dtype_t dt = x.t.dtype;
+  pj_type_t nt = pj_type(PJ_I64, 1, &N);
+  pj_val_t flat = pj_full(H, nt, 0), inside = pj_full(H, pj_type(PJ_BOOL, 1, &N), 1);
+  int64_t dims[PJ_MAX_RANK], total = 1;
+  for (int d = 0; d < D; d++) dims[d] = edges[d].t.dims[0] - 1, total *= dims[d];
+  for (int d = 0; d < D; d++) {
+    int64_t st[2] = {0, d}, lim[2] = {N, d + 1};
+    pj_val_t col = pj_reshape(H, pj_slice(H, x, st, lim, NULL), 1, &N);
+    pj_val_t in;
+    pj_val_t pos = bin_of(L, col, edges[d], algo, &in);
+    inside = AND(inside, in);
+    flat = ADD(MUL(flat, pj_full(H, nt, (double)dims[d])), pos);
+  }
+  flat = SEL(inside, flat, pj_full(H, nt, (double)total)); /* outside: a padding cell */
+  int64_t T1 = total + 1, z = 0;
+  pj_dtype_t at = dt == PJ_BF16 || dt == PJ_F16 ? PJ_F32 : dt; /* counts past 256 stay exact */
+  pj_val_t upd = w.id >= 0 ? pj_convert(H, pj_convert(H, w, dt), at)
+                           : pj_full(H, pj_type(at, 1, &N), 1);
+  pj_val_t hist = pj_scatter_1d(H, pj_full(H, pj_type(at, 1, &T1), 0), flat, upd, "add");
+  hist = pj_convert(H, pj_slice(H, hist, &z, &total, NULL), dt);
+  if (density) {
+    pj_type_t ht = hist.t;
+    hist = DIV(hist, bcast(L, pj_reduce(H, hist, &z, 1, "add"), ht));
+    int64_t inner = total;
+    for (int d = 0; d < D; d++) {
+      int64_t n = dims[d], a0 = 0, a1 = n, b0 = 1, b1 = n + 1;
+      inner /= n;
+      pj_val_t width = SUB(pj_slice(H, edges[d], &b0, &b1, NULL),
+                           pj_slice(H, edges[d], &a0, &a1, NULL));
+      int64_t d3[3] = {total / (inner * n), n, inner}, one[1] = {1};
+      pj_type_t t3 = pj_type(dt, 3, d3);
+      pj_val_t h3 = DIV(pj_reshape(H, hist, 3, d3), pj_broadcast_in_dim(H, width, t3, one));
+      hist = pj_reshape(H, h3, 1, &total);
+    }
+  }
+  return pj_reshape(H, hist, D, dims);
+}
+
+/* The outer edges of dimension d: range[2d], range[2d+1] if given, else the data's extrema
+ * ([0, 1] for no data); an empty range widens by 0.5 each side (histc: by 1). */
+static void outer_edges(pj_lower_t *L, pj_val_t x, int d, const double *range, bool histc,
+                        pj_val_t *lo, pj_val_t *hi) {
+  pj_dtype_t dt = x.t.dtype;
+  if (range) {
+    *lo = pj_const(H, PJ_F64, range[0]);
+    *hi = pj_const(H, PJ_F64, range[1]);
+  } else if (x.t.dims[0] == 0) {
+    *lo = pj_const(H, PJ_F64, 0);
+    *hi = pj_const(H, PJ_F64, 1);
+  } else {
+    column_range(L, x, d, lo, hi);
+    *lo = pj_convert(H, *lo, PJ_F64);
+    *hi = pj_convert(H, *hi, PJ_F64);
+  }
+  pj_val_t same = CMP("EQ", *lo, *hi);
+  double widen = histc ? 1 : 0.5;
+  *lo = pj_convert(H, SEL(same, SUB(*lo, pj_const(H, PJ_F64, widen)), *lo), dt);
+  *hi = pj_convert(H, SEL(same, ADD(*hi, pj_const(H, PJ_F64, widen)), *hi), dt);
+}
+
+static pj_status_t *lower_histc(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t x = pj_tensor(L, "self");
+  int64_t bins = pj_int(L, "bins", 100), n = pj_type_numel(&x.t);
+  if (x.id < 0 || bins <= 0) return NULL;
+  if (n == 0) {
+    pj_set_result(L, 0, pj_full(H, ot, 0));
+    return NULL;
+  }
+  x = pj_reshape(H, pj_convert(H, x, ot.dtype), 2, (int64_t[]){n, 1});
+  /* min == max (the default 0, 0): the data's extrema */
+  pj_val_t mn = pj_convert(H, pj_scalar(L, "min"), PJ_F64);
+  pj_val_t mx = pj_convert(H, pj_scalar(L, "max"), PJ_F64);
+  pj_val_t dmn, dmx;
+  outer_edges(L, x, 0, NULL, true, &dmn, &dmx);
+  pj_val_t same = CMP("EQ", mn, mx);
+  pj_val_t lo = SEL(same, dmn, pj_convert(H, mn, ot.dtype));
+  pj_val_t hi = SEL(same, dmx, pj_convert(H, mx, ot.dtype));
+  /* only the outer edges matter without the local search */
+  pj_val_t e2[2] = {pj_reshape(H, lo, 1, (int64_t[]){1}), pj_reshape(H, hi, 1, (int64_t[]){1})};
+  pj_val_t outer = pj_concat(H, e2, 2, 0);
+  /* bins + 1 edges whose ends are lo and hi (the inner ones are not read without the local
+   * search) */
+  int64_t z1[1] = {0}, inner[1] = {bins - 1};
+  pj_val_t edges = pj_pad(H, outer, pj_const(H, ot.dtype, 0), z1, z1, inner);
+  pj_set_result(L, 0, histogram_dd(L, x, &edges, 1, BIN_LINEAR, kBad, false));
+  return NULL;
+}
+
+/* histogram.bin_ct / .bins_tensor: (hist, bin_edges). */
+static pj_status_t *lower_histogram(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  pj_type_t ht = pj_out_type(L, 0), et = pj_out_type(L, 1);
+  int64_t n = pj_type_numel(&x.t);
+  if (x.id < 0) return NULL;
+  x = pj_reshape(H, x, 2, (int64_t[]){n, 1});
+  pj_val_t w = pj_has(L, "weight") ? pj_reshape(H, pj_tensor(L, "weight"), 1, &n) : kBad;
+  bool density = pj_bool(L, "density", false);
+  pj_val_t edges;
+  int algo;
+  const pj_arg_t *b = pj_arg(L, "bins");
+  if (b && b->kind == PJ_ARG_TENSOR) {
+    edges = pj_convert(H, pj_tensor(L, "bins"), x.t.dtype);
+    algo = BIN_SEARCH;
+  } else {
+    double range[2];
+    bool has_range = pj_floats(L, "range", range, 2) == 2;
+    pj_val_t lo, hi;
+    outer_edges(L, x, 0, has_range ? range : NULL, false, &lo, &hi);
+    edges = linspace_edges(L, lo, hi, et.dims[0] - 1);
+    algo = BIN_LINEAR_LOCAL;
+  }
+  pj_set_result(L, 0, pj_reshape(H, histogram_dd(L, x, &edges, 1, algo, w, density), ht.rank,
+                                 ht.dims));
+  pj_set_result(L, 1, edges);
+  return NULL;
+}
+
+/* _histogramdd_bin_edges / _histogramdd_from_bin_cts / _histogramdd_from_bin_tensors over the
+ * last dim of self as D coordinates. */
+static pj_status_t *lower_histogramdd(pj_lower_t *L) {
+  const char *op = L->c->op;
+  pj_val_t x = pj_tensor(L, "self");
+  if (x.id < 0 || x.t.rank < 1) return NULL;
+  int D = (int)x.t.dims[x.t.rank - 1];
+  if (D > PJ_MAX_RANK) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "histogramdd of %d dims", D);
+  int64_t N = D ? pj_type_numel(&x.t) / D : 0, nd[2] = {N, D};
+  x = pj_reshape(H, x, 2, nd);
+  pj_val_t edges[PJ_MAX_RANK];
+  if (!strcmp(op, "_histogramdd_from_bin_tensors")) {
+    for (int d = 0; d < D; d++) edges[d] = pj_convert(H, pj_tensor_at(L, "bins", d), x.t.dtype);
+  } else {
+    int64_t bins[PJ_MAX_RANK];
+    double range[2 * PJ_MAX_RANK];
+    int nb = pj_ints(L, "bins", bins, PJ_MAX_RANK);
+    bool has_range = pj_floats(L, "range", range, 2 * PJ_MAX_RANK) == 2 * D;
+    for (int d = 0; d < D; d++) {
+      pj_val_t lo, hi;
+      outer_edges(L, x, d, has_range ? range + 2 * d : NULL, false, &lo, &hi);
+      edges[d] = linspace_edges(L, lo, hi, bins[nb == 1 ? 0 : d]);
+    }
+  }
+  if (!strcmp(op, "_histogramdd_bin_edges")) {
+    for (int d = 0; d < D && d < pj_nout(L); d++) pj_set_result(L, d, edges[d]);
+    return NULL;
+  }
+  pj_val_t w = pj_has(L, "weight") ? pj_reshape(H, pj_tensor(L, "weight"), 1, &N) : kBad;
+  int algo = !strcmp(op, "_histogramdd_from_bin_tensors") ? BIN_SEARCH : BIN_LINEAR_LOCAL;
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_set_result(L, 0, pj_reshape(H, histogram_dd(L, x, edges, D, algo, w,
+                                                 pj_bool(L, "density", false)),
+                                 ot.rank, ot.dims));
+  return NULL;
+}
+
 /* ---- data-dependent result shapes (dynamic.h) ---- */
 
 /* Inclusive running sum along a 1-D i64 value by recursive doubling. */
@@ -737,7 +964,10 @@ int pj_select_dynamic(const pj_call_t *c) {
                ? PJ_SHAPE_FROM_COUNT
                : 0;
   }
-  if (!strcmp(op, "_logcumsumexp")) return PJ_SHAPE_FROM_ARGS;
+  if (!strcmp(op, "_logcumsumexp") || !strcmp(op, "histogram") ||
+      !strcmp(op, "_histogramdd_bin_edges") || !strcmp(op, "_histogramdd_from_bin_cts") ||
+      !strcmp(op, "_histogramdd_from_bin_tensors"))
+    return PJ_SHAPE_FROM_ARGS;
   return 0;
 }
 
@@ -750,6 +980,36 @@ pj_status_t *pj_select_out_types(const pj_call_t *c, int64_t count, pj_type_t *o
     const pj_tensor_desc_t *s = ctensor(c, "self");
     if (!s) return pj_status_new(PJ_ERR_RUNTIME, "internal: _logcumsumexp without self");
     outs[(*n)++] = pj_type(s->dtype, s->rank, s->sizes);
+    return NULL;
+  }
+  if (!strcmp(op, "histogram") || !strncmp(op, "_histogramdd_", 13)) {
+    const pj_tensor_desc_t *s = ctensor(c, "self");
+    const pj_arg_t *b = call_arg(c, "bins");
+    if (!s || !b) return pj_status_new(PJ_ERR_RUNTIME, "internal: aten::%s without self/bins", op);
+    if (!pj_dtype_info(s->dtype)->is_float)
+      return pj_status_new(PJ_ERR_RUNTIME, "torch.histogramdd: input tensor and bins tensors "
+                           "should have the same dtype, but got input %s",
+                           pj_dtype_info(s->dtype)->name);
+    int D = !strcmp(op, "histogram") ? 1 : (s->rank ? (int)s->sizes[s->rank - 1] : 0);
+    if (D > max || D > PJ_MAX_RANK) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "histogramdd of %d dims", D);
+    int64_t ne[PJ_MAX_RANK];
+    for (int d = 0; d < D; d++) {
+      if (b->kind == PJ_ARG_TENSOR) ne[d] = c->tensors[b->first].sizes[0];
+      else if (b->kind == PJ_ARG_TENSORS) ne[d] = c->tensors[b->first + d].sizes[0];
+      else if (b->kind == PJ_ARG_INT) ne[d] = b->i + 1;
+      else if (b->kind == PJ_ARG_INTS) ne[d] = c->ints[b->first + (b->count == 1 ? 0 : d)] + 1;
+      else return pj_status_new(PJ_ERR_RUNTIME, "internal: bins of aten::%s", op);
+      if (ne[d] < 2) return pj_status_new(PJ_ERR_RUNTIME, "torch.histogramdd(): bins must be > 0");
+    }
+    if (!strcmp(op, "_histogramdd_bin_edges")) {
+      for (int d = 0; d < D; d++) outs[d] = pj_type(s->dtype, 1, &ne[d]);
+      *n = D;
+      return NULL;
+    }
+    int64_t hd[PJ_MAX_RANK];
+    for (int d = 0; d < D; d++) hd[d] = ne[d] - 1;
+    outs[(*n)++] = pj_type(s->dtype, D, hd);
+    if (!strcmp(op, "histogram")) outs[(*n)++] = pj_type(s->dtype, 1, &ne[0]);
     return NULL;
   }
   if (!strcmp(op, "_unique2") || !strcmp(op, "unique_consecutive")) {
@@ -919,6 +1179,11 @@ const pj_lowering_entry_t pj_lowerings_select[] = {
     {"nonzero_static", lower_nonzero_static},
     {"equal", lower_equal},
     {"segment_reduce", lower_segment_reduce},
+    {"histc", lower_histc},
+    {"histogram", lower_histogram},
+    {"_histogramdd_bin_edges", lower_histogramdd},
+    {"_histogramdd_from_bin_cts", lower_histogramdd},
+    {"_histogramdd_from_bin_tensors", lower_histogramdd},
     {"_unique2", lower_unique},
     {"unique_consecutive", lower_unique},
     {"bincount", lower_bincount},
