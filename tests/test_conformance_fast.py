@@ -115,3 +115,35 @@ def test_run_sample_classification(monkeypatch):
     calls = iter(range(100))
     monkeypatch.setattr(conf, "fallback_count", lambda: next(calls))
     assert _classify(lambda x: x * 2).status == "B"
+
+
+def test_variants_in_place_and_out_are_checked():
+    """In-place variants are compared on the mutated input (which must be returned), out=
+    variants on their destinations (which must be returned)."""
+    class Op(_FakeOp):
+        supports_out = True
+
+        def __init__(self, fn, inplace, out_fn=None):
+            super().__init__(out_fn or fn)
+            self.inplace_variant = inplace
+
+    x = torch.arange(4.0)
+    good = Op(lambda t: t * 2, lambda t: t.mul_(2))
+    assert conf.run_sample(good, _FakeSample(x), torch.float32, "float32", "inplace")[0].status == "P"
+    # a tpu in-place variant that leaves its input alone but returns the right values
+    lazy = Op(lambda t: t * 2, lambda t: t * 2 if t.device.type == "tpu" else t.mul_(2))
+    res = conf.run_sample(lazy, _FakeSample(x), torch.float32, "float32", "inplace")[0]
+    assert res.status == "E" and "did not return its input" in res.reason
+
+    def out_fn(t, out=None):
+        r = t * 2
+        if out is None:
+            return r
+        out.copy_(r + (t.device.type == "tpu"))   # wrong on tpu only
+        return out
+
+    bad_out = Op(out_fn, None)
+    res = conf.run_sample(bad_out, _FakeSample(x), torch.float32, "float32", "out", x * 2)[0]
+    assert res.status == "F" and "not close" in res.reason
+    # no in-place variant: nothing to check
+    assert conf.run_sample(bad_out, _FakeSample(x), torch.float32, "float32", "inplace")[0].status == "P"

@@ -56,6 +56,9 @@ RANDOM_WHEN_TRAINING = ("multi_head_attention",)
 UNINITIALISED_PREFIXES = ("empty", "new_empty")
 
 REASON_MAX = 200
+# The first sample of each case also runs noncontiguous, through the in-place variant and
+# through out= (where the OpInfo has them); --no-variants turns this off.
+VARIANTS = True
 
 # Severity used to pick one status for a case out of its samples.
 SEVERITY = {"P": 0, "B": 1, "F": 2, "E": 3, "U": 3}
@@ -206,25 +209,80 @@ class CaseResult:
     fallback_ops: Dict[str, int] = field(default_factory=dict)
 
 
-def run_sample(op, sample, dtype: torch.dtype, dtype_name: str) -> Tuple[SampleResult, Dict]:
-    """Runs one sample on CPU and on tpu and classifies the tpu result."""
+def _clone(obj: Any) -> Any:
+    return map_tensors(obj, lambda t: t.clone())
+
+
+def _empty_like_result(result: Any, device) -> Any:
+    """Fresh out= destinations shaped like a functional result (a tensor or a tuple of them)."""
+    if isinstance(result, torch.Tensor):
+        return torch.empty(result.shape, dtype=result.dtype, device=device)
+    if isinstance(result, (tuple, list)) and all(isinstance(r, torch.Tensor) for r in result):
+        return tuple(torch.empty(r.shape, dtype=r.dtype, device=device) for r in result)
+    return None
+
+
+def _variant_call(op, variant: str, expected_functional: Any):
+    """(callable(inp, args, kwargs, device) -> what to compare) for a sample variant, or None
+    when the OpInfo has no such variant. In-place variants are compared on the mutated input;
+    out= variants on the destinations they were given, which must also be what they return."""
+    if variant == "inplace":
+        fn = op.inplace_variant
+        if fn is None:
+            return None
+
+        def call(inp, args, kwargs, device):
+            res = fn(inp, *args, **kwargs)
+            if isinstance(inp, torch.Tensor) and res is not inp and (
+                    not isinstance(res, torch.Tensor) or res.data_ptr() != inp.data_ptr()):
+                raise AssertionError("the in-place variant did not return its input")
+            return inp
+        return call
+    if variant == "out":
+        if not getattr(op, "supports_out", False):
+            return None
+        if _empty_like_result(expected_functional, "cpu") is None:
+            return None
+
+        def call(inp, args, kwargs, device):
+            out = _empty_like_result(expected_functional, device)
+            res = op.op(inp, *args, out=out, **kwargs)
+            outs = out if isinstance(out, tuple) else (out,)
+            ress = tuple(res) if isinstance(res, (tuple, list)) else (res,)
+            if len(ress) != len(outs) or any(r.data_ptr() != o.data_ptr() for r, o in zip(ress, outs)):
+                raise AssertionError("the out= variant did not return its out tensors")
+            return out
+        return call
+    return lambda inp, args, kwargs, device: op.op(inp, *args, **kwargs)
+
+
+def run_sample(op, sample, dtype: torch.dtype, dtype_name: str,
+               variant: str = "", expected_functional: Any = None) -> Tuple[SampleResult, Dict]:
+    """Runs one sample on CPU and on tpu and classifies the tpu result. variant "" calls the
+    op; "inplace" and "out" call those variants (expected_functional: the op's CPU result, to
+    shape out= destinations); the sample may be a noncontiguous copy."""
+    call = _variant_call(op, variant, expected_functional)
+    if call is None:
+        return SampleResult("P"), {}
     tol = op_tolerance(op, dtype)
     if tol is None and dtype == torch.bfloat16:
         tol = BF16_TOL
     random = sample_is_random(op, sample)
     cpu_inp, cpu_args, cpu_kwargs = sample.input, sample.args, sample.kwargs
+    inp, args, kwargs = to_tpu(cpu_inp), to_tpu(cpu_args), to_tpu(cpu_kwargs)
+    if variant == "inplace":
+        cpu_inp = _clone(cpu_inp)
     cpu_exc = None
     try:
         torch.manual_seed(0)
-        expected = op.op(cpu_inp, *cpu_args, **cpu_kwargs)
+        expected = call(cpu_inp, cpu_args, cpu_kwargs, "cpu")
     except Exception as exc:  # noqa: BLE001
         cpu_exc = exc
-    inp, args, kwargs = to_tpu(cpu_inp), to_tpu(cpu_args), to_tpu(cpu_kwargs)
     before, before_ops = fallback_count(), fallback_ops()
     try:
         torch.manual_seed(0)
         try:
-            actual = op.op(inp, *args, **kwargs)
+            actual = call(_clone(inp) if variant == "inplace" else inp, args, kwargs, TPU)
         except RuntimeError as exc:
             # Some ops take index tensors that must stay on the CPU (e.g. tensor_split's
             # tensor_indices_or_sections): retry with only the input moved.
@@ -232,7 +290,7 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str) -> Tuple[SampleR
                 raise
             args, kwargs = cpu_args, cpu_kwargs
             torch.manual_seed(0)
-            actual = op.op(inp, *args, **kwargs)
+            actual = call(_clone(inp) if variant == "inplace" else inp, args, kwargs, TPU)
         actual_cpu = to_cpu(actual)  # forces execution: errors surface here
     except Exception as exc:  # noqa: BLE001
         moved = {k: v - before_ops.get(k, 0) for k, v in fallback_ops().items()
@@ -255,7 +313,7 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str) -> Tuple[SampleR
         # same seed twice on tpu must give the same values
         try:
             torch.manual_seed(0)
-            again = to_cpu(op.op(inp, *args, **kwargs))
+            again = to_cpu(call(_clone(inp) if variant == "inplace" else inp, args, kwargs, TPU))
             rep = compare(again, actual_cpu, (0.0, 0.0), shape_only=False)
             if rep is not None:
                 mismatch = "not reproducible under the same seed: " + rep
@@ -280,22 +338,45 @@ def run_case(op, dtype_name: str, n_samples: int) -> CaseResult:
     worst = SampleResult("P")
     n = 0
     all_moved: Dict[str, int] = {}
+
+    def attempt(sample, variant: str = "", label: str = "", expected=None) -> None:
+        nonlocal worst
+        try:
+            res, moved = run_sample(op, sample, dtype, dtype_name, variant, expected)
+        except KeyboardInterrupt:
+            raise
+        except BaseException as exc:  # noqa: BLE001  (harness must survive anything)
+            res, moved = SampleResult("E", f"harness: {type(exc).__name__}: {short(exc)}"), {}
+        for k, v in moved.items():
+            all_moved[k] = all_moved.get(k, 0) + v
+        if label and res.reason:
+            res = SampleResult(res.status, f"{label}: {res.reason}")
+        if SEVERITY[res.status] > SEVERITY[worst.status]:
+            worst = res
+
     try:
         samples = op.sample_inputs("cpu", dtype)
         for sample in samples:
             if n >= n_samples:
                 break
             n += 1
-            try:
-                res, moved = run_sample(op, sample, dtype, dtype_name)
-            except KeyboardInterrupt:
-                raise
-            except BaseException as exc:  # noqa: BLE001  (harness must survive anything)
-                res, moved = SampleResult("E", f"harness: {type(exc).__name__}: {short(exc)}"), {}
-            for k, v in moved.items():
-                all_moved[k] = all_moved.get(k, 0) + v
-            if SEVERITY[res.status] > SEVERITY[worst.status]:
-                worst = res
+            attempt(sample)
+            if n == 1 and VARIANTS:
+                # the first sample also runs noncontiguous, in place and with out=
+                try:
+                    nc = sample.noncontiguous()
+                except Exception:  # noqa: BLE001 - a sample that cannot be made noncontiguous
+                    nc = None
+                if nc is not None:
+                    attempt(nc, "", "noncontiguous")
+                try:
+                    torch.manual_seed(0)
+                    functional = op.op(sample.input, *sample.args, **sample.kwargs)
+                except Exception:  # noqa: BLE001 - CPU rejects it: out= has no shape to take
+                    functional = None
+                attempt(sample, "inplace", "in-place variant")
+                if functional is not None:
+                    attempt(sample, "out", "out= variant", functional)
     except KeyboardInterrupt:
         raise
     except BaseException as exc:  # noqa: BLE001  (sample generation itself failed)
@@ -570,7 +651,12 @@ def render(res: Run, meta: Dict[str, str], total_ops: int, complete: bool) -> st
         "Legend: P pass, F fail (values/dtype/shape differ from CPU), B CPU fallback happened "
         "(values may match), E error on tpu only, U unsupported (float64/complex64: tpu error), "
         "S skipped (OpInfo does not support the dtype on CPU). Random ops: shapes/dtypes and "
-        "same-seed reproducibility only.", "",
+        "same-seed reproducibility only. "
+        + ("Besides its samples, each case runs its first sample noncontiguous, through the "
+           "in-place variant (compared on the mutated input, which must be returned) and "
+           "through out= (compared on the destinations, which must be returned), where the "
+           "OpInfo has them; a reason starting with the variant's name comes from that run."
+           if VARIANTS else "Variants (noncontiguous, in-place, out=) not run."), "",
         "## Totals (forward)", "",
         "| dtype | pass | fail | fallback | error | unsupported | skipped | pass rate |",
         "|---|---|---|---|---|---|---|---|",
@@ -633,6 +719,9 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--out", default="docs/conformance.md")
     p.add_argument("--limit", type=int, help="only the first K OpInfos (after --ops)")
     p.add_argument("--no-grad", action="store_true", help="skip the gradient cases")
+    p.add_argument("--no-variants", action="store_true",
+                   help="skip the noncontiguous, in-place and out= runs of each case's first "
+                        "sample")
     p.add_argument("--checkpoint", type=int, default=10,
                    help="rewrite the report every K ops (0: only at the end)")
     p.add_argument("-v", "--verbose", action="store_true")
@@ -642,6 +731,8 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
     p.add_argument("--worker-jsonl", help=argparse.SUPPRESS)
     p.add_argument("--start", default="0,0", help=argparse.SUPPRESS)
     a = p.parse_args(argv)
+    global VARIANTS
+    VARIANTS = not a.no_variants
     dtypes = [d.strip() for d in a.dtypes.split(",") if d.strip()]
     for d in dtypes:
         if d not in DTYPES:
