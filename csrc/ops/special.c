@@ -650,6 +650,18 @@ static pj_status_t *lower_polygamma(pj_lower_t *L) {
     r = pj_unary(H, "chlo.digamma", x);
     /* digamma(+-0) = -+inf, as torch */
     r = SEL(CMP("EQ", x, cst(L, x, 0)), U("negate", DIV(cst(L, x, 1), x)), r);
+  } else if (n == 1 && pj_out_type(L, 0).dtype != PJ_F64) {
+    /* trigamma of a float32 (or half) input: torch reflects x < 1/2 with sin(pi x) evaluated in
+     * float32, whose rounding dominates near the poles; the same formula here keeps CPU's
+     * values: pi^2 / sin^2(pi x) - trigamma(1 - x) */
+    pj_val_t xf = pj_convert(H, x, PJ_F32);
+    pj_val_t sn = U("sine", MUL(cst(L, xf, M_PI), xf));
+    pj_val_t refl = pj_convert(H, DIV(cst(L, xf, M_PI * M_PI), MUL(sn, sn)), PJ_F64);
+    pj_val_t omx = pj_convert(H, SUB(cst(L, xf, 1), xf), PJ_F64);
+    pj_val_t lo = CMP("LT", x, cst(L, x, 0.5));
+    pj_val_t arg = SEL(lo, omx, x);
+    pj_val_t z = zeta_of(L, cst(L, x, 2), arg);
+    r = SEL(lo, SUB(refl, z), z);
   } else {
     /* (-1)^(n+1) n! zeta(n+1, x) */
     double f = 1;
