@@ -151,3 +151,29 @@ def test_margin_losses_of_one_sample(reduction):
           x, torch.tensor([2, 0, -1, 3, 3]), grad=True)
     check(lambda x, t: torch.nn.functional.multi_margin_loss(x, t, reduction=reduction),
           x, torch.tensor(1), grad=True)
+
+
+# ---- adaptive and fractional max pooling (values, indices, gradients) ----
+
+@pytest.mark.parametrize("shape,out", [((2, 3, 9), 4), ((3, 7), 7), ((2, 3, 9, 10), (4, 3)),
+                                       ((3, 5, 7), (2, 7)), ((1, 2, 5, 6, 7), (2, 4, 3))])
+def test_adaptive_max_pool(shape, out):
+    torch.manual_seed(0)
+    x = torch.randn(*shape)
+    x.view(-1)[3] = float("nan")
+    f = {1: torch.nn.functional.adaptive_max_pool1d, 2: torch.nn.functional.adaptive_max_pool2d,
+         3: torch.nn.functional.adaptive_max_pool3d}[1 if isinstance(out, int) else len(out)]
+    check(lambda x: f(x, out, return_indices=True), x)
+    check(lambda x: f(x, out), torch.randn(*shape, requires_grad=True), grad=True)
+
+
+@pytest.mark.parametrize("nsp,shape,k,out", [(2, (2, 3, 9, 11), (2, 3), (5, 4)),
+                                             (2, (3, 9, 11), (2, 2), (4, 6)),
+                                             (3, (2, 2, 7, 8, 9), (2, 2, 3), (3, 4, 5))])
+def test_fractional_max_pool(nsp, shape, k, out):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    n, c = (shape[0], shape[1]) if len(shape) == nsp + 2 else (1, shape[0])
+    s = torch.rand(n, c, nsp)
+    f = torch.ops.aten.fractional_max_pool2d if nsp == 2 else torch.ops.aten.fractional_max_pool3d
+    check(lambda x, s: f(x, list(k), list(out), s), x, s, grad=True)

@@ -163,12 +163,13 @@ std::vector<at::Tensor> resolve_bits(std::vector<at::Tensor> ts) {
   return ts;
 }
 
-// Ops without a Meta kernel whose one result has the shape and dtype of `self` (gradients
-// of losses); their output metadata is that of self.
+// Ops without a Meta kernel whose one result has the shape and dtype of `self` (input
+// gradients); their output metadata is that of self.
 std::optional<std::vector<c10::IValue>> returns_like_self(const std::string& base,
                                                           const c10::FunctionSchema& schema,
                                                           const torch::jit::Stack& args) {
-  if (base != "multi_margin_loss_backward" && base != "multilabel_margin_loss_backward")
+  if (base != "multi_margin_loss_backward" && base != "multilabel_margin_loss_backward" &&
+      base != "fractional_max_pool3d_backward")
     return std::nullopt;
   for (size_t i = 0; i < schema.arguments().size(); i++)
     if (schema.arguments()[i].name() == "self" && args[i].isTensor()) {

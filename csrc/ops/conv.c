@@ -515,8 +515,52 @@ static void pool_window(const pool_geom_t *g, int rank, int64_t *win, int64_t *s
   }
 }
 
-/* max_pool{1,2,3}d_with_indices: (max, flat index of the max within its plane). Ties go to
- * the first element in scan order, a NaN wins (the last NaN), as in CPU's loop. */
+/* Flat index of every element of a [lead..., spatial...] type within its plane. */
+static pj_val_t plane_index(pj_lower_t *L, pj_type_t xt, int lead, int nsp) {
+  pj_type_t it = pj_type_with_dtype(xt, PJ_I64);
+  pj_val_t idx = pj_full(H, it, 0);
+  int64_t mult = 1;
+  for (int j = nsp - 1; j >= 0; j--) {
+    pj_val_t io = pj_iota(H, it, lead + j);
+    idx = pj_binary(H, "stablehlo.add", idx,
+                    pj_binary(H, "stablehlo.multiply", io, pj_full(H, it, (double)mult)));
+    mult *= xt.dims[lead + j];
+  }
+  return idx;
+}
+
+/* reduce_window of (x, idx) to (max, index of the max). Ties go to the first element in scan
+ * order, a NaN wins (the last NaN), as in CPU's loops. */
+static void max_index_window(pj_lower_t *L, pj_val_t x, pj_val_t idx, const int64_t *win,
+                             const int64_t *str, const int64_t *dil, const int64_t *lo,
+                             const int64_t *hi, pj_val_t *res) {
+  pj_dtype_t dt = x.t.dtype;
+  res[0] = res[1] = kBad;
+  pj_type_t sv = pj_type_scalar(dt), si = pj_type_scalar(PJ_I64);
+  pj_type_t sts[4] = {sv, si, sv, si};
+  pj_val_t a[4];
+  pj_hlo_region_begin(H, sts, 4, a);
+  pj_val_t an = pj_compare(H, "NE", a[0], a[0]), bn = pj_compare(H, "NE", a[2], a[2]);
+  pj_val_t not_bn = pj_unary(H, "stablehlo.not", bn);
+  pj_val_t gt = pj_compare(H, "GT", a[0], a[2]), eq = pj_compare(H, "EQ", a[0], a[2]);
+  pj_val_t ilt = pj_compare(H, "LT", a[1], a[3]), igt = pj_compare(H, "GT", a[1], a[3]);
+  /* a NaN: keep it unless the other is a later NaN; otherwise larger, or equal and earlier */
+  pj_val_t if_nan = pj_binary(H, "stablehlo.or", not_bn, igt);
+  pj_val_t if_num = pj_binary(H, "stablehlo.and", not_bn,
+                              pj_binary(H, "stablehlo.or", gt,
+                                        pj_binary(H, "stablehlo.and", eq, ilt)));
+  pj_val_t pick_a = pj_select(H, an, if_nan, if_num);
+  pj_val_t rv[2] = {pj_select(H, pick_a, a[0], a[2]), pj_select(H, pick_a, a[1], a[3])};
+  char *region = pj_hlo_region_end(H, rv, 2);
+  pj_val_t inits[2] = {dt == PJ_I64 ? pj_const_i(H, dt, INT64_MIN)
+                                    : pj_const(H, dt, pj_dtype_lowest(dt)),
+                       pj_const_i(H, PJ_I64, INT64_MAX)};
+  pj_val_t xs[2] = {x, idx};
+  if (region) reduce_window(L, xs, inits, 2, region, win, str, dil, lo, hi, res);
+  free(region);
+}
+
+/* max_pool{1,2,3}d_with_indices: (max, flat index of the max within its plane). */
 static pj_status_t *lower_max_pool(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   if (x.id < 0) return NULL;
@@ -524,47 +568,14 @@ static pj_status_t *lower_max_pool(pj_lower_t *L) {
   pool_geom_t g;
   if (!pool_geometry(L, name_nsp(L->c->op), x.t, pj_out_type(L, 0), &g)) return NULL;
   int r = x.t.rank;
-  pj_dtype_t dt = x.t.dtype;
-  /* flat index of every element within its plane */
-  pj_type_t it = pj_type_with_dtype(x.t, PJ_I64);
-  pj_val_t idx = pj_full(H, it, 0);
-  int64_t mult = 1;
-  for (int j = g.nsp - 1; j >= 0; j--) {
-    pj_val_t io = pj_iota(H, it, g.lead + j);
-    idx = pj_binary(H, "stablehlo.add", idx,
-                    pj_binary(H, "stablehlo.multiply", io, pj_full(H, it, (double)mult)));
-    mult *= g.in[j];
-  }
-  pj_type_t sv = pj_type_scalar(dt), si = pj_type_scalar(PJ_I64);
-  pj_type_t sts[4] = {sv, si, sv, si};
-  pj_val_t a[4];
-  pj_hlo_region_begin(H, sts, 4, a);
-  {
-    pj_val_t an = pj_compare(H, "NE", a[0], a[0]), bn = pj_compare(H, "NE", a[2], a[2]);
-    pj_val_t not_bn = pj_unary(H, "stablehlo.not", bn);
-    pj_val_t gt = pj_compare(H, "GT", a[0], a[2]), eq = pj_compare(H, "EQ", a[0], a[2]);
-    pj_val_t ilt = pj_compare(H, "LT", a[1], a[3]), igt = pj_compare(H, "GT", a[1], a[3]);
-    /* a NaN: keep it unless the other is a later NaN; otherwise larger, or equal and earlier */
-    pj_val_t if_nan = pj_binary(H, "stablehlo.or", not_bn, igt);
-    pj_val_t if_num = pj_binary(H, "stablehlo.and", not_bn,
-                                pj_binary(H, "stablehlo.or", gt,
-                                          pj_binary(H, "stablehlo.and", eq, ilt)));
-    pj_val_t pick_a = pj_select(H, an, if_nan, if_num);
-    pj_val_t rv[2] = {pj_select(H, pick_a, a[0], a[2]), pj_select(H, pick_a, a[1], a[3])};
-    char *region = pj_hlo_region_end(H, rv, 2);
-    pj_val_t inits[2] = {dt == PJ_I64 ? pj_const_i(H, dt, INT64_MIN)
-                                      : pj_const(H, dt, pj_dtype_lowest(dt)),
-                         pj_const_i(H, PJ_I64, INT64_MAX)};
-    int64_t win[PJ_MAX_RANK], str[PJ_MAX_RANK], dil[PJ_MAX_RANK], lo[PJ_MAX_RANK],
-        hi[PJ_MAX_RANK];
-    pool_window(&g, r, win, str, dil, lo, hi);
-    pj_val_t xs[2] = {x, idx}, res[2] = {kBad, kBad};
-    if (region) reduce_window(L, xs, inits, 2, region, win, str, dil, lo, hi, res);
-    free(region);
-    int64_t zero[MAXSP] = {0};
-    set_checked(L, 0, slice_spatial(L, res[0], g.nsp, zero, g.out));
-    if (pj_nout(L) > 1) set_checked(L, 1, slice_spatial(L, res[1], g.nsp, zero, g.out));
-  }
+  pj_val_t idx = plane_index(L, x.t, g.lead, g.nsp);
+  int64_t win[PJ_MAX_RANK], str[PJ_MAX_RANK], dil[PJ_MAX_RANK], lo[PJ_MAX_RANK], hi[PJ_MAX_RANK];
+  pool_window(&g, r, win, str, dil, lo, hi);
+  pj_val_t res[2];
+  max_index_window(L, x, idx, win, str, dil, lo, hi, res);
+  int64_t zero[MAXSP] = {0};
+  set_checked(L, 0, slice_spatial(L, res[0], g.nsp, zero, g.out));
+  if (pj_nout(L) > 1) set_checked(L, 1, slice_spatial(L, res[1], g.nsp, zero, g.out));
   return NULL;
 }
 
@@ -998,6 +1009,121 @@ static pj_status_t *lower_upsample(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- adaptive max pooling ---- */
+
+/* adaptive_max_pool{2,3}d: (max, flat index within the plane) over CPU's adaptive windows.
+ * Each pooled dim is gathered to [out * K] positions (K the longest window; shorter windows
+ * repeat their last element, which changes neither the max nor the index chosen), then a
+ * K-strided window reduces them. */
+static pj_status_t *lower_adaptive_max_pool(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  int nsp = name_nsp(L->c->op);
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT)) return NULL;
+  int lead = ot.rank - nsp;
+  if (nsp < 1 || lead < 0 || x.t.rank != ot.rank) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", L->c->op, ot.rank);
+    return NULL;
+  }
+  pj_val_t idx = plane_index(L, x.t, lead, nsp);
+  int64_t win[PJ_MAX_RANK], str[PJ_MAX_RANK], dil[PJ_MAX_RANK], lo[PJ_MAX_RANK] = {0},
+      hi[PJ_MAX_RANK] = {0};
+  for (int i = 0; i < ot.rank; i++) win[i] = str[i] = dil[i] = 1;
+  for (int j = 0; j < nsp; j++) {
+    int axis = lead + j;
+    int64_t in = x.t.dims[axis], out = ot.dims[axis], k = 1;
+    for (int64_t o = 0; o < out; o++) {
+      int64_t s0, e0;
+      adaptive_window(o, in, out, &s0, &e0);
+      if (e0 - s0 > k) k = e0 - s0;
+    }
+    double *tab = dalloc(L, out * k);
+    if (!tab) return NULL;
+    for (int64_t o = 0; o < out; o++) {
+      int64_t s0, e0;
+      adaptive_window(o, in, out, &s0, &e0);
+      for (int64_t q = 0; q < k; q++) tab[o * k + q] = (double)(s0 + q < e0 ? s0 + q : e0 - 1);
+    }
+    x = gather_axis(L, x, axis, tab, out * k);
+    idx = gather_axis(L, idx, axis, tab, out * k);
+    free(tab);
+    win[axis] = str[axis] = k;
+  }
+  pj_val_t res[2];
+  max_index_window(L, x, idx, win, str, dil, lo, hi, res);
+  set_checked(L, 0, res[0]);
+  if (pj_nout(L) > 1) set_checked(L, 1, res[1]);
+  return NULL;
+}
+
+/* ---- fractional max pooling ---- */
+
+/* fractional_max_pool{2,3}d: windows of the kernel's size at starts drawn per plane from
+ * random_samples ([planes, nsp], u in [0, 1), in CPU's per-dim order): with
+ * alpha = (in - k) / (out - 1), start[i] = trunc((i + u) alpha) - trunc(u alpha), the last
+ * start being in - k. The starts are computed on the device; each window is gathered to
+ * [planes, out..., k...] and reduced to (max, flat index within the plane). */
+static pj_status_t *lower_fractional_max_pool(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  int nsp = name_nsp(L->c->op);
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT)) return NULL;
+  int lead = ot.rank - nsp;
+  int64_t k[MAXSP];
+  if (nsp < 2 || lead < 0 || x.t.rank != ot.rank || 1 + 2 * nsp > PJ_MAX_RANK ||
+      !geom(L, "kernel_size", nsp, k, NULL, 1)) {
+    if (pj_hlo_ok(H)) pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", L->c->op, ot.rank);
+    return NULL;
+  }
+  pj_dtype_t ct = acc_dtype(x.t.dtype);
+  int64_t planes = 1, psize = 1;
+  for (int i = 0; i < lead; i++) planes *= x.t.dims[i];
+  for (int j = 0; j < nsp; j++) psize *= x.t.dims[lead + j];
+  int64_t pn[2] = {planes, nsp};
+  pj_val_t u = pj_reshape(H, pj_convert(H, pj_tensor(L, "random_samples"), ct), 2, pn);
+  pj_type_t T = {.dtype = PJ_I64, .rank = 1 + 2 * nsp};
+  T.dims[0] = planes;
+  for (int j = 0; j < nsp; j++) {
+    T.dims[1 + j] = ot.dims[lead + j];
+    T.dims[1 + nsp + j] = k[j];
+  }
+  pj_val_t idx = pj_full(H, T, 0);
+  int64_t stride = 1;
+  for (int j = nsp - 1; j >= 0; j--) {
+    int64_t in = x.t.dims[lead + j], out = ot.dims[lead + j];
+    int64_t sj = nsp == 2 ? 1 - j : j; /* CPU's sample order: (w, h) in 2-D, (t, h, w) in 3-D */
+    int64_t po[2] = {planes, out}, s0[2] = {0, sj}, s1[2] = {planes, sj + 1};
+    pj_type_t tf = pj_type(ct, 2, po), ti = pj_type(PJ_I64, 2, po);
+    pj_val_t uj = pj_reshape(H, pj_slice(H, u, s0, s1, NULL), 1, &planes);
+    int64_t d0 = 0;
+    pj_val_t ub = pj_broadcast_in_dim(H, uj, tf, &d0);
+    double alpha = out > 1 ? (double)(in - k[j]) / (double)(out - 1) : 0;
+    if (ct != PJ_F64) alpha = (double)(float)alpha;
+    pj_val_t al = pj_full(H, tf, alpha);
+    pj_val_t a = pj_convert(H, MUL(ADD(pj_convert(H, pj_iota(H, ti, 1), ct), ub), al), PJ_I64);
+    pj_val_t b = pj_convert(H, MUL(ub, al), PJ_I64);
+    pj_val_t start = SEL(CMP("EQ", pj_iota(H, ti, 1), pj_full(H, ti, (double)(out - 1))),
+                         pj_full(H, ti, (double)(in - k[j])), SUB(a, b));
+    int64_t map[2] = {0, 1 + j};
+    pj_val_t pos = ADD(pj_broadcast_in_dim(H, start, T, map), pj_iota(H, T, 1 + nsp + j));
+    idx = ADD(idx, MUL(pos, pj_full(H, T, (double)stride)));
+    stride *= in;
+  }
+  int64_t flat_n = planes * psize;
+  pj_val_t gidx = ADD(idx, MUL(pj_iota(H, T, 0), pj_full(H, T, (double)psize)));
+  pj_val_t vals = pj_gather_1d(H, pj_reshape(H, x, 1, &flat_n), gidx);
+  int64_t win[PJ_MAX_RANK], one[PJ_MAX_RANK], zero[PJ_MAX_RANK] = {0};
+  for (int i = 0; i < T.rank; i++) {
+    win[i] = i > nsp ? T.dims[i] : 1;
+    one[i] = 1;
+  }
+  pj_val_t res[2];
+  max_index_window(L, vals, idx, win, win, one, zero, zero, res);
+  set_checked(L, 0, pj_reshape(H, res[0], ot.rank, ot.dims));
+  if (pj_nout(L) > 1) set_checked(L, 1, pj_reshape(H, res[1], ot.rank, ot.dims));
+  return NULL;
+}
+
 #define UPSAMPLE_ROWS(X)                                                                      \
   X(upsample_nearest1d) X(upsample_nearest2d) X(upsample_nearest3d)                           \
   X(_upsample_nearest_exact1d) X(_upsample_nearest_exact2d) X(_upsample_nearest_exact3d)      \
@@ -1015,6 +1141,14 @@ const pj_lowering_entry_t pj_lowerings_conv[] = {
     {"avg_pool3d", lower_avg_pool},
     {"avg_pool2d_backward", lower_avg_pool_backward},
     {"avg_pool3d_backward", lower_avg_pool_backward},
+    {"adaptive_max_pool2d", lower_adaptive_max_pool},
+    {"adaptive_max_pool3d", lower_adaptive_max_pool},
+    {"adaptive_max_pool2d_backward", lower_max_pool_backward},
+    {"adaptive_max_pool3d_backward", lower_max_pool_backward},
+    {"fractional_max_pool2d", lower_fractional_max_pool},
+    {"fractional_max_pool3d", lower_fractional_max_pool},
+    {"fractional_max_pool2d_backward", lower_max_pool_backward},
+    {"fractional_max_pool3d_backward", lower_max_pool_backward},
     {"_adaptive_avg_pool2d", lower_adaptive_avg_pool},
     {"_adaptive_avg_pool3d", lower_adaptive_avg_pool},
     {"_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool},
