@@ -120,3 +120,4 @@ except RuntimeError as e:
                        env=dict(os.environ, TORCH_PJRT_CHECK_NAN="1"), timeout=300)
     assert r.returncode == 0, r.stderr
     assert "TORCH_PJRT_CHECK_NAN" in r.stdout and "aten::log" in r.stdout, r.stdout
+    assert "at <string>:6" in r.stdout, r.stdout  # the Python line that ran the op

@@ -2,12 +2,14 @@
 // a pj_call_t (arguments by name), output metadata from PyTorch's Meta kernels (so dtype
 // promotion, broadcasting and error checks match CPU), destinations for functional, in-place
 // and out= variants, and the CPU fallback for ops without a lowering. No op semantics here.
+#include <Python.h>  // first, as Python requires: python_line() names the calling line
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <cstring>
 #include <mutex>
 #include <sstream>
 #include <set>
@@ -248,6 +250,31 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
 }
 
 // "(float32[4, 4], int64[3], 2.0)": argument summary for debug-mode messages.
+// " at file:line" of the innermost Python frame outside torch's own package on the calling
+// thread, or "" (no Python frame: e.g. autograd's worker thread). Only used on error paths:
+// torch's bindings release the GIL around ops, so it is taken back here.
+std::string python_line() {
+  if (!Py_IsInitialized()) return "";
+  PyGILState_STATE gil = PyGILState_Ensure();
+  std::string where;
+  PyFrameObject* f = PyEval_GetFrame();  // borrowed
+  if (f) Py_INCREF(f);
+  while (f && where.empty()) {
+    PyCodeObject* code = PyFrame_GetCode(f);  // new reference
+    const char* file = PyUnicode_AsUTF8(code->co_filename);
+    if (!file) PyErr_Clear();
+    if (file && !std::strstr(file, "/torch/"))
+      where = std::string(" at ") + file + ":" + std::to_string(PyFrame_GetLineNumber(f));
+    Py_DECREF(code);
+    PyFrameObject* back = PyFrame_GetBack(f);  // new reference
+    Py_DECREF(f);
+    f = back;
+  }
+  Py_XDECREF(f);
+  PyGILState_Release(gil);
+  return where;
+}
+
 std::string describe_inputs(const torch::jit::Stack& args) {
   std::ostringstream o;
   o << "(";
@@ -307,7 +334,7 @@ void check_finite(const c10::FunctionSchema& schema, const torch::jit::Stack& ar
   }
   in_nan_check = false;
   TORCH_CHECK(!bad, "TORCH_PJRT_CHECK_NAN: ", schema.operator_name(),
-              " produced NaN or Inf from inputs ", describe_inputs(args));
+              " produced NaN or Inf from inputs ", describe_inputs(args), python_line());
 }
 
 void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
@@ -495,7 +522,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
           if (pj_storage_t* s = storage_of(d); s && s->buf) check(pj_buffer_await(s->buf));
       } catch (const c10::Error& e) {
         TORCH_CHECK(false, "tpu debug mode: ", schema.operator_name(), " failed on inputs ",
-                    describe_inputs(args), ": ", e.what_without_backtrace());
+                    describe_inputs(args), python_line(), ": ", e.what_without_backtrace());
       }
     } else {
       b.run();
