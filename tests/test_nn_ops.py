@@ -177,3 +177,18 @@ def test_fractional_max_pool(nsp, shape, k, out):
     s = torch.rand(n, c, nsp)
     f = torch.ops.aten.fractional_max_pool2d if nsp == 2 else torch.ops.aten.fractional_max_pool3d
     check(lambda x, s: f(x, list(k), list(out), s), x, s, grad=True)
+
+
+# ---- bicubic and antialiased interpolation (forward and backward) ----
+
+@pytest.mark.parametrize("mode,aa", [("bicubic", False), ("bicubic", True), ("bilinear", True)])
+@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("shape,size,sf", [((2, 3, 8, 9), (5, 13), None),
+                                           ((1, 1, 6, 6), None, (1.7, 0.6)),
+                                           ((1, 1, 16, 12), (3, 5), None)])
+def test_interpolate_matrix_modes(mode, aa, align, shape, size, sf):
+    torch.manual_seed(0)
+    x = torch.randn(*shape, requires_grad=True)
+    check(lambda x: torch.nn.functional.interpolate(
+        x, size=size, scale_factor=sf, mode=mode, align_corners=align, antialias=aa),
+        x, grad=True, atol=1e-5, rtol=1e-5)

@@ -1009,6 +1009,106 @@ static pj_status_t *lower_upsample(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- separable interpolation by weight matrices: bicubic, antialiased bilinear / bicubic ---- */
+
+/* CPU's scale between sizes (area_pixel_compute_scale): align_corners maps the corner pixels
+ * onto each other; otherwise a given scale factor wins over the size ratio. */
+static double interp_scale(int64_t in, int64_t out, bool align, bool has_scale, double sc,
+                           bool dbl) {
+  if (align) {
+    if (out <= 1) return 0;
+    return dbl ? (double)(in - 1) / (double)(out - 1) : (double)((float)(in - 1) / (float)(out - 1));
+  }
+  if (has_scale && sc > 0) return dbl ? 1.0 / sc : (double)(float)(1.0 / sc);
+  return dbl ? (double)in / (double)out : (double)((float)in / (float)out);
+}
+
+static double cubic_near(double x, double a) { return ((a + 2) * x - (a + 3)) * x * x + 1; }
+static double cubic_far(double x, double a) { return ((a * x - 5 * a) * x + 8 * a) * x - 4 * a; }
+
+/* Antialias filters (the Keys cubic with a = -0.5 for bicubic, the triangle for bilinear). */
+static double aa_filter(double x, bool cubic) {
+  if (x < 0) x = -x;
+  if (!cubic) return x < 1 ? 1 - x : 0;
+  if (x < 1) return cubic_near(x, -0.5);
+  if (x < 2) return cubic_far(x, -0.5);
+  return 0;
+}
+
+/* Fills m[in * out] (row = input index, column = output index) with CPU's weights. */
+static void interp_weights(bool aa, bool cubic, bool align, bool has_scale, double sc, int64_t in,
+                           int64_t out, bool dbl, double *m) {
+  double scale = interp_scale(in, out, align, has_scale, sc, dbl);
+  for (int64_t o = 0; o < out; o++) {
+    if (!aa) { /* bicubic: 4 taps around the source position, indices clamped */
+      double real = align ? scale * (double)o : scale * ((double)o + 0.5) - 0.5;
+      if (!dbl) real = align ? (double)((float)scale * (float)o)
+                             : (double)((float)scale * ((float)o + 0.5f) - 0.5f);
+      double fl = floor(real), t = real - fl;
+      if (!dbl) t = (double)((float)real - (float)fl);
+      int64_t i0 = (int64_t)fl;
+      double w[4] = {cubic_far(t + 1, -0.75), cubic_near(t, -0.75), cubic_near(1 - t, -0.75),
+                     cubic_far(2 - t, -0.75)};
+      for (int k = 0; k < 4; k++) {
+        int64_t i = i0 - 1 + k;
+        i = i < 0 ? 0 : i > in - 1 ? in - 1 : i;
+        m[i * out + o] += dbl ? w[k] : (double)(float)w[k];
+      }
+      continue;
+    }
+    /* antialiased: the filter stretched by the scale when downsampling, normalized to sum 1 */
+    double support = (cubic ? 2.0 : 1.0) * (scale >= 1.0 ? scale : 1.0);
+    double center = scale * ((double)o + 0.5);
+    double invscale = scale >= 1.0 ? 1.0 / scale : 1.0;
+    int64_t lo = (int64_t)(center - support + 0.5);
+    if (lo < 0) lo = 0;
+    int64_t hi = (int64_t)(center + support + 0.5);
+    if (hi > in) hi = in;
+    double total = 0;
+    for (int64_t i = lo; i < hi; i++) total += aa_filter(((double)i - center + 0.5) * invscale, cubic);
+    for (int64_t i = lo; i < hi; i++) {
+      double w = aa_filter(((double)i - center + 0.5) * invscale, cubic);
+      m[i * out + o] = total != 0 ? w / total : w;
+    }
+  }
+}
+
+static pj_status_t *lower_interp_matrix(pj_lower_t *L) {
+  const char *op = L->c->op;
+  bool backward = strstr(op, "backward") != NULL, aa = strstr(op, "_aa") != NULL;
+  bool cubic = strstr(op, "bicubic") != NULL;
+  pj_val_t x = pj_tensor(L, backward ? "grad_output" : "self");
+  pj_type_t ot = pj_out_type(L, 0);
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT)) return NULL;
+  int nsp = 2, lead = ot.rank - nsp;
+  if (lead < 0 || x.t.rank != ot.rank) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", op, ot.rank);
+    return NULL;
+  }
+  static const char *const names[2] = {"scales_h", "scales_w"};
+  bool align = pj_bool(L, "align_corners", false);
+  pj_dtype_t ct = acc_dtype(ot.dtype);
+  pj_val_t v = pj_convert(H, x, ct);
+  /* contracting dim `lead` each time moves the interpolated dim last: order is restored */
+  for (int j = 0; j < nsp; j++) {
+    int64_t in = (backward ? ot : x.t).dims[lead + j], out = (backward ? x.t : ot).dims[lead + j];
+    double *m = dalloc(L, in * out);
+    if (!m) return NULL;
+    interp_weights(aa, cubic, align, pj_has(L, names[j]), pj_float(L, names[j], 0), in, out,
+                   ct == PJ_F64, m);
+    int64_t n = in * out, d[2] = {in, out};
+    pj_val_t mv = pj_reshape(H, const_vec(L, ct, m, n), 2, d);
+    free(m);
+    if (backward) {
+      int64_t perm[2] = {1, 0};
+      mv = pj_transpose(H, mv, perm);
+    }
+    v = dot_exact(L, v, mv, lead);
+  }
+  set_checked(L, 0, v);
+  return NULL;
+}
+
 /* ---- adaptive max pooling ---- */
 
 /* adaptive_max_pool{2,3}d: (max, flat index within the plane) over CPU's adaptive windows.
@@ -1149,6 +1249,12 @@ const pj_lowering_entry_t pj_lowerings_conv[] = {
     {"fractional_max_pool3d", lower_fractional_max_pool},
     {"fractional_max_pool2d_backward", lower_max_pool_backward},
     {"fractional_max_pool3d_backward", lower_max_pool_backward},
+    {"upsample_bicubic2d", lower_interp_matrix},
+    {"upsample_bicubic2d_backward", lower_interp_matrix},
+    {"_upsample_bilinear2d_aa", lower_interp_matrix},
+    {"_upsample_bilinear2d_aa_backward", lower_interp_matrix},
+    {"_upsample_bicubic2d_aa", lower_interp_matrix},
+    {"_upsample_bicubic2d_aa_backward", lower_interp_matrix},
     {"_adaptive_avg_pool2d", lower_adaptive_avg_pool},
     {"_adaptive_avg_pool3d", lower_adaptive_avg_pool},
     {"_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool},
