@@ -86,3 +86,17 @@ def register(lowered: set) -> None:
         except RuntimeError:
             continue  # already registered by someone else: theirs stands
         registered.append(name)
+    _register_missing_meta(has_kernel)
+
+
+def _geqrf_meta(a):
+    torch._check(a.dim() >= 2, lambda: "torch.geqrf: input must have at least 2 dimensions.")
+    k = min(a.shape[-2], a.shape[-1])
+    return a.new_empty(a.shape), a.new_empty(a.shape[:-2] + (k,))
+
+
+def _register_missing_meta(has_kernel) -> None:
+    """Meta kernels for lowered ops that PyTorch ships without one (output shapes only): the
+    bridge takes result shapes from Meta and would otherwise run them on the CPU."""
+    if not has_kernel("aten::geqrf", "Meta"):
+        _LIB.impl("geqrf", _geqrf_meta, "Meta")

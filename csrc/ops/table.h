@@ -13,6 +13,7 @@ typedef struct {
   X(elementwise)       \
   X(reduce)            \
   X(linalg)            \
+  X(linalg_decomp)     \
   X(shape)             \
   X(index)             \
   X(nn)                \
