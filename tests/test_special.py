@@ -158,3 +158,9 @@ def test_incomplete_gamma(f, dt):
     a[:4] = torch.tensor([0.0, 1.0, 2.0, -1.0])
     x[:4] = torch.tensor([1.0, 0.0, float("inf"), 1.0])
     check(f, a, x)
+
+
+@pytest.mark.parametrize("f", [torch.nn.functional.silu, torch.nn.functional.mish, torch.sigmoid,
+                               torch.nn.functional.hardswish, torch.log2])
+def test_unary_bfloat16_rounds_once(f):
+    check(f, values(torch.bfloat16, scale=3.0, positive=f is torch.log2) + 0.01)

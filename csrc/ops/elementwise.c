@@ -198,6 +198,12 @@ static pj_status_t *lower_unary(pj_lower_t *L) {
   }
   if (row->rule == U_OUT) {
     pj_dtype_t ct = ot.dtype;
+    /* half types compute in float32 and round once at the end, as torch's CPU kernels do
+     * (silu in bfloat16 rounded twice otherwise) */
+    if (ct == PJ_BF16 || ct == PJ_F16) ct = PJ_F32;
+    /* erf_inv in float32 loses digits near +-1, where its derivative (the backward's
+     * exp(erfinv(x)^2)) magnifies them: compute it in float64 */
+    if (ct == PJ_F32 && !strcmp(row->name, "erfinv")) ct = PJ_F64;
     /* bool inputs of arithmetic: torch computes abs/neg/sign on bool as bool-preserving */
     x = pj_convert(H, x, ct == PJ_BOOL ? x.t.dtype : ct);
   }
