@@ -248,3 +248,28 @@ def test_histogramdd():
     actual = torch.histogramdd(x[:, :2].to(TPU), bins=[e.to(TPU) for e in edges])
     _same(actual.hist, expected.hist)
     _same(actual.bin_edges, expected.bin_edges)
+
+
+@pytest.mark.parametrize("reduce", ["max", "min", "sum", "mean", "prod"])
+def test_segment_reduce_backward(reduce):
+    # ties (max/min split the gradient), zeros (prod's exclusive products), an empty segment
+    d = torch.tensor([1.0, 5, 5, 0, 4, 3, 0, 0, 2, 7, 1])
+    for kw in ({"lengths": torch.tensor([3, 0, 2, 4, 2])}, {"offsets": torch.tensor([0, 3, 3, 5, 9, 11])},
+               {"lengths": torch.tensor([3, 0, 2, 4, 2]), "initial": 2.0}):
+        w = torch.randn(5, generator=torch.Generator().manual_seed(7))
+        d1 = d.clone().requires_grad_()
+        (torch.segment_reduce(d1, reduce, **kw) * w).sum().backward()
+        d2 = d.clone().to(TPU).requires_grad_()
+        (torch.segment_reduce(d2, reduce, **_to(kw, TPU)) * w.to(TPU)).sum().backward()
+        torch.testing.assert_close(d2.grad.cpu(), d1.grad)
+
+
+def test_index_fill_backward_unique():
+    # index_fill's backward deduplicates the index with aten::_unique
+    x = torch.randn(4, 3)
+    check(lambda t: torch.ops.aten._unique(t, True, True), torch.tensor([3, 1, 2, 1]))
+    a = x.clone().to(TPU).requires_grad_()
+    a.index_fill(0, torch.tensor([0, 2, 0]).to(TPU), 1.5).sum().backward()
+    b = x.clone().requires_grad_()
+    b.index_fill(0, torch.tensor([0, 2, 0]), 1.5).sum().backward()
+    torch.testing.assert_close(a.grad.cpu(), b.grad)

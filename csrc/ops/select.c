@@ -593,35 +593,32 @@ static pj_status_t *lower_equal(pj_lower_t *L) {
  * to the segment whose end it is below (elements outside every segment are dropped into a
  * padding segment); reductions start from `initial` (or the identity), so empty segments get
  * it; mean divides the sum by the length, and an empty segment's mean is initial or NaN. */
-static pj_status_t *lower_segment_reduce(pj_lower_t *L) {
-  pj_type_t ot = pj_out_type(L, 0);
-  pj_val_t data = pj_convert(H, pj_tensor(L, "data"), ot.dtype);
-  const char *reduce = pj_str(L, "reduce", "");
+/* Where each element of a segment_reduce input goes: data viewed as [B, N, R] (N along axis),
+ * segments as [B, S]; flat_idx [B*N] is b*(S+1) + segment (S for elements in no segment) and
+ * len [B, S] the segment lengths. */
+typedef struct {
+  int64_t B, N, R, S;
+  pj_val_t flat_idx, len;
+} segments_t;
+
+static bool segments_of(pj_lower_t *L, pj_val_t data, int axis, segments_t *g) {
   bool use_offsets = !pj_has(L, "lengths");
   pj_val_t seg = pj_convert(H, pj_tensor(L, use_offsets ? "offsets" : "lengths"), PJ_I64);
-  if (data.id < 0 || seg.id < 0) return NULL;
-  if (pj_type_numel(&ot) == 0) return NULL;
-  int axis = pj_norm_dim(L, pj_int(L, "axis", 0), data.t.rank);
-  const char *comb = !strcmp(reduce, "max")    ? "max"
-                     : !strcmp(reduce, "min")  ? "min"
-                     : !strcmp(reduce, "prod") ? "mul"
-                     : !strcmp(reduce, "sum") || !strcmp(reduce, "mean") ? "add"
-                                                                         : NULL;
-  if (!comb) return pj_status_new(PJ_ERR_RUNTIME, "unsupported reduction %s", reduce);
+  if (data.id < 0 || seg.id < 0) return false;
   int64_t B = 1, R = 1, N = data.t.dims[axis];
   for (int i = 0; i < axis; i++) B *= data.t.dims[i];
   for (int i = axis + 1; i < data.t.rank; i++) R *= data.t.dims[i];
-  int64_t S = ot.dims[axis];
+  int64_t S = seg.t.dims[seg.t.rank - 1] - (use_offsets ? 1 : 0);
   int64_t d2[2] = {B, seg.t.dims[seg.t.rank - 1]};
   seg = pj_reshape(H, seg, 2, d2);
   pj_val_t ends, start0;
-  int64_t bS[2] = {B, S};
-  pj_type_t st = pj_type(PJ_I64, 2, bS);
   if (use_offsets) {
-    int64_t a[2] = {0, 1}, b[2] = {B, S + 1}, z[2] = {0, 0}, one[2] = {B, 1};
+    int64_t a[2] = {0, 1}, b[2] = {B, S + 1}, z[2] = {0, 0}, one[2] = {B, 1}, bs[2] = {B, S};
     ends = pj_slice(H, seg, a, b, NULL);
     start0 = pj_slice(H, seg, z, one, NULL);
+    g->len = SUB(ends, pj_slice(H, seg, z, bs, NULL));
   } else {
+    g->len = seg;
     ends = seg; /* running sum of lengths along the rows */
     for (int64_t s = 1; s < S; s *= 2) {
       int64_t z[2] = {0, 0}, lim[2] = {B, S - s}, lo[2] = {0, s}, hi[2] = {0, 0};
@@ -632,20 +629,68 @@ static pj_status_t *lower_segment_reduce(pj_lower_t *L) {
     start0 = pj_full(H, pj_type(PJ_I64, 2, one), 0);
   }
   /* segment of element (b, j): the number of ends <= j, S when outside every segment */
-  int64_t bNS[3] = {B, N, S}, e0[2] = {0, 2}, j1[1] = {1};
+  int64_t bNS[3] = {B, N, S}, e0[2] = {0, 2}, two = 2;
   pj_type_t t3 = pj_type(PJ_I64, 3, bNS);
-  pj_val_t jj = pj_iota(H, t3, 1);
-  pj_val_t below = CMP("LE", pj_broadcast_in_dim(H, ends, t3, e0), jj);
-  pj_val_t sid = pj_reduce(H, pj_convert(H, below, PJ_I64), (int64_t[]){2}, 1, "add"); /* [B, N] */
+  pj_val_t below = CMP("LE", pj_broadcast_in_dim(H, ends, t3, e0), pj_iota(H, t3, 1));
+  pj_val_t sid = pj_reduce(H, pj_convert(H, below, PJ_I64), &two, 1, "add"); /* [B, N] */
   int64_t bN[2] = {B, N}, z0[1] = {0};
   pj_type_t tn = pj_type(PJ_I64, 2, bN);
-  pj_val_t jn = pj_iota(H, tn, 1);
-  pj_val_t before = CMP("LT", jn, pj_broadcast_in_dim(H, pj_reshape(H, start0, 1, &B), tn, z0));
+  pj_val_t before = CMP("LT", pj_iota(H, tn, 1),
+                        pj_broadcast_in_dim(H, pj_reshape(H, start0, 1, &B), tn, z0));
   sid = SEL(before, pj_full(H, tn, (double)S), sid);
-  (void)j1;
-  pj_val_t flat_idx = ADD(MUL(pj_iota(H, tn, 0), pj_full(H, tn, (double)(S + 1))), sid);
   int64_t BN = B * N;
-  flat_idx = pj_reshape(H, flat_idx, 1, &BN);
+  g->flat_idx = pj_reshape(H, ADD(MUL(pj_iota(H, tn, 0), pj_full(H, tn, (double)(S + 1))), sid),
+                           1, &BN);
+  g->B = B, g->N = N, g->R = R, g->S = S;
+  return g->flat_idx.id >= 0;
+}
+
+/* Per segment values [B, S, R] (or [B, S] broadcast along R) as one row per element [B*N, R]:
+ * elements in no segment read `pad`. */
+static pj_val_t per_element(pj_lower_t *L, pj_val_t v, const segments_t *g, double pad) {
+  int64_t B = g->B, S = g->S, R = g->R;
+  if (R > 1 && pj_type_numel(&v.t) == B * S) { /* one value per segment (lengths) */
+    int64_t d2[2] = {B, S};
+    v = pj_reshape(H, v, 2, d2);
+    int64_t d3[3] = {B, S, R}, dd[2] = {0, 1};
+    v = pj_broadcast_in_dim(H, v, pj_type(v.t.dtype, 3, d3), dd);
+  } else {
+    int64_t d3[3] = {B, S, R};
+    v = pj_reshape(H, v, 3, d3);
+  }
+  int64_t lo[3] = {0, 0, 0}, hi[3] = {0, 1, 0}, f2[2] = {B * (S + 1), R};
+  v = pj_pad(H, v, pj_const(H, v.t.dtype, pad), lo, hi, NULL);
+  return pj_take_slices(L, pj_reshape(H, v, 2, f2), 0, g->flat_idx);
+}
+
+/* Per segment reduction of rows x [B*N, R] to [B, S, R] starting from init. */
+static pj_val_t per_segment(pj_lower_t *L, pj_val_t x, const segments_t *g, pj_val_t init,
+                            const char *comb) {
+  int64_t B = g->B, S = g->S, R = g->R, accd[2] = {B * (S + 1), R};
+  pj_type_t acct = pj_type(x.t.dtype, 2, accd);
+  pj_val_t acc = pj_put_slices(L, pj_broadcast_in_dim(H, init, acct, NULL), 0, g->flat_idx, x,
+                               comb);
+  int64_t d3[3] = {B, S + 1, R}, s0[3] = {0, 0, 0}, s1[3] = {B, S, R};
+  return pj_slice(H, pj_reshape(H, acc, 3, d3), s0, s1, NULL);
+}
+
+static pj_status_t *lower_segment_reduce(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_val_t data = pj_convert(H, pj_tensor(L, "data"), ot.dtype);
+  const char *reduce = pj_str(L, "reduce", "");
+  if (data.id < 0 || pj_type_numel(&ot) == 0) return NULL;
+  int axis = pj_norm_dim(L, pj_int(L, "axis", 0), data.t.rank);
+  const char *comb = !strcmp(reduce, "max")    ? "max"
+                     : !strcmp(reduce, "min")  ? "min"
+                     : !strcmp(reduce, "prod") ? "mul"
+                     : !strcmp(reduce, "sum") || !strcmp(reduce, "mean") ? "add"
+                                                                         : NULL;
+  if (!comb) return pj_status_new(PJ_ERR_RUNTIME, "unsupported reduction %s", reduce);
+  segments_t g;
+  if (!segments_of(L, data, axis, &g)) return NULL;
+  int64_t B = g.B, N = g.N, R = g.R, S = g.S, BN = B * N;
+  pj_val_t flat_idx = g.flat_idx;
+  (void)flat_idx;
   pj_dtype_t dt = ot.dtype;
   bool has_init = pj_has(L, "initial");
   pj_val_t init;
@@ -658,25 +703,69 @@ static pj_status_t *lower_segment_reduce(pj_lower_t *L) {
   } else {
     init = pj_const(H, dt, !strcmp(comb, "mul") ? 1 : 0);
   }
-  int64_t accd[2] = {B * (S + 1), R}, updd[2] = {BN, R};
-  pj_type_t acct = pj_type(dt, 2, accd);
-  pj_val_t upd = pj_reshape(H, data, 2, updd);
-  pj_val_t acc = pj_put_slices(L, pj_broadcast_in_dim(H, init, acct, NULL), 0, flat_idx, upd,
-                               comb);
-  int64_t d3[3] = {B, S + 1, R}, s0[3] = {0, 0, 0}, s1[3] = {B, S, R};
-  pj_val_t r = pj_slice(H, pj_reshape(H, acc, 3, d3), s0, s1, NULL);
+  int64_t updd[2] = {BN, R}, s1[3] = {B, S, R};
+  pj_val_t r = per_segment(L, pj_reshape(H, data, 2, updd), &g, init, comb);
   if (!strcmp(reduce, "mean")) {
-    pj_val_t len = use_offsets ? SUB(ends, pj_slice(H, seg, (int64_t[]){0, 0},
-                                                    (int64_t[]){B, S}, NULL))
-                               : seg;
     int64_t dd[2] = {0, 1};
     pj_type_t t3o = pj_type(dt, 3, s1);
-    pj_val_t lenf = pj_broadcast_in_dim(H, pj_convert(H, len, dt), t3o, dd);
+    pj_val_t lenf = pj_broadcast_in_dim(H, pj_convert(H, g.len, dt), t3o, dd);
     pj_val_t empty = CMP("EQ", lenf, pj_full(H, t3o, 0));
     pj_val_t q = DIV(r, lenf);
     r = SEL(empty, has_init ? pj_broadcast_in_dim(H, init, t3o, NULL) : pj_full(H, t3o, NAN), q);
   }
-  (void)st;
+  pj_set_result(L, 0, pj_reshape(H, r, ot.rank, ot.dims));
+  return NULL;
+}
+
+/* Gradient of segment_reduce with respect to data, as CPU computes it: sum and mean spread the
+ * segment's gradient (mean divided by the length); max/min give it to the elements equal to the
+ * result and to NaNs (see below); prod gives grad * output / x, or for a zero or NaN x, grad
+ * times the product of the segment's other elements and initial. */
+static pj_status_t *lower_segment_reduce_backward(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t dt = ot.dtype;
+  pj_val_t data = pj_convert(H, pj_tensor(L, "data"), dt);
+  const char *reduce = pj_str(L, "reduce", "");
+  if (data.id < 0 || pj_type_numel(&ot) == 0) return NULL;
+  int axis = pj_norm_dim(L, pj_int(L, "axis", 0), data.t.rank);
+  segments_t g;
+  if (!segments_of(L, data, axis, &g)) return NULL;
+  int64_t BN = g.B * g.N, rows[2] = {BN, g.R};
+  pj_val_t x = pj_reshape(H, data, 2, rows);
+  pj_val_t gr = per_element(L, pj_convert(H, pj_tensor(L, "grad"), dt), &g, 0);
+  pj_val_t out = per_element(L, pj_convert(H, pj_tensor(L, "output"), dt), &g, 0);
+  pj_val_t zero = pj_full(H, x.t, 0), one = pj_full(H, x.t, 1);
+  pj_val_t r;
+  if (!strcmp(reduce, "sum")) {
+    r = gr;
+  } else if (!strcmp(reduce, "mean")) {
+    r = DIV(gr, MAX(per_element(L, pj_convert(H, g.len, dt), &g, 1), one));
+  } else if (!strcmp(reduce, "max") || !strcmp(reduce, "min")) {
+    /* CPU: every NaN element and every element equal to the result takes the gradient; with
+     * two or more of them, the positive gradients (only those) are divided by their number */
+    pj_val_t eq = OR(CMP("EQ", x, out), isnan_(L, x));
+    pj_val_t cnt = per_segment(L, SEL(eq, one, zero), &g, pj_const(H, dt, 0), "add");
+    cnt = per_element(L, cnt, &g, 1);
+    pj_val_t split = AND(CMP("GE", cnt, pj_full(H, x.t, 2)), CMP("GT", gr, zero));
+    r = SEL(eq, SEL(split, DIV(gr, MAX(cnt, one)), gr), zero);
+  } else if (!strcmp(reduce, "prod")) {
+    pj_val_t special = OR(CMP("EQ", x, zero), isnan_(L, x));
+    pj_val_t init = pj_has(L, "initial") ? pj_convert(H, pj_scalar(L, "initial"), dt)
+                                         : pj_const(H, dt, 1);
+    pj_val_t pnz = per_element(L, per_segment(L, SEL(special, one, x), &g, init, "mul"), &g, 1);
+    pj_val_t nz = per_element(L, per_segment(L, SEL(CMP("EQ", x, zero), one, zero), &g,
+                                             pj_const(H, dt, 0), "add"), &g, 0);
+    pj_val_t nn = per_element(L, per_segment(L, SEL(isnan_(L, x), one, zero), &g,
+                                             pj_const(H, dt, 0), "add"), &g, 0);
+    /* the others: zeros and NaNs not counting this element */
+    pj_val_t oz = SUB(nz, SEL(CMP("EQ", x, zero), one, zero));
+    pj_val_t on = SUB(nn, SEL(isnan_(L, x), one, zero));
+    pj_val_t excl = SEL(CMP("GT", oz, zero), zero, pnz);
+    excl = SEL(CMP("GT", on, zero), pj_full(H, x.t, NAN), excl);
+    r = SEL(special, MUL(gr, excl), DIV(MUL(gr, out), x));
+  } else {
+    return pj_status_new(PJ_ERR_RUNTIME, "unsupported reduction %s", reduce);
+  }
   pj_set_result(L, 0, pj_reshape(H, r, ot.rank, ot.dims));
   return NULL;
 }
@@ -953,7 +1042,8 @@ static bool cflag(const pj_call_t *c, const char *name) {
 
 int pj_select_dynamic(const pj_call_t *c) {
   const char *op = c->op;
-  if (!strcmp(op, "_unique2") || !strcmp(op, "bincount")) return PJ_SHAPE_FROM_COUNT;
+  if (!strcmp(op, "_unique2") || !strcmp(op, "_unique") || !strcmp(op, "bincount"))
+    return PJ_SHAPE_FROM_COUNT;
   if (!strcmp(op, "unique_consecutive")) {
     const pj_arg_t *d = call_arg(c, "dim");
     return !d || d->kind == PJ_ARG_NONE ? PJ_SHAPE_FROM_COUNT : 0;
@@ -1012,7 +1102,7 @@ pj_status_t *pj_select_out_types(const pj_call_t *c, int64_t count, pj_type_t *o
     if (!strcmp(op, "histogram")) outs[(*n)++] = pj_type(s->dtype, 1, &ne[0]);
     return NULL;
   }
-  if (!strcmp(op, "_unique2") || !strcmp(op, "unique_consecutive")) {
+  if (!strcmp(op, "_unique2") || !strcmp(op, "_unique") || !strcmp(op, "unique_consecutive")) {
     const pj_tensor_desc_t *s = ctensor(c, "self");
     if (!s) return pj_status_new(PJ_ERR_RUNTIME, "internal: %s without self", op);
     int64_t zero = 0;
@@ -1020,7 +1110,7 @@ pj_status_t *pj_select_out_types(const pj_call_t *c, int64_t count, pj_type_t *o
     outs[1] = cflag(c, "return_inverse") ? pj_type(PJ_I64, s->rank, s->sizes)
                                          : pj_type(PJ_I64, 1, &zero);
     outs[2] = cflag(c, "return_counts") ? pj_type(PJ_I64, 1, &count) : pj_type(PJ_I64, 1, &zero);
-    *n = 3;
+    *n = !strcmp(op, "_unique") ? 2 : 3;
     return NULL;
   }
   if (!strcmp(op, "bincount")) {
@@ -1056,10 +1146,10 @@ pj_status_t *pj_select_out_types(const pj_call_t *c, int64_t count, pj_type_t *o
 static pj_status_t *lower_select_count(pj_lower_t *L) {
   const char *op = L->c->op + strlen("_pj_count_");
   pj_val_t r = pj_const_i(H, PJ_I64, 0);
-  if (!strcmp(op, "_unique2") || !strcmp(op, "unique_consecutive")) {
+  if (!strcmp(op, "_unique2") || !strcmp(op, "_unique") || !strcmp(op, "unique_consecutive")) {
     pj_val_t x = flat_of(L, pj_tensor(L, "self"));
     if (x.id >= 0 && x.t.dims[0] > 0) {
-      if (!strcmp(op, "_unique2")) {
+      if (strcmp(op, "unique_consecutive")) {
         pj_val_t res;
         if (!pj_sort_along(L, &x, 1, 0, false, &res)) return NULL;
         x = res;
@@ -1090,7 +1180,7 @@ static pj_status_t *lower_select_count(pj_lower_t *L) {
 /* unique (always sorted on CPU, NaNs last and each its own value) and unique_consecutive:
  * values at the run starts, inverse = run number of each element, counts = run lengths. */
 static pj_status_t *lower_unique(pj_lower_t *L) {
-  bool sorted = !strcmp(L->c->op, "_unique2");
+  bool sorted = strcmp(L->c->op, "unique_consecutive") != 0; /* CPU's unique always sorts */
   int64_t K = pj_int(L, "__count", 0);
   pj_val_t x = pj_tensor(L, "self");
   pj_val_t v = flat_of(L, x);
@@ -1179,6 +1269,9 @@ const pj_lowering_entry_t pj_lowerings_select[] = {
     {"nonzero_static", lower_nonzero_static},
     {"equal", lower_equal},
     {"segment_reduce", lower_segment_reduce},
+    {"_segment_reduce_backward", lower_segment_reduce_backward},
+    {"_unique", lower_unique},
+    {"_pj_count__unique", lower_select_count},
     {"histc", lower_histc},
     {"histogram", lower_histogram},
     {"_histogramdd_bin_edges", lower_histogramdd},
