@@ -124,11 +124,18 @@ CASES = {
     "matrix_rank": lambda dt: (torch.linalg.matrix_rank, gen(dt, 5, 3) @ gen(dt, 3, 5, seed=1)),
     "pinv": lambda dt: (torch.linalg.pinv, gen(dt, 5, 3)),
     "inv_empty": lambda dt: (torch.linalg.inv, gen(dt, 0, 0)),
+    "matrix_exp": lambda dt: (torch.linalg.matrix_exp, gen(dt, 3, 4, 4) * 0.5),
+    "lstsq_tall": lambda dt: (torch.linalg.lstsq, gen(dt, 2, 6, 3), gen(dt, 2, 6, 2, seed=1)),
+    "lstsq_wide_gels": lambda dt: (lambda a, b: torch.linalg.lstsq(a, b, driver="gels"),
+                                   gen(dt, 3, 5), gen(dt, 3, 2, seed=1)),
+    "lstsq_residuals": lambda dt: (lambda a, b: torch.linalg.lstsq(a, b, driver="gels"),
+                                   gen(dt, 2, 6, 3), gen(dt, 2, 6, seed=1)),
 }
 
 
 # float64 for a few cases (same programs otherwise; each compile costs time)
-F64_CASES = {"inv", "solve", "det", "slogdet", "qr", "cholesky", "eigvalsh", "svdvals", "pinv"}
+F64_CASES = {"inv", "solve", "det", "slogdet", "qr", "cholesky", "eigvalsh",
+             "matrix_exp", "lstsq_tall"}
 
 
 @pytest.mark.parametrize("case,dt", [(c, torch.float32) for c in sorted(CASES)] +

@@ -95,8 +95,36 @@ def _geqrf_meta(a):
     return a.new_empty(a.shape), a.new_empty(a.shape[:-2] + (k,))
 
 
+def _lstsq_out_meta(a, b, rcond=None, *, driver=None, solution, residuals, rank,
+                    singular_values):
+    # shapes as CPU's gels/gelsy drivers give them (csrc/ops/linalg_decomp.c lowers those);
+    # gelsd/gelss have data-dependent residual shapes: NotImplementedError sends them to the CPU
+    driver = driver or "gelsy"
+    if driver not in ("gels", "gelsy"):
+        raise NotImplementedError(f"linalg.lstsq driver {driver} is not lowered on tpu")
+    torch._check(a.dim() >= 2, lambda: "torch.linalg.lstsq: input must have at least 2 dimensions.")
+    torch._check(a.dim() - b.dim() in (0, 1), lambda: (
+        "torch.linalg.lstsq: input.dim() must be greater or equal to other.dim() and "
+        "(input.dim() - other.dim()) <= 1"))
+    vec = a.dim() - 1 == b.dim()
+    b2 = b.unsqueeze(-1) if vec else b
+    m, n, k = a.shape[-2], a.shape[-1], b2.shape[-1]
+    torch._check(b2.shape[-2] == m, lambda: (
+        f"torch.linalg.lstsq: input.size(-2) should match other.size(-2) ({m} vs {b2.shape[-2]})"))
+    batch = torch.broadcast_shapes(a.shape[:-2], b2.shape[:-2])
+    real = a.real.dtype if a.is_complex() else a.dtype
+    solution.resize_(batch + ((n,) if vec else (n, k)))
+    residuals.resize_(batch + (k,) if driver == "gels" and m > n else (0,))
+    rank.resize_(batch if driver == "gelsy" else (0,))
+    singular_values.resize_((0,))
+    assert residuals.dtype == real
+    return solution, residuals, rank, singular_values
+
+
 def _register_missing_meta(has_kernel) -> None:
     """Meta kernels for lowered ops that PyTorch ships without one (output shapes only): the
     bridge takes result shapes from Meta and would otherwise run them on the CPU."""
     if not has_kernel("aten::geqrf", "Meta"):
         _LIB.impl("geqrf", _geqrf_meta, "Meta")
+    if not has_kernel("aten::linalg_lstsq.out", "Meta"):
+        _LIB.impl("linalg_lstsq.out", _lstsq_out_meta, "Meta")

@@ -1043,6 +1043,155 @@ static pj_status_t *lower_svd(pj_lower_t *L) {
   return NULL;
 }
 
+
+/* ---- matrix exponential ---- */
+
+/* Scaling and squaring: X = A / 2^s with ||X||_1 <= theta per matrix, exp(X) by its Taylor
+ * polynomial of degree 18, then s squarings. s differs per matrix: every matrix squares while its own count lasts.
+ * state: P [B,n,n], s [B] i32, it [B] i32 */
+static void expm_square(pj_lower_t *L, pj_val_t i, pj_val_t *st, void *ctx) {
+  (void)i;
+  (void)ctx;
+  pj_val_t P = st[0], sv = st[1], it = st[2];
+  pj_val_t go = CMP("LT", it, sv);
+  st[0] = SEL(bdims(L, go, pj_type_with_dtype(P.t, PJ_BOOL), 0, -1), bmm(L, P, P), P);
+  st[2] = ADD(it, pj_full(H, it.t, 1));
+}
+
+static pj_val_t expm_more(pj_lower_t *L, pj_val_t *st, void *ctx) {
+  (void)ctx;
+  int64_t z = 0;
+  return pj_reduce(H, CMP("LT", st[2], st[1]), &z, 1, "or");
+}
+
+static pj_status_t *lower_matrix_exp(pj_lower_t *L) {
+  pj_val_t A = pj_tensor(L, "self");
+  if (A.id < 0) return NULL;
+  pj_dtype_t ot = pj_out_type(L, 0).dtype;
+  pj_dtype_t dt = ot == PJ_F16 || ot == PJ_BF16 ? PJ_F32 : ot;
+  pj_val_t A3 = to3(L, pj_convert(H, A, dt));
+  int64_t B = A3.t.dims[0], n = A3.t.dims[1];
+  pj_dtype_t rt = real_of(dt);
+  /* 1-norm: max column sum of |a| */
+  pj_val_t colsum = sum1(L, U("abs", A3), 1); /* [B,n] real */
+  int64_t one = 1;
+  pj_val_t nrm = n ? pj_reduce(H, colsum, &one, 1, "max") : zeros(L, ty(rt, 1, B, 0, 0));
+  pj_type_t rb = nrm.t;
+  /* s = max(0, ceil(log2(norm / theta))), capped (beyond the exponent range all overflows).
+   * theta bounds the Taylor truncation error (1/19! for float64, 2^19/19! for float32) while
+   * keeping squarings, which each double the rounding error, few. */
+  double theta = rt == PJ_F64 ? 1.0 : 2.0;
+  pj_val_t lg = U("ceil", DIV(U("log", MUL(nrm, pj_full(H, rb, 1.0 / theta))),
+                              pj_full(H, rb, log(2.0))));
+  lg = MIN(MAX(lg, zeros(L, rb)), pj_full(H, rb, 1100));
+  lg = SEL(CMP("EQ", lg, lg), lg, zeros(L, rb)); /* NaN norm: no scaling (NaN propagates) */
+  pj_val_t sv = pj_convert(H, lg, PJ_I32);
+  pj_val_t scale = U("exponential", MUL(U("negate", lg), pj_full(H, rb, log(2.0))));
+  pj_val_t sc = cplx(dt) ? mkcomplex(L, scale, zeros(L, rb), dt) : scale;
+  pj_val_t X = MUL(A3, bdims(L, sc, A3.t, 0, -1));
+  pj_val_t I = eye3(L, dt, B, n, n);
+  pj_val_t P = I;
+  for (int k = 18; k >= 1; k--) /* Horner: P = I + X P / k */
+    P = ADD(I, MUL(bmm(L, X, P), pj_full(H, A3.t, 1.0 / k)));
+  pj_val_t st[3] = {P, sv, zeros(L, sv.t)};
+  loop_while(L, 1100, st, 3, expm_square, expm_more, NULL);
+  set_out(L, 0, st[0]);
+  return NULL;
+}
+
+
+/* ---- least squares (drivers gels and gelsy; the others fall back, see _decompositions.py) ----
+ * Full-rank solution by Householder QR: m >= n: X = R^-1 (Q^H B)[:n]; m < n (minimum norm):
+ * A^H = Q R, X = Q [R^-H B; 0]. gels reports residuals (m > n) as the squared norms of the
+ * rows of Q^H B below n; gelsy reports the rank, counted here from the singular values with
+ * LAPACK's default tolerance rcond = eps * max(m, n). */
+static pj_val_t svd_values(pj_lower_t *L, pj_val_t A3) {
+  if (A3.t.dims[1] < A3.t.dims[2]) A3 = adj3(L, A3);
+  int64_t B = A3.t.dims[0], n = A3.t.dims[2];
+  pj_val_t QR, tau;
+  geqrf3(L, A3, &QR, &tau);
+  pj_val_t W = tri(L, slice3(L, QR, n, n), false, 0);
+  pj_val_t V = eye3(L, A3.t.dtype, B, n, n);
+  jacobi(L, &W, &V, true);
+  pj_val_t ops[1] = {W};
+  return sort_cols(L, col_norms(L, W), ops, 1, true);
+}
+
+static pj_status_t *lower_lstsq(pj_lower_t *L) {
+  pj_val_t A = pj_tensor(L, "self"), Bm = pj_tensor(L, "b");
+  if (A.id < 0 || Bm.id < 0) return NULL;
+  const char *driver = pj_str(L, "driver", NULL);
+  bool gels = driver && !strcmp(driver, "gels");
+  pj_type_t xt = pj_out_type(L, 0);
+  pj_dtype_t dt = xt.dtype;
+  if (cplx(dt)) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "aten::linalg_lstsq is not lowered for complex tensors on tpu");
+    return NULL;
+  }
+  bool vec = Bm.t.rank == A.t.rank - 1;
+  int64_t batch[PJ_MAX_RANK];
+  int nb = xt.rank - (vec ? 1 : 2);
+  for (int i = 0; i < nb; i++) batch[i] = xt.dims[i];
+  pj_val_t A3 = to3(L, bbatch(L, pj_convert(H, A, dt), batch, nb, 2));
+  int64_t Bt = A3.t.dims[0], m = A3.t.dims[1], n = A3.t.dims[2];
+  Bm = pj_convert(H, Bm, dt);
+  pj_val_t B3;
+  if (vec) {
+    Bm = bbatch(L, Bm, batch, nb, 1);
+    int64_t d[3] = {Bt, m, 1};
+    B3 = pj_reshape(H, Bm, 3, d);
+  } else {
+    B3 = to3(L, bbatch(L, Bm, batch, nb, 2));
+  }
+  int64_t k = B3.t.dims[2];
+  pj_val_t X, QR, tau;
+  if (m >= n) {
+    geqrf3(L, A3, &QR, &tau);
+    pj_val_t QtB = apply_reflectors(L, QR, tau, B3, true, true);
+    pj_val_t R = slice3(L, QR, n, n);
+    X = trsolve(L, R, slice3(L, QtB, n, k), true, false, false, false);
+    if (gels && m > n) {
+      int64_t s0[3] = {0, n, 0}, l0[3] = {Bt, m, k};
+      pj_val_t rest = pj_slice(H, QtB, s0, l0, NULL);
+      set_out(L, 1, sum1(L, MUL(rest, rest), 1));
+    } else {
+      set_out(L, 1, zeros(L, pj_out_type(L, 1)));
+    }
+  } else {
+    geqrf3(L, adj3(L, A3), &QR, &tau); /* [B,n,m] */
+    pj_val_t R = slice3(L, QR, m, m);
+    pj_val_t Y = trsolve(L, R, B3, true, false, false, true); /* R^H Y = B */
+    int64_t lo[3] = {0, 0, 0}, hi[3] = {0, n - m, 0};
+    Y = pj_pad(H, Y, pj_const(H, dt, 0), lo, hi, NULL);
+    X = apply_reflectors(L, QR, tau, Y, true, false);
+    set_out(L, 1, zeros(L, pj_out_type(L, 1)));
+  }
+  set_out(L, 0, X);
+  pj_type_t rkt = pj_out_type(L, 2);
+  if (!gels && pj_type_numel(&rkt) > 0) {
+    double eps = eps_of(dt) * (double)(m > n ? m : n);
+    double rc = pj_has(L, "rcond") ? pj_float(L, "rcond", eps) : eps;
+    pj_val_t sig = svd_values(L, A3); /* [B,K], descending */
+    int64_t K = sig.t.dims[1];
+    pj_val_t cnt;
+    if (K == 0) {
+      cnt = zeros(L, ty(PJ_I64, 1, Bt, 0, 0));
+    } else {
+      int64_t s0[2] = {0, 0}, l0[2] = {Bt, 1};
+      int64_t d1[1] = {Bt};
+      pj_val_t smax = pj_reshape(H, pj_slice(H, sig, s0, l0, NULL), 1, d1);
+      pj_val_t thr = MUL(smax, pj_full(H, smax.t, rc));
+      pj_val_t big = CMP("GT", sig, bdims(L, thr, sig.t, 0, -1));
+      cnt = sum1(L, pj_convert(H, big, PJ_I64), 1);
+    }
+    set_out(L, 2, cnt);
+  } else {
+    set_out(L, 2, zeros(L, rkt));
+  }
+  set_out(L, 3, zeros(L, pj_out_type(L, 3)));
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_linalg_decomp[] = {
     {"linalg_lu_factor_ex", lower_lu_factor_ex},
     {"linalg_lu", lower_linalg_lu},
@@ -1064,5 +1213,7 @@ const pj_lowering_entry_t pj_lowerings_linalg_decomp[] = {
     {"ormqr", lower_ormqr},
     {"_linalg_eigh", lower_eigh},
     {"_linalg_svd", lower_svd},
+    {"linalg_matrix_exp", lower_matrix_exp},
+    {"linalg_lstsq", lower_lstsq},
     {NULL, NULL},
 };
