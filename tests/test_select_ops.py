@@ -273,3 +273,11 @@ def test_index_fill_backward_unique():
     b = x.clone().requires_grad_()
     b.index_fill(0, torch.tensor([0, 2, 0]), 1.5).sum().backward()
     torch.testing.assert_close(a.grad.cpu(), b.grad)
+
+
+def test_logcumsumexp_complex():
+    inf = math.inf
+    check(lambda t: torch.logcumsumexp(t, 1), torch.randn(3, 9, dtype=torch.complex64))
+    x = torch.tensor([[complex(-inf, 1), complex(-inf, 2), 1 + 1j, complex(inf, 1), complex(inf, 2),
+                       complex(NAN, 0), 1j]], dtype=torch.complex64)
+    check(lambda t: torch.logcumsumexp(t, 1), x)

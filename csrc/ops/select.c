@@ -505,23 +505,51 @@ static pj_val_t log_add_exp(pj_lower_t *L, pj_val_t a, pj_val_t b) {
   return SEL(use, r, a);
 }
 
+/* The complex step, as CPU's: the operands ordered by real part (a NaN part anywhere makes the
+ * result NaN), equal infinite real parts give the first of the pair (-inf) or log(exp + exp)
+ * (+inf), otherwise log1p(exp(min - max)) + max. `a` is the earlier operand. */
+static pj_val_t log_add_exp_complex(pj_lower_t *L, pj_val_t a, pj_val_t b) {
+  pj_type_t rt = pj_type_with_dtype(a.t, a.t.dtype == PJ_C128 ? PJ_F64 : PJ_F32);
+  pj_val_t ar = pj_hlo_op(H, "stablehlo.real", &a, 1, NULL, rt);
+  pj_val_t ai = pj_hlo_op(H, "stablehlo.imag", &a, 1, NULL, rt);
+  pj_val_t br = pj_hlo_op(H, "stablehlo.real", &b, 1, NULL, rt);
+  pj_val_t bi = pj_hlo_op(H, "stablehlo.imag", &b, 1, NULL, rt);
+  /* CPU passes (current, accumulated): the later one is first unless its real part is larger */
+  pj_val_t b_first = CMP("LT", br, ar);
+  pj_val_t mn = SEL(b_first, b, a), mx = SEL(b_first, a, b);
+  pj_val_t mnr = SEL(b_first, br, ar), mxr = SEL(b_first, ar, br);
+  pj_val_t nan = OR(OR(isnan_(L, ar), isnan_(L, ai)), OR(isnan_(L, br), isnan_(L, bi)));
+  pj_val_t fin = pj_hlo_op(H, "stablehlo.is_finite", &mnr, 1, NULL, pj_type_with_dtype(rt, PJ_BOOL));
+  pj_val_t same_inf = AND(not_(L, fin), CMP("EQ", mnr, mxr));
+  pj_val_t general = ADD(U("log_plus_one", U("exponential", SUB(mn, mx))), mx);
+  pj_val_t pos_inf = U("log", ADD(U("exponential", mn), U("exponential", mx)));
+  pj_val_t r = SEL(same_inf, SEL(CMP("LT", mnr, pj_full(H, rt, 0)), mn, pos_inf), general);
+  pj_val_t nans[2] = {pj_full(H, rt, NAN), pj_full(H, rt, NAN)};
+  return SEL(nan, pj_hlo_op(H, "stablehlo.complex", nans, 2, NULL, a.t), r);
+}
+
 static pj_status_t *lower_logcumsumexp(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   pj_type_t ot = pj_out_type(L, 0);
-  if (is_complex(ot.dtype))
-    return pj_status_new(PJ_ERR_UNIMPLEMENTED,
-                         "aten::_logcumsumexp is not lowered for complex tensors on tpu");
+  bool cplx = is_complex(ot.dtype);
   int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank) : 0;
   pj_dtype_t ct = ot.dtype == PJ_BF16 || ot.dtype == PJ_F16 ? PJ_F32 : ot.dtype;
   rows_t r;
   pj_val_t v = to_rows(L, pj_convert(H, pj_convert(H, x, ot.dtype), ct), dim, &r);
   if (r.B == 0 || r.n == 0) return NULL;
   int64_t B = r.B, n = r.n;
+  pj_val_t pad = pj_const(H, ct, -INFINITY);
+  if (cplx) {
+    pj_dtype_t rt = ct == PJ_C128 ? PJ_F64 : PJ_F32;
+    pj_val_t parts[2] = {pj_const(H, rt, -INFINITY), pj_const(H, rt, 0)};
+    pad = pj_hlo_op(H, "stablehlo.complex", parts, 2, NULL, pj_type_scalar(ct));
+    /* CPU's scan starts from -inf + 0i: the first element is combined with it too */
+    v = log_add_exp_complex(L, pj_broadcast_in_dim(H, pad, v.t, NULL), v);
+  }
   for (int64_t s = 1; s < n; s *= 2) {
     int64_t st[2] = {0, 0}, lim[2] = {B, n - s}, lo[2] = {0, s}, hi[2] = {0, 0};
-    pj_val_t a = pj_pad(H, pj_slice(H, v, st, lim, NULL), pj_const(H, ct, -INFINITY), lo, hi,
-                        NULL);
-    v = log_add_exp(L, a, v);
+    pj_val_t a = pj_pad(H, pj_slice(H, v, st, lim, NULL), pad, lo, hi, NULL);
+    v = cplx ? log_add_exp_complex(L, a, v) : log_add_exp(L, a, v);
   }
   pj_set_result(L, 0, from_rows(L, v, &r));
   return NULL;
