@@ -164,3 +164,24 @@ def test_incomplete_gamma(f, dt):
                                torch.nn.functional.hardswish, torch.log2])
 def test_unary_bfloat16_rounds_once(f):
     check(f, values(torch.bfloat16, scale=3.0, positive=f is torch.log2) + 0.01)
+
+
+@pytest.mark.parametrize("eps", [None, 0.1])
+def test_logit_backward(eps):
+    x = torch.tensor([-0.5, 0.0, 0.3, 1.0, 1.5, 0.05, 0.97])
+    g = torch.tensor([1.0, 2.0, 3.0, -1.0, 1.0, 0.0, 2.0])
+    check(torch.ops.aten.logit_backward, g, x, eps)
+
+
+def test_logit_inplace_on_integers_raises():
+    with pytest.raises(RuntimeError):
+        torch.arange(5).logit_()
+    with pytest.raises(RuntimeError):
+        torch.arange(5).to("tpu").logit_()
+
+
+def test_conj_physical_inplace():
+    x = torch.randn(6, dtype=torch.complex64)
+    y = x.to("tpu")
+    y.conj_physical_()
+    torch.testing.assert_close(y.cpu(), x.conj_physical())

@@ -615,11 +615,13 @@ const char* const kForeachOverloads[] = {
 }  // namespace
 
 // Ops with a lowering whose CompositeExplicitAutograd kernel would otherwise run instead of it:
-// convolution (which would reach convolution_overrideable), and ops whose composite kernel
-// takes several programs where the lowering takes one.
+// convolution (which would reach convolution_overrideable), conj_physical_ (whose kernel calls a
+// CPU/CUDA-only DispatchStub), and ops whose composite kernel takes several programs where the
+// lowering takes one.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
-                           "native_group_norm", "logsumexp", "any.dims", "all.dims"})
+                           "native_group_norm", "logsumexp", "any.dims", "all.dims",
+                           "conj_physical_"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
   for (const char* name : kForeachOverloads)
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());

@@ -690,13 +690,42 @@ static pj_status_t *lower_hard_backward(pj_lower_t *L) {
 }
 
 static pj_status_t *lower_logit(pj_lower_t *L) {
-  pj_dtype_t ct = float_of(pj_out_type(L, 0).dtype);
+  pj_dtype_t ot = pj_out_type(L, 0).dtype;
+  /* an integer destination (logit_ or out= of an integer tensor) cannot hold the float result;
+   * logit's Meta kernel lets it through, CPU raises */
+  if (!pj_dtype_info(ot)->is_float && !pj_dtype_info(ot)->is_complex) {
+    pj_fail(L, PJ_ERR_RUNTIME, "result type Float can't be cast to the desired output type %s",
+            pj_dtype_info(ot)->name);
+    return NULL;
+  }
+  pj_dtype_t ct = float_of(ot);
   pj_val_t x = arg_at_out(L, "self", ct);
   if (pj_has(L, "eps")) {
     double e = pj_float(L, "eps", 0);
     x = MIN(MAX(x, cst(L, x, e)), cst(L, x, 1 - e));
   }
   pj_set_result(L, 0, U("log", DIV(x, SUB(cst(L, x, 1), x))));
+  return NULL;
+}
+
+/* d logit / dx = 1 / (x (1 - x)); without eps NaN outside [0, 1], with eps zero outside
+ * [eps, 1 - eps] (the clamped region), as torch's kernel. */
+static pj_status_t *lower_logit_backward(pj_lower_t *L) {
+  pj_dtype_t ot = pj_out_type(L, 0).dtype;
+  pj_dtype_t ct = ot == PJ_BF16 || ot == PJ_F16 ? PJ_F32 : float_of(ot);
+  pj_val_t g = arg_at_out(L, "grad_output", ct), x = arg_at_out(L, "self", ct);
+  pj_val_t r = DIV(g, MUL(x, SUB(cst(L, x, 1), x)));
+  if (pj_has(L, "eps")) {
+    double e = pj_float(L, "eps", 0);
+    pj_val_t out = pj_binary(H, "stablehlo.or", CMP("LT", x, cst(L, x, e)),
+                             CMP("GT", x, cst(L, x, 1 - e)));
+    r = SEL(out, cst(L, r, 0), r);
+  } else {
+    pj_val_t out = pj_binary(H, "stablehlo.or", CMP("LT", x, cst(L, x, 0)),
+                             CMP("GT", x, cst(L, x, 1)));
+    r = SEL(out, cst(L, r, NAN), r);
+  }
+  pj_set_result(L, 0, r);
   return NULL;
 }
 
@@ -754,5 +783,6 @@ const pj_lowering_entry_t pj_lowerings_elementwise[] = {
     {"hardsigmoid_backward", lower_hard_backward},
     {"hardswish_backward", lower_hard_backward},
     {"logit", lower_logit},
+    {"logit_backward", lower_logit_backward},
     {NULL, NULL},
 };
