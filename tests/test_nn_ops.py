@@ -192,3 +192,18 @@ def test_interpolate_matrix_modes(mode, aa, align, shape, size, sf):
     check(lambda x: torch.nn.functional.interpolate(
         x, size=size, scale_factor=sf, mode=mode, align_corners=align, antialias=aa),
         x, grad=True, atol=1e-5, rtol=1e-5)
+
+
+# ---- grid sampling (forward, input and grid gradients) ----
+
+@pytest.mark.parametrize("nsp,mode", [(2, 0), (2, 1), (2, 2), (3, 0), (3, 1)])
+@pytest.mark.parametrize("padding", [0, 1, 2])
+@pytest.mark.parametrize("align", [False, True])
+def test_grid_sampler(nsp, mode, padding, align):
+    torch.manual_seed(0)
+    shape = (2, 3, 5, 7) if nsp == 2 else (2, 2, 4, 5, 6)
+    gshape = (2, 4, 6, 2) if nsp == 2 else (2, 3, 4, 2, 3)
+    x = torch.randn(*shape, requires_grad=True)
+    g = (torch.rand(*gshape) * 2.6 - 1.3).requires_grad_()
+    f = torch.grid_sampler_2d if nsp == 2 else torch.grid_sampler_3d
+    check(lambda x, g: f(x, g, mode, padding, align), x, g, grad=True, atol=1e-4, rtol=1e-4)

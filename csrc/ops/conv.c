@@ -1109,6 +1109,311 @@ static pj_status_t *lower_interp_matrix(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- grid sampling ---- */
+
+/* grid_sampler_{2,3}d and backwards. input [N, C, S...], grid [N, O..., nsp] with grid[..., 0]
+ * addressing the last spatial dim. Per spatial dim, a sampling mode gives taps: an index, a
+ * weight and the weight's derivative by the (unnormalized) coordinate; the output is the sum
+ * over tap combinations of the product of weights times the input there (0 out of bounds).
+ * Rows of the input are gathered / scattered as [N * S, C]. CPU's coordinate rules:
+ * unnormalize, then padding (border clips, reflection folds, then clips), each with the
+ * gradient factor CPU uses. */
+enum { GS_BILINEAR = 0, GS_NEAREST = 1, GS_BICUBIC = 2 };
+enum { GS_ZEROS = 0, GS_BORDER = 1, GS_REFLECTION = 2 };
+
+typedef struct {
+  int ntap;
+  pj_val_t idx[4], w[4], dw[4]; /* [N, O...]: int64 index, weight, d weight / d coord */
+  pj_val_t mult;                /* d coord / d grid value */
+} gs_dim_t;
+
+static pj_val_t gs_clip(pj_lower_t *L, pj_val_t c, double size, pj_val_t *gm) {
+  pj_val_t zero = pj_full(H, c.t, 0), hi = pj_full(H, c.t, size - 1);
+  if (gm) {
+    pj_val_t inside = pj_binary(H, "stablehlo.and", pj_compare(H, "GT", c, zero),
+                                pj_compare(H, "LT", c, hi));
+    *gm = pj_binary(H, "stablehlo.multiply", *gm, pj_select(H, inside, pj_full(H, c.t, 1), zero));
+  }
+  return pj_binary(H, "stablehlo.minimum", hi, pj_binary(H, "stablehlo.maximum", c, zero));
+}
+
+static pj_val_t gs_reflect(pj_lower_t *L, pj_val_t c, double twice_lo, double twice_hi,
+                           pj_val_t *gm) {
+  pj_type_t t = c.t;
+  if (twice_lo == twice_hi) {
+    if (gm) *gm = pj_full(H, t, 0);
+    return pj_full(H, t, 0);
+  }
+  double mn = twice_lo / 2, span = (twice_hi - twice_lo) / 2;
+  pj_val_t in = pj_binary(H, "stablehlo.subtract", c, pj_full(H, t, mn));
+  pj_val_t neg = pj_compare(H, "LT", in, pj_full(H, t, 0));
+  in = pj_unary(H, "stablehlo.abs", in);
+  pj_val_t sp = pj_full(H, t, span);
+  pj_val_t extra = pj_binary(H, "stablehlo.remainder", in, sp);
+  pj_val_t flips = pj_unary(H, "stablehlo.floor", pj_binary(H, "stablehlo.divide", in, sp));
+  pj_val_t odd = pj_compare(H, "NE", pj_binary(H, "stablehlo.remainder", flips, pj_full(H, t, 2)),
+                            pj_full(H, t, 0));
+  if (gm) {
+    pj_val_t one = pj_full(H, t, 1), m1 = pj_full(H, t, -1);
+    pj_val_t s1 = pj_select(H, neg, m1, one), s2 = pj_select(H, odd, m1, one);
+    *gm = pj_binary(H, "stablehlo.multiply", *gm, pj_binary(H, "stablehlo.multiply", s1, s2));
+  }
+  pj_val_t r = pj_select(H, odd, pj_binary(H, "stablehlo.subtract", sp, extra), extra);
+  return pj_binary(H, "stablehlo.add", r, pj_full(H, t, mn));
+}
+
+static pj_val_t gs_pad(pj_lower_t *L, pj_val_t c, double size, int padding, bool align,
+                       pj_val_t *gm) {
+  if (padding == GS_BORDER) return gs_clip(L, c, size, gm);
+  if (padding == GS_REFLECTION) {
+    c = align ? gs_reflect(L, c, 0, 2 * (size - 1), gm) : gs_reflect(L, c, -1, 2 * size - 1, gm);
+    return gs_clip(L, c, size, gm);
+  }
+  return c;
+}
+
+/* cubic convolution (a = -0.75) weights of taps -1..2 around t in [0, 1), and derivatives */
+static void gs_cubic(pj_lower_t *L, pj_val_t t, pj_val_t *w, pj_val_t *dw) {
+  const double A = -0.75;
+  pj_val_t x[4] = {pj_binary(H, "stablehlo.add", t, pj_full(H, t.t, 1)), t,
+                   pj_binary(H, "stablehlo.subtract", pj_full(H, t.t, 1), t),
+                   pj_binary(H, "stablehlo.subtract", pj_full(H, t.t, 2), t)};
+  for (int k = 0; k < 4; k++) {
+    bool far = k == 0 || k == 3;
+    /* near: (A+2)x^3 - (A+3)x^2 + 1; far: A x^3 - 5A x^2 + 8A x - 4A (Horner) */
+    double c3 = far ? A : A + 2, c2 = far ? -5 * A : -(A + 3), c1 = far ? 8 * A : 0,
+           c0 = far ? -4 * A : 1;
+    pj_val_t v = pj_full(H, t.t, c3), d = pj_full(H, t.t, 3 * c3);
+    v = pj_binary(H, "stablehlo.add", pj_binary(H, "stablehlo.multiply", v, x[k]),
+                  pj_full(H, t.t, c2));
+    v = pj_binary(H, "stablehlo.add", pj_binary(H, "stablehlo.multiply", v, x[k]),
+                  pj_full(H, t.t, c1));
+    w[k] = pj_binary(H, "stablehlo.add", pj_binary(H, "stablehlo.multiply", v, x[k]),
+                     pj_full(H, t.t, c0));
+    d = pj_binary(H, "stablehlo.add", pj_binary(H, "stablehlo.multiply", d, x[k]),
+                  pj_full(H, t.t, 2 * c2));
+    d = pj_binary(H, "stablehlo.add", pj_binary(H, "stablehlo.multiply", d, x[k]),
+                  pj_full(H, t.t, c1));
+    dw[k] = k >= 2 ? pj_unary(H, "stablehlo.negate", d) : d; /* dx/dt = -1 for taps 1-t, 2-t */
+  }
+}
+
+static void gs_dim(pj_lower_t *L, pj_val_t g, double size, int mode, int padding, bool align,
+                   gs_dim_t *d) {
+  pj_type_t t = g.t;
+  pj_val_t one = pj_full(H, t, 1);
+  /* unnormalize */
+  pj_val_t c = align ? pj_binary(H, "stablehlo.multiply",
+                                 pj_binary(H, "stablehlo.divide", pj_binary(H, "stablehlo.add", g, one),
+                                           pj_full(H, t, 2)),
+                                 pj_full(H, t, size - 1))
+                     : pj_binary(H, "stablehlo.divide",
+                                 pj_binary(H, "stablehlo.subtract",
+                                           pj_binary(H, "stablehlo.multiply",
+                                                     pj_binary(H, "stablehlo.add", g, one),
+                                                     pj_full(H, t, size)),
+                                           one),
+                                 pj_full(H, t, 2));
+  d->mult = pj_full(H, t, align ? (size - 1) / 2 : size / 2);
+  if (mode == GS_BICUBIC) {
+    pj_val_t fl = pj_unary(H, "stablehlo.floor", c);
+    gs_cubic(L, pj_binary(H, "stablehlo.subtract", c, fl), d->w, d->dw);
+    d->ntap = 4;
+    for (int k = 0; k < 4; k++) {
+      pj_val_t ck = pj_binary(H, "stablehlo.add", fl, pj_full(H, t, k - 1));
+      d->idx[k] = pj_convert(H, gs_pad(L, ck, size, padding, align, NULL), PJ_I64);
+    }
+    return;
+  }
+  c = gs_pad(L, c, size, padding, align, &d->mult);
+  if (mode == GS_NEAREST) {
+    d->ntap = 1;
+    d->idx[0] = pj_convert(H, pj_unary(H, "stablehlo.round_nearest_even", c), PJ_I64);
+    d->w[0] = one;
+    d->dw[0] = pj_full(H, t, 0);
+    return;
+  }
+  pj_val_t fl = pj_unary(H, "stablehlo.floor", c), fr = pj_binary(H, "stablehlo.subtract", c, fl);
+  d->ntap = 2;
+  d->idx[0] = pj_convert(H, fl, PJ_I64);
+  d->idx[1] = pj_binary(H, "stablehlo.add", d->idx[0], pj_full(H, pj_type_with_dtype(t, PJ_I64), 1));
+  d->w[0] = pj_binary(H, "stablehlo.subtract", one, fr);
+  d->w[1] = fr;
+  d->dw[0] = pj_full(H, t, -1);
+  d->dw[1] = one;
+}
+
+/* rows [K, C] of a [R, C] operand at row indices [K] (int64) */
+static pj_val_t gather_rows(pj_lower_t *L, pj_val_t x, pj_val_t rows) {
+  int64_t k = rows.t.dims[0], kd[2] = {k, 1}, c = x.t.dims[1];
+  pj_val_t iv = pj_reshape(H, rows, 2, kd);
+  pj_sb_t b = {0};
+  pj_sb_printf(&b, "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims "
+               "= [0], start_index_map = [0], index_vector_dim = 1>, slice_sizes = "
+               "array<i64: 1, %lld>, indices_are_sorted = false", (long long)c);
+  int64_t od[2] = {k, c};
+  pj_type_t ot = pj_type(x.t.dtype, 2, od);
+  pj_val_t ins[2] = {x, iv}, r;
+  emit(L, "stablehlo.gather", ins, 2, NULL, &b, &ot, 1, &r);
+  return r;
+}
+
+static pj_val_t scatter_rows(pj_lower_t *L, pj_val_t acc, pj_val_t rows, pj_val_t upd) {
+  int64_t k = rows.t.dims[0], kd[2] = {k, 1};
+  pj_val_t iv = pj_reshape(H, rows, 2, kd);
+  pj_type_t st = pj_type_scalar(acc.t.dtype);
+  pj_type_t sts[2] = {st, st};
+  pj_val_t a[2];
+  pj_hlo_region_begin(H, sts, 2, a);
+  pj_val_t sum = pj_binary(H, "stablehlo.add", a[0], a[1]);
+  char *region = pj_hlo_region_end(H, &sum, 1);
+  pj_sb_t b = {0};
+  pj_sb_puts(&b, "scatter_dimension_numbers = #stablehlo.scatter<update_window_dims = [1], "
+             "inserted_window_dims = [0], scatter_dims_to_operand_dims = [0], index_vector_dim = "
+             "1>, indices_are_sorted = false, unique_indices = false");
+  pj_val_t ins[3] = {acc, iv, upd}, r = kBad;
+  if (region) emit(L, "stablehlo.scatter", ins, 3, region, &b, &acc.t, 1, &r);
+  else pj_sb_free(&b);
+  free(region);
+  return r;
+}
+
+static pj_status_t *lower_grid_sampler(pj_lower_t *L) {
+  bool bw = strstr(L->c->op, "backward") != NULL;
+  int nsp = name_nsp(L->c->op);
+  pj_val_t x = pj_tensor(L, "input"), grid = pj_tensor(L, "grid");
+  if (x.id < 0 || grid.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT)) return NULL;
+  int mode = (int)pj_int(L, "interpolation_mode", 0), padding = (int)pj_int(L, "padding_mode", 0);
+  bool align = pj_bool(L, "align_corners", false);
+  if (x.t.rank != nsp + 2 || grid.t.rank != nsp + 2 || (mode == GS_BICUBIC && nsp != 2)) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s: unsupported input", L->c->op);
+    return NULL;
+  }
+  /* CPU samples half types in their own arithmetic (coordinates and weights round per op) */
+  pj_dtype_t ct = bw ? acc_dtype(x.t.dtype) : x.t.dtype;
+  int64_t n = x.t.dims[0], c = x.t.dims[1], ssz = 1, onum = 1;
+  for (int j = 0; j < nsp; j++) ssz *= x.t.dims[2 + j];
+  pj_type_t gt = {.dtype = ct, .rank = nsp + 1}; /* [N, O...] */
+  gt.dims[0] = n;
+  for (int j = 0; j < nsp; j++) onum *= gt.dims[1 + j] = grid.t.dims[1 + j];
+  int64_t k = n * onum;
+  gs_dim_t dims[MAXSP];
+  pj_val_t gc = pj_convert(H, grid, ct);
+  for (int j = 0; j < nsp; j++) {
+    int comp = nsp - 1 - j;
+    int64_t s0[PJ_MAX_RANK] = {0}, s1[PJ_MAX_RANK];
+    for (int i = 0; i < grid.t.rank; i++) s1[i] = grid.t.dims[i];
+    s0[nsp + 1] = comp;
+    s1[nsp + 1] = comp + 1;
+    pj_val_t g = pj_reshape(H, pj_slice(H, gc, s0, s1, NULL), gt.rank, gt.dims);
+    gs_dim(L, g, (double)x.t.dims[2 + j], mode, padding, align, &dims[j]);
+  }
+  /* rows of the input: [N * S, C] */
+  int64_t perm[PJ_MAX_RANK], rc[2] = {n * ssz, c};
+  perm[0] = 0;
+  for (int j = 0; j < nsp; j++) perm[1 + j] = 2 + j;
+  perm[nsp + 1] = 1;
+  pj_val_t rows = pj_reshape(H, pj_transpose(H, pj_convert(H, x, ct), perm), 2, rc);
+  pj_type_t it = pj_type_with_dtype(gt, PJ_I64);
+  pj_val_t base = pj_binary(H, "stablehlo.multiply", pj_iota(H, it, 0), pj_full(H, it, (double)ssz));
+  /* grad_output as [K, C] */
+  pj_val_t go = kBad;
+  if (bw) {
+    pj_val_t g0 = pj_convert(H, pj_tensor(L, "grad_output"), ct); /* [N, C, O...] */
+    go = pj_reshape(H, pj_transpose(H, g0, perm), 2, (int64_t[]){k, c});
+  }
+  int64_t kc[2] = {k, c}, one_d = 1, zero_d = 0;
+  pj_type_t kct = pj_type(ct, 2, kc);
+  pj_val_t out = pj_full(H, kct, 0), gin = bw ? pj_full(H, rows.t, 0) : kBad;
+  pj_val_t ggrid[MAXSP];
+  for (int j = 0; j < nsp; j++) ggrid[j] = pj_full(H, pj_type(ct, 1, &k), 0);
+  int total = 1;
+  for (int j = 0; j < nsp; j++) total *= dims[j].ntap;
+  for (int combo = 0; combo < total; combo++) {
+    int tap[MAXSP], r = combo;
+    for (int j = nsp - 1; j >= 0; j--) {
+      tap[j] = r % dims[j].ntap;
+      r /= dims[j].ntap;
+    }
+    pj_val_t w = pj_full(H, gt, 1), flat = base;
+    pj_val_t valid = pj_full(H, pj_type_with_dtype(gt, PJ_BOOL), 1);
+    int64_t stride = 1;
+    for (int j = nsp - 1; j >= 0; j--) {
+      pj_val_t ix = dims[j].idx[tap[j]];
+      int64_t sz = x.t.dims[2 + j];
+      valid = pj_binary(H, "stablehlo.and", valid,
+                        pj_binary(H, "stablehlo.and", pj_compare(H, "GE", ix, pj_full(H, it, 0)),
+                                  pj_compare(H, "LT", ix, pj_full(H, it, (double)sz))));
+      ix = pj_binary(H, "stablehlo.minimum", pj_full(H, it, (double)(sz - 1)),
+                     pj_binary(H, "stablehlo.maximum", ix, pj_full(H, it, 0)));
+      flat = pj_binary(H, "stablehlo.add", flat,
+                       pj_binary(H, "stablehlo.multiply", ix, pj_full(H, it, (double)stride)));
+      stride *= sz;
+      w = pj_binary(H, "stablehlo.multiply", w, dims[j].w[tap[j]]);
+    }
+    pj_val_t vmask = pj_select(H, valid, pj_full(H, gt, 1), pj_full(H, gt, 0));
+    pj_val_t wk = pj_reshape(H, pj_binary(H, "stablehlo.multiply", w, vmask), 1, &k);
+    pj_val_t fk = pj_reshape(H, flat, 1, &k);
+    pj_val_t wb = pj_broadcast_in_dim(H, wk, kct, &zero_d);
+    if (!bw) {
+      out = pj_binary(H, "stablehlo.add", out,
+                      pj_binary(H, "stablehlo.multiply", gather_rows(L, rows, fk), wb));
+      continue;
+    }
+    gin = scatter_rows(L, gin, fk, pj_binary(H, "stablehlo.multiply", go, wb));
+    if (mode == GS_NEAREST) continue;
+    /* sum over channels of grad_output * input there (0 out of bounds) */
+    pj_val_t gv = pj_reduce(H, pj_binary(H, "stablehlo.multiply", go, gather_rows(L, rows, fk)),
+                            &one_d, 1, "add");
+    gv = pj_binary(H, "stablehlo.multiply", gv, pj_reshape(H, vmask, 1, &k));
+    for (int j = 0; j < nsp; j++) {
+      pj_val_t pw = dims[j].dw[tap[j]];
+      for (int i = 0; i < nsp; i++)
+        if (i != j) pw = pj_binary(H, "stablehlo.multiply", pw, dims[i].w[tap[i]]);
+      ggrid[j] = pj_binary(H, "stablehlo.add", ggrid[j],
+                           pj_binary(H, "stablehlo.multiply", gv, pj_reshape(H, pw, 1, &k)));
+    }
+  }
+  if (!bw) {
+    /* [K, C] -> [N, O..., C] -> [N, C, O...] */
+    int64_t od[PJ_MAX_RANK], back[PJ_MAX_RANK];
+    for (int i = 0; i < gt.rank; i++) od[i] = gt.dims[i];
+    od[gt.rank] = c;
+    back[0] = 0;
+    back[1] = nsp + 1;
+    for (int j = 0; j < nsp; j++) back[2 + j] = 1 + j;
+    set_checked(L, 0, pj_transpose(H, pj_reshape(H, out, nsp + 2, od), back));
+    return NULL;
+  }
+  int64_t mask[2] = {1, 1};
+  pj_ints(L, "output_mask", mask, 2);
+  int kout = 0;
+  if (mask[0]) {
+    int64_t sd[PJ_MAX_RANK], back[PJ_MAX_RANK];
+    sd[0] = n;
+    for (int j = 0; j < nsp; j++) sd[1 + j] = x.t.dims[2 + j];
+    sd[nsp + 1] = c;
+    back[0] = 0;
+    back[1] = nsp + 1;
+    for (int j = 0; j < nsp; j++) back[2 + j] = 1 + j;
+    set_checked(L, kout++, pj_transpose(H, pj_reshape(H, gin, nsp + 2, sd), back));
+  }
+  if (mask[1] && kout < pj_nout(L)) {
+    pj_val_t parts[MAXSP];
+    for (int comp = 0; comp < nsp; comp++) {
+      int j = nsp - 1 - comp;
+      pj_val_t gj = pj_binary(H, "stablehlo.multiply", ggrid[j],
+                              pj_reshape(H, dims[j].mult, 1, &k));
+      int64_t gd[PJ_MAX_RANK];
+      for (int i = 0; i < gt.rank; i++) gd[i] = gt.dims[i];
+      gd[gt.rank] = 1;
+      parts[comp] = pj_reshape(H, gj, gt.rank + 1, gd);
+    }
+    set_checked(L, kout++, pj_concat(H, parts, nsp, nsp + 1));
+  }
+  return NULL;
+}
+
 /* ---- adaptive max pooling ---- */
 
 /* adaptive_max_pool{2,3}d: (max, flat index within the plane) over CPU's adaptive windows.
@@ -1255,6 +1560,10 @@ const pj_lowering_entry_t pj_lowerings_conv[] = {
     {"_upsample_bilinear2d_aa_backward", lower_interp_matrix},
     {"_upsample_bicubic2d_aa", lower_interp_matrix},
     {"_upsample_bicubic2d_aa_backward", lower_interp_matrix},
+    {"grid_sampler_2d", lower_grid_sampler},
+    {"grid_sampler_2d_backward", lower_grid_sampler},
+    {"grid_sampler_3d", lower_grid_sampler},
+    {"grid_sampler_3d_backward", lower_grid_sampler},
     {"_adaptive_avg_pool2d", lower_adaptive_avg_pool},
     {"_adaptive_avg_pool3d", lower_adaptive_avg_pool},
     {"_adaptive_avg_pool2d_backward", lower_adaptive_avg_pool},
