@@ -616,12 +616,12 @@ const char* const kForeachOverloads[] = {
 
 // Ops with a lowering whose CompositeExplicitAutograd kernel would otherwise run instead of it:
 // convolution (which would reach convolution_overrideable), conj_physical_ (whose kernel calls a
-// CPU/CUDA-only DispatchStub), and ops whose composite kernel takes several programs where the
-// lowering takes one.
+// CPU/CUDA-only DispatchStub), mode.values (whose kernel accepts only CPU/CUDA/XPU tensors), and
+// ops whose composite kernel takes several programs where the lowering takes one.
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
                            "native_group_norm", "logsumexp", "any.dims", "all.dims",
-                           "conj_physical_"})
+                           "conj_physical_", "mode.values"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
   for (const char* name : kForeachOverloads)
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());

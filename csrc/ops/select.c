@@ -528,6 +528,29 @@ static pj_val_t log_add_exp_complex(pj_lower_t *L, pj_val_t a, pj_val_t b) {
   return SEL(nan, pj_hlo_op(H, "stablehlo.complex", nans, 2, NULL, a.t), r);
 }
 
+/* The complex scan runs sequentially, as CPU's loop does: log1p(exp(min - max)) + max keeps
+ * imaginary parts unwrapped, so a different grouping can differ by multiples of 2*pi.
+ * State: step, running value [B], input [B, n], result [B, n]. */
+enum { CS_I, CS_ACC, CS_X, CS_OUT, CS_N };
+
+static pj_val_t cscan_cond(pj_lower_t *L, const pj_val_t *st, void *user) {
+  return CMP("LT", st[CS_I], pj_const_i(H, PJ_I64, *(const int64_t *)user));
+}
+
+static void cscan_body(pj_lower_t *L, pj_val_t *st, void *user) {
+  (void)user;
+  pj_val_t x = st[CS_X], zero = pj_const_i(H, PJ_I64, 0);
+  int64_t B = x.t.dims[0], col[2] = {B, 1};
+  char attrs[64];
+  snprintf(attrs, sizeof attrs, "slice_sizes = array<i64: %lld, 1>", (long long)B);
+  pj_val_t ins[3] = {x, zero, st[CS_I]};
+  pj_val_t xi = pj_hlo_op(H, "stablehlo.dynamic_slice", ins, 3, attrs, pj_type(x.t.dtype, 2, col));
+  st[CS_ACC] = log_add_exp_complex(L, st[CS_ACC], pj_reshape(H, xi, 1, &B));
+  pj_val_t uins[4] = {st[CS_OUT], pj_reshape(H, st[CS_ACC], 2, col), zero, st[CS_I]};
+  st[CS_OUT] = pj_hlo_op(H, "stablehlo.dynamic_update_slice", uins, 4, NULL, st[CS_OUT].t);
+  st[CS_I] = ADD(st[CS_I], pj_const_i(H, PJ_I64, 1));
+}
+
 static pj_status_t *lower_logcumsumexp(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   pj_type_t ot = pj_out_type(L, 0);
@@ -538,18 +561,25 @@ static pj_status_t *lower_logcumsumexp(pj_lower_t *L) {
   pj_val_t v = to_rows(L, pj_convert(H, pj_convert(H, x, ot.dtype), ct), dim, &r);
   if (r.B == 0 || r.n == 0) return NULL;
   int64_t B = r.B, n = r.n;
-  pj_val_t pad = pj_const(H, ct, -INFINITY);
   if (cplx) {
     pj_dtype_t rt = ct == PJ_C128 ? PJ_F64 : PJ_F32;
     pj_val_t parts[2] = {pj_const(H, rt, -INFINITY), pj_const(H, rt, 0)};
-    pad = pj_hlo_op(H, "stablehlo.complex", parts, 2, NULL, pj_type_scalar(ct));
+    pj_val_t start = pj_hlo_op(H, "stablehlo.complex", parts, 2, NULL, pj_type_scalar(ct));
     /* CPU's scan starts from -inf + 0i: the first element is combined with it too */
-    v = log_add_exp_complex(L, pj_broadcast_in_dim(H, pad, v.t, NULL), v);
+    pj_val_t st[CS_N];
+    st[CS_I] = pj_const_i(H, PJ_I64, 0);
+    st[CS_ACC] = pj_broadcast_in_dim(H, start, pj_type(ct, 1, &B), NULL);
+    st[CS_X] = v;
+    st[CS_OUT] = v;
+    if (!while_loop(L, st, CS_N, cscan_cond, cscan_body, &n)) return NULL;
+    pj_set_result(L, 0, from_rows(L, st[CS_OUT], &r));
+    return NULL;
   }
   for (int64_t s = 1; s < n; s *= 2) {
     int64_t st[2] = {0, 0}, lim[2] = {B, n - s}, lo[2] = {0, s}, hi[2] = {0, 0};
-    pj_val_t a = pj_pad(H, pj_slice(H, v, st, lim, NULL), pad, lo, hi, NULL);
-    v = cplx ? log_add_exp_complex(L, a, v) : log_add_exp(L, a, v);
+    pj_val_t a = pj_pad(H, pj_slice(H, v, st, lim, NULL), pj_const(H, ct, -INFINITY), lo, hi,
+                        NULL);
+    v = log_add_exp(L, a, v);
   }
   pj_set_result(L, 0, from_rows(L, v, &r));
   return NULL;
