@@ -196,9 +196,9 @@ def test_interpolate_matrix_modes(mode, aa, align, shape, size, sf):
 
 # ---- grid sampling (forward, input and grid gradients) ----
 
-@pytest.mark.parametrize("nsp,mode", [(2, 0), (2, 1), (2, 2), (3, 0), (3, 1)])
-@pytest.mark.parametrize("padding", [0, 1, 2])
-@pytest.mark.parametrize("align", [False, True])
+@pytest.mark.parametrize("nsp,mode,padding,align", [
+    (2, 0, 0, False), (2, 0, 1, True), (2, 0, 2, False), (2, 0, 2, True), (2, 1, 2, False),
+    (2, 2, 0, True), (2, 2, 2, False), (3, 0, 0, True), (3, 0, 2, False), (3, 1, 1, False)])
 def test_grid_sampler(nsp, mode, padding, align):
     torch.manual_seed(0)
     shape = (2, 3, 5, 7) if nsp == 2 else (2, 2, 4, 5, 6)
@@ -207,3 +207,27 @@ def test_grid_sampler(nsp, mode, padding, align):
     g = (torch.rand(*gshape) * 2.6 - 1.3).requires_grad_()
     f = torch.grid_sampler_2d if nsp == 2 else torch.grid_sampler_3d
     check(lambda x, g: f(x, g, mode, padding, align), x, g, grad=True, atol=1e-4, rtol=1e-4)
+
+
+# ---- embedding_bag (output, weight and per-sample-weight gradients) ----
+
+@pytest.mark.parametrize("mode,psw", [("sum", False), ("sum", True), ("mean", False),
+                                      ("max", False)])
+@pytest.mark.parametrize("last,pad", [(False, None), (True, 4), (False, 4)])
+def test_embedding_bag(mode, psw, last, pad):
+    torch.manual_seed(0)
+    w = torch.randn(10, 3, requires_grad=True)
+    idx = torch.tensor([1, 2, 4, 5, 4, 3, 2, 9])
+    off = torch.tensor([0, 4, 4, 6] + ([8] if last else []))
+    pw = torch.rand(8, requires_grad=True) if psw else None
+    check(lambda w, pw: torch.nn.functional.embedding_bag(
+        idx.to(w.device), w, off.to(w.device), mode=mode, include_last_offset=last,
+        padding_idx=pad, per_sample_weights=pw), w, pw, grad=True)
+
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+def test_embedding_bag_2d_indices(mode):
+    w = torch.randn(10, 3, requires_grad=True)
+    idx = torch.tensor([[1, 2, 3], [4, 5, 9]])
+    check(lambda w: torch.nn.functional.embedding_bag(idx.to(w.device), w, mode=mode), w,
+          grad=True)

@@ -407,6 +407,195 @@ static pj_status_t *lower_embedding_dense_backward(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- embedding_bag ---- */
+
+/* rows [K, D] of a [R, D] operand at int64 row indices [K] */
+static pj_val_t take_rows(pj_lower_t *L, pj_val_t x, pj_val_t rows) {
+  int64_t k = rows.t.dims[0], kd[2] = {k, 1}, d = x.t.dims[1];
+  char attrs[320];
+  snprintf(attrs, sizeof attrs,
+           "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], "
+           "start_index_map = [0], index_vector_dim = 1>, slice_sizes = array<i64: 1, %lld>, "
+           "indices_are_sorted = false",
+           (long long)d);
+  pj_val_t ins[2] = {x, pj_reshape(H, rows, 2, kd)};
+  int64_t od[2] = {k, d};
+  return pj_hlo_op(H, "stablehlo.gather", ins, 2, attrs, pj_type(x.t.dtype, 2, od));
+}
+
+/* Bag of every index: the number of the first `nbags` offsets <= k, minus one. */
+static pj_val_t bag_of_index(pj_lower_t *L, pj_val_t offsets, int64_t nbags, int64_t k) {
+  int64_t kb[2] = {k, nbags}, s0 = 0, d0 = 0, d1 = 1;
+  pj_val_t off = pj_slice(H, pj_convert(H, offsets, PJ_I64), &s0, &nbags, NULL);
+  pj_type_t t = pj_type(PJ_I64, 2, kb);
+  pj_val_t le = CMP("LE", pj_broadcast_in_dim(H, off, t, &d1), pj_iota(H, t, 0));
+  pj_val_t n = pj_reduce(H, SEL(le, pj_full(H, t, 1), pj_full(H, t, 0)), &d1, 1, "add");
+  (void)d0;
+  return SUB(n, pj_full(H, n.t, 1));
+}
+
+/* [B, K] membership of index k in bag b, padding indices excluded (as ct 0/1) */
+static pj_val_t bag_mask(pj_lower_t *L, pj_val_t seg, pj_val_t idx, int64_t nbags, int64_t pad,
+                         pj_dtype_t ct) {
+  int64_t k = seg.t.dims[0], bk[2] = {nbags, k}, d1 = 1;
+  pj_type_t t = pj_type(PJ_I64, 2, bk);
+  pj_val_t m = CMP("EQ", pj_broadcast_in_dim(H, seg, t, &d1), pj_iota(H, t, 0));
+  if (pad >= 0)
+    m = AND(m, pj_broadcast_in_dim(H, CMP("NE", idx, pj_full(H, idx.t, (double)pad)),
+                                   pj_type_with_dtype(t, PJ_BOOL), &d1));
+  return SEL(m, pj_full(H, pj_type_with_dtype(t, ct), 1), pj_full(H, pj_type_with_dtype(t, ct), 0));
+}
+
+static pj_val_t matmul(pj_lower_t *L, pj_val_t a, pj_val_t b, pj_dtype_t ct) {
+  int64_t lc = 1, rc = 0;
+  return pj_dot_general(H, a, b, NULL, NULL, 0, &lc, &rc, 1, ct);
+}
+
+enum { EB_SUM = 0, EB_MEAN = 1, EB_MAX = 2 };
+
+/* _embedding_bag / _embedding_bag_forward_only: (output, offset2bag, bag_size, max_indices).
+ * offset2bag holds every index's bag, bag_size the non-padding count per bag, max_indices the
+ * weight row of each max (mode max; else the destinations CPU leaves unused get bag_size). */
+static pj_status_t *lower_embedding_bag(pj_lower_t *L) {
+  pj_val_t w = pj_tensor(L, "weight");
+  pj_val_t idx = pj_convert(H, pj_tensor(L, "indices"), PJ_I64);
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  int64_t mode = pj_int(L, "mode", 0), pad = pj_int(L, "padding_idx", -1);
+  int64_t k = pj_type_numel(&idx.t), nb = ot.dims[0], d = ot.rank > 1 ? ot.dims[1] : 1;
+  idx = pj_reshape(H, idx, 1, &k);
+  pj_val_t seg = bag_of_index(L, pj_tensor(L, "offsets"), nb, k);
+  pj_val_t m = bag_mask(L, seg, idx, nb, pad, ct);                  /* [B, K] */
+  int64_t d1 = 1, d0 = 0;
+  pj_val_t cnt = pj_reduce(H, m, &d1, 1, "add");                     /* [B] */
+  pj_val_t rows = take_rows(L, pj_convert(H, w, ct), idx);          /* [K, D] */
+  pj_val_t out, maxi = {.id = -1, .sub = -1};
+  if (mode == EB_MAX) {
+    int64_t bkd[3] = {nb, k, d}, m01[2] = {0, 1}, m12[2] = {1, 2};
+    pj_type_t t3 = pj_type(ct, 3, bkd), i3 = pj_type(PJ_I64, 3, bkd);
+    pj_val_t in = CMP("NE", pj_broadcast_in_dim(H, m, t3, m01), pj_full(H, t3, 0));
+    pj_val_t v = SEL(in, pj_broadcast_in_dim(H, rows, t3, m12), pj_full(H, t3, -INFINITY));
+    pj_val_t ki = pj_iota(H, i3, 1);
+    /* (value, position) max with the first position winning ties */
+    pj_type_t sv = pj_type_scalar(ct), si = pj_type_scalar(PJ_I64);
+    pj_type_t sts[4] = {sv, si, sv, si};
+    pj_val_t a[4];
+    pj_hlo_region_begin(H, sts, 4, a);
+    pj_val_t pick = OR(CMP("GT", a[0], a[2]), AND(CMP("EQ", a[0], a[2]), CMP("LT", a[1], a[3])));
+    pj_val_t rv[2] = {SEL(pick, a[0], a[2]), SEL(pick, a[1], a[3])};
+    char *region = pj_hlo_region_end(H, rv, 2);
+    int64_t bd[2] = {nb, d};
+    pj_type_t outs[2] = {pj_type(ct, 2, bd), pj_type(PJ_I64, 2, bd)};
+    pj_val_t ins[4] = {v, ki, pj_const(H, ct, -INFINITY), pj_const_i(H, PJ_I64, 0)}, res[2];
+    if (!region) return NULL;
+    pj_hlo_op_multi(H, "stablehlo.reduce", ins, 4, region, "dimensions = array<i64: 1>", outs, 2,
+                    res);
+    free(region);
+    pj_val_t empty = CMP("EQ", pj_broadcast_in_dim(H, cnt, outs[0], &d0), pj_full(H, outs[0], 0));
+    out = SEL(empty, pj_full(H, outs[0], 0), res[0]);
+    int64_t bdn = nb * d;
+    pj_val_t row = pj_gather_1d(H, idx, pj_reshape(H, res[1], 1, &bdn));
+    maxi = SEL(empty, pj_full(H, outs[1], 0), pj_reshape(H, row, 2, bd));
+  } else {
+    if (pj_has(L, "per_sample_weights")) {
+      int64_t kk = k;
+      pj_val_t psw = pj_reshape(H, pj_convert(H, pj_tensor(L, "per_sample_weights"), ct), 1, &kk);
+      rows = MUL(rows, pj_broadcast_in_dim(H, psw, rows.t, &d0));
+    }
+    out = matmul(L, m, rows, ct);
+    if (mode == EB_MEAN) {
+      pj_val_t c = pj_broadcast_in_dim(H, MAX(cnt, pj_full(H, cnt.t, 1)), out.t, &d0);
+      out = DIV(out, c);
+    }
+  }
+  pj_val_t bag_size = pj_convert(H, cnt, PJ_I64);
+  if (maxi.id < 0) maxi = bag_size;
+  pj_val_t v[4] = {out, seg, bag_size, maxi};
+  /* the Meta kernel sizes bag_size (and mean's max_indices) by the offsets, one more than the
+   * bags with include_last_offset: the extra entries are 0 */
+  for (int i = 2; i < 4 && i < pj_nout(L); i++) {
+    pj_type_t t = pj_out_type(L, i);
+    if (t.rank == 1 && v[i].t.rank == 1 && t.dims[0] > v[i].t.dims[0]) {
+      int64_t lo = 0, hi = t.dims[0] - v[i].t.dims[0], in = 0;
+      v[i] = pj_pad(H, v[i], pj_const_i(H, PJ_I64, 0), &lo, &hi, &in);
+    }
+  }
+  bool p[4] = {true, true, true, true};
+  put_results(L, v, p, 4);
+  return NULL;
+}
+
+/* _embedding_bag_backward / _embedding_bag_dense_backward (dense weight gradient). */
+static pj_status_t *lower_embedding_bag_backward(pj_lower_t *L) {
+  if (pj_bool(L, "sparse", false)) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s: sparse gradients are not supported on tpu", L->c->op);
+    return NULL;
+  }
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  pj_val_t g = pj_convert(H, pj_tensor(L, "grad"), ct);              /* [B, D] */
+  pj_val_t idx = pj_convert(H, pj_tensor(L, "indices"), PJ_I64);
+  int64_t k = pj_type_numel(&idx.t), nb = g.t.dims[0], d = g.t.dims[1], nw = ot.dims[0];
+  int64_t mode = pj_int(L, "mode", 0), pad = pj_int(L, "padding_idx", -1), d0 = 0, d1 = 1;
+  idx = pj_reshape(H, idx, 1, &k);
+  pj_val_t seg = pj_reshape(H, pj_convert(H, pj_tensor(L, "offset2bag"), PJ_I64), 1, &k);
+  pj_val_t m = bag_mask(L, seg, idx, nb, pad, ct);
+  pj_val_t cnt = pj_reduce(H, m, &d1, 1, "add");
+  int64_t od[2] = {nw, d};
+  pj_val_t z = pj_full(H, pj_type(ct, 2, od), 0);
+  if (mode == EB_MAX) {
+    int64_t bd = nb * d;
+    pj_val_t mi = pj_reshape(H, pj_convert(H, pj_tensor(L, "maximum_indices"), PJ_I64), 1, &bd);
+    pj_type_t it = pj_type(PJ_I64, 1, &bd);
+    pj_val_t col = pj_reshape(H, pj_iota(H, pj_type(PJ_I64, 2, (int64_t[]){nb, d}), 1), 1, &bd);
+    pj_val_t flat = ADD(MUL(mi, pj_full(H, it, (double)d)), col);
+    pj_val_t keep = pj_broadcast_in_dim(H, CMP("GT", cnt, pj_full(H, cnt.t, 0)),
+                                        pj_type(PJ_BOOL, 2, (int64_t[]){nb, d}), &d0);
+    pj_val_t gv = pj_reshape(H, SEL(keep, g, pj_full(H, g.t, 0)), 1, &bd);
+    int64_t nwd = nw * d;
+    pj_val_t r = pj_scatter_1d(H, pj_reshape(H, z, 1, &nwd), flat, gv, "add");
+    pj_set_result(L, 0, pj_reshape(H, r, 2, od));
+    return NULL;
+  }
+  /* per index: the bag's gradient, weighted, averaged, masked (padding / outside any bag) */
+  int64_t kb[2] = {k, nb};
+  pj_val_t mt = pj_transpose(H, m, (int64_t[]){1, 0});               /* [K, B] */
+  if (mode == EB_MEAN)
+    mt = DIV(mt, pj_broadcast_in_dim(H, MAX(cnt, pj_full(H, cnt.t, 1)), pj_type(ct, 2, kb), &d1));
+  pj_val_t gk = matmul(L, mt, g, ct);                               /* [K, D] */
+  if (pj_has(L, "per_sample_weights")) {
+    pj_val_t psw = pj_reshape(H, pj_convert(H, pj_tensor(L, "per_sample_weights"), ct), 1, &k);
+    gk = MUL(gk, pj_broadcast_in_dim(H, psw, gk.t, &d0));
+  }
+  if (pj_bool(L, "scale_grad_by_freq", false)) {
+    int64_t n1[2] = {nw, 1}, k1[2] = {k, 1};
+    pj_val_t counts = scatter_rows_add(L, pj_full(H, pj_type(ct, 2, n1), 0), idx,
+                                       pj_full(H, pj_type(ct, 2, k1), 1));
+    int64_t nflat = nw;
+    pj_val_t freq = pj_gather_1d(H, pj_reshape(H, counts, 1, &nflat), idx);
+    gk = DIV(gk, pj_broadcast_in_dim(H, freq, gk.t, &d0));
+  }
+  pj_set_result(L, 0, scatter_rows_add(L, z, idx, gk));
+  return NULL;
+}
+
+/* d output[bag(k)] / d per_sample_weights[k] = weight[indices[k]] (0 for padding). */
+static pj_status_t *lower_embedding_bag_psw_backward(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  pj_val_t g = pj_convert(H, pj_tensor(L, "grad"), ct);
+  pj_val_t idx = pj_convert(H, pj_tensor(L, "indices"), PJ_I64);
+  int64_t k = pj_type_numel(&idx.t), pad = pj_int(L, "padding_idx", -1), d1 = 1;
+  idx = pj_reshape(H, idx, 1, &k);
+  pj_val_t seg = pj_reshape(H, pj_convert(H, pj_tensor(L, "offset2bag"), PJ_I64), 1, &k);
+  pj_val_t rows = take_rows(L, pj_convert(H, pj_tensor(L, "weight"), ct), idx);
+  pj_val_t gr = take_rows(L, g, seg);
+  pj_val_t r = pj_reduce(H, MUL(rows, gr), &d1, 1, "add");
+  if (pad >= 0) r = SEL(CMP("EQ", idx, pj_full(H, idx.t, (double)pad)), pj_full(H, r.t, 0), r);
+  pj_set_result(L, 0, pj_reshape(H, r, ot.rank, ot.dims));
+  return NULL;
+}
+
 /* ---- nll_loss / nll_loss2d ---- */
 
 /* Shared by forward and backward. self: [C], [N, C] or [N, C, d1, ...]; target: self's shape
@@ -921,6 +1110,11 @@ const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"native_batch_norm_backward", lower_batch_norm_backward},
     {"batch_norm_backward", lower_batch_norm_backward},
     {"embedding_dense_backward", lower_embedding_dense_backward},
+    {"_embedding_bag", lower_embedding_bag},
+    {"_embedding_bag_forward_only", lower_embedding_bag},
+    {"_embedding_bag_backward", lower_embedding_bag_backward},
+    {"_embedding_bag_dense_backward", lower_embedding_bag_backward},
+    {"_embedding_bag_per_sample_weights_backward", lower_embedding_bag_psw_backward},
     {"nll_loss_forward", lower_nll_loss},
     {"nll_loss2d_forward", lower_nll_loss},
     {"nll_loss_backward", lower_nll_loss_backward},
