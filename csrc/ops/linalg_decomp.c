@@ -815,7 +815,8 @@ static pj_status_t *lower_ormqr(pj_lower_t *L) {
  * the round-robin schedule pairs every index with one partner (indices i, j < M = n' - 1 with
  * n' = n rounded up to even meet when (i + j) mod M == r; the index paired with itself meets M,
  * a dummy when n is odd), and each pair (p < q) gets the classical rotation that zeros G[p,q]
- * in J^T G J: J[p,p] = J[q,q] = c, J[p,q] = s, J[q,p] = -s. */
+ * in J^H G J: J[p,p] = J[q,q] = c, J[p,q] = s u, J[q,p] = -s conj(u), with u = G[p,q]/|G[p,q]|
+ * (1 for real G; for Hermitian G the phase makes the pair real before the real rotation). */
 static pj_val_t jacobi_rotation(pj_lower_t *L, pj_val_t G, pj_val_t r) {
   int64_t B = G.t.dims[0], n = G.t.dims[1];
   int64_t np = n + (n & 1), M = np - 1;
@@ -832,9 +833,13 @@ static pj_val_t jacobi_rotation(pj_lower_t *L, pj_val_t G, pj_val_t r) {
   /* pm[b, x, y] = (y == partner[x]) */
   pj_val_t pm = CMP("EQ", cols, bdims(L, partner, ti3, 1, -1));
   pj_val_t z3 = zeros(L, t3);
+  bool cx = cplx(G.t.dtype);
   pj_val_t d = diag3(L, G); /* [B,n] */
-  pj_val_t apq = sum1(L, SEL(pm, G, z3), 2);
-  pj_val_t dpart = sum1(L, SEL(pm, bdims(L, d, t3, 0, 2), z3), 2);
+  if (cx) d = U("real", d);
+  pj_val_t aval = sum1(L, SEL(pm, G, z3), 2); /* G[y, partner(y)] */
+  pj_val_t apq = cx ? U("abs", aval) : aval;
+  pj_type_t rt3 = pj_type_with_dtype(t3, d.t.dtype);
+  pj_val_t dpart = sum1(L, SEL(pm, bdims(L, d, rt3, 0, 2), zeros(L, rt3)), 2);
   pj_type_t vb = d.t;
   pj_val_t iv = bdims(L, i, pj_type_with_dtype(vb, PJ_I32), 1, -1);
   pj_val_t pv = bdims(L, partner, pj_type_with_dtype(vb, PJ_I32), 1, -1);
@@ -851,7 +856,13 @@ static pj_val_t jacobi_rotation(pj_lower_t *L, pj_val_t G, pj_val_t r) {
   pj_val_t s = MUL(t, c);
   /* J[x, y]: x == y -> c[y]; x == partner[y] -> (x < y ? s[y] : -s[y]) */
   pj_val_t pmT = CMP("EQ", rows, bdims(L, partner, ti3, 2, -1));
-  pj_val_t c3 = bdims(L, c, t3, 0, 2), s3 = bdims(L, s, t3, 0, 2);
+  pj_val_t c3 = bdims(L, c, rt3, 0, 2), s3 = bdims(L, s, rt3, 0, 2);
+  if (cx) {
+    pj_val_t safe = SEL(CMP("EQ", apq, zero), one, apq);
+    pj_val_t u = conj_(L, DIV(aval, mkcomplex(L, safe, zero, G.t.dtype)));
+    c3 = mkcomplex(L, c3, zeros(L, rt3), G.t.dtype);
+    s3 = MUL(mkcomplex(L, s3, zeros(L, rt3), G.t.dtype), bdims(L, u, t3, 0, 2));
+  }
   pj_val_t off = SEL(CMP("LT", rows, cols), s3, U("negate", s3));
   pj_val_t J = SEL(CMP("EQ", rows, cols), c3, SEL(pmT, off, z3));
   (void)B;
@@ -861,10 +872,11 @@ static pj_val_t jacobi_rotation(pj_lower_t *L, pj_val_t G, pj_val_t r) {
 /* Sum of squares of the off-diagonal part and of the whole of G [B,n,n], as [B] each. */
 static pj_val_t off_ratio_exceeds(pj_lower_t *L, pj_val_t G, double tol) {
   pj_val_t rows = iota(L, G.t, 1), cols = iota(L, G.t, 2);
-  pj_val_t sq = MUL(G, G);
+  pj_val_t ag = U("abs", G);
+  pj_val_t sq = MUL(ag, ag);
   int64_t d12[2] = {1, 2};
   pj_val_t tot = pj_reduce(H, sq, d12, 2, "add");
-  pj_val_t off = pj_reduce(H, SEL(CMP("NE", rows, cols), sq, zeros(L, G.t)), d12, 2, "add");
+  pj_val_t off = pj_reduce(H, SEL(CMP("NE", rows, cols), sq, zeros(L, sq.t)), d12, 2, "add");
   pj_val_t bad = CMP("GT", off, MUL(tot, pj_full(H, tot.t, tol * tol)));
   int64_t z = 0;
   return pj_reduce(H, bad, &z, 1, "or");
@@ -882,12 +894,12 @@ typedef struct {
 static void jac_round(pj_lower_t *L, pj_val_t r, pj_val_t *st, void *vctx) {
   jac_ctx_t *cx = vctx;
   pj_val_t X = st[0];
-  pj_val_t J = jacobi_rotation(L, cx->svd ? bmm(L, tr3(L, X), X) : X, r);
+  pj_val_t J = jacobi_rotation(L, cx->svd ? bmm(L, adj3(L, X), X) : X, r);
   if (cx->svd) {
     st[0] = bmm(L, X, J);
   } else {
-    pj_val_t A = bmm(L, tr3(L, J), bmm(L, X, J));
-    st[0] = MUL(ADD(A, tr3(L, A)), pj_full(H, A.t, 0.5));
+    pj_val_t A = bmm(L, adj3(L, J), bmm(L, X, J));
+    st[0] = MUL(ADD(A, adj3(L, A)), pj_full(H, A.t, 0.5));
   }
   st[1] = bmm(L, st[1], J);
 }
@@ -900,15 +912,15 @@ static void jac_sweep(pj_lower_t *L, pj_val_t k, pj_val_t *st, void *vctx) {
 static pj_val_t jac_cond(pj_lower_t *L, pj_val_t *st, void *vctx) {
   jac_ctx_t *cx = vctx;
   pj_val_t X = st[0];
-  pj_val_t G = cx->svd ? bmm(L, tr3(L, X), X) : X;
+  pj_val_t G = cx->svd ? bmm(L, adj3(L, X), X) : X;
   if (!cx->svd) return off_ratio_exceeds(L, G, eps_of(X.t.dtype));
   /* one-sided: any pair whose columns are not orthogonal to working precision */
-  pj_val_t d = diag3(L, G);
-  pj_val_t sd = U("sqrt", U("abs", d));
-  pj_val_t den = MUL(bdims(L, sd, G.t, 0, 1), bdims(L, sd, G.t, 0, 2));
+  pj_val_t ag = U("abs", G);
+  pj_val_t sd = U("sqrt", diag3(L, ag));
+  pj_val_t den = MUL(bdims(L, sd, ag.t, 0, 1), bdims(L, sd, ag.t, 0, 2));
   pj_val_t rows = iota(L, G.t, 1), cols = iota(L, G.t, 2);
-  pj_val_t tolv = MUL(den, pj_full(H, G.t, eps_of(X.t.dtype)));
-  pj_val_t bad = AND(CMP("NE", rows, cols), CMP("GT", U("abs", G), tolv));
+  pj_val_t tolv = MUL(den, pj_full(H, ag.t, eps_of(X.t.dtype)));
+  pj_val_t bad = AND(CMP("NE", rows, cols), CMP("GT", ag, tolv));
   int64_t all[3] = {0, 1, 2};
   return pj_reduce(H, bad, all, 3, "or");
 }
@@ -962,20 +974,21 @@ static pj_status_t *lower_eigh(pj_lower_t *L) {
   pj_val_t A = pj_tensor(L, "A");
   if (A.id < 0) return NULL;
   pj_dtype_t dt = pj_out_type(L, 1).dtype;
-  if (cplx(dt)) {
-    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "aten::_linalg_eigh is not lowered for complex tensors on tpu");
-    return NULL;
-  }
   bool lower = strcmp(pj_str(L, "UPLO", "L"), "U") != 0;
   bool compute_v = pj_bool(L, "compute_v", true);
   pj_val_t A3 = to3(L, pj_convert(H, A, dt));
   /* symmetric matrix from the chosen triangle */
   pj_val_t T = tri(L, A3, lower, 0), S = tri(L, A3, lower, 1);
-  pj_val_t X = ADD(T, tr3(L, S));
+  pj_val_t X = ADD(T, adj3(L, S));
+  if (cplx(dt)) { /* the diagonal of a Hermitian matrix is real: LAPACK ignores its imaginary part */
+    pj_val_t dg = CMP("EQ", iota(L, X.t, 1), iota(L, X.t, 2));
+    X = SEL(dg, mkcomplex(L, U("real", X), zeros(L, pj_type_with_dtype(X.t, real_of(dt))), dt), X);
+  }
   int64_t B = A3.t.dims[0], n = A3.t.dims[1];
   pj_val_t V = eye3(L, dt, B, n, n);
   jacobi(L, &X, &V, false);
   pj_val_t w = diag3(L, X);
+  if (cplx(dt)) w = U("real", w);
   w = sort_cols(L, w, &V, 1, false);
   set_out(L, 0, w);
   set_out(L, 1, compute_v ? V : zeros(L, pj_out_type(L, 1)));
@@ -984,22 +997,20 @@ static pj_status_t *lower_eigh(pj_lower_t *L) {
 
 /* Column norms of W [B,m,n] as [B,n]. */
 static pj_val_t col_norms(pj_lower_t *L, pj_val_t W) {
-  return U("sqrt", sum1(L, MUL(W, W), 1));
+  pj_val_t a = U("abs", W);
+  return U("sqrt", sum1(L, MUL(a, a), 1));
 }
 
 static pj_status_t *lower_svd(pj_lower_t *L) {
   pj_val_t A = pj_tensor(L, "A");
   if (A.id < 0) return NULL;
   pj_dtype_t dt = pj_out_type(L, 1).dtype;
-  if (cplx(pj_out_type(L, 0).dtype) || cplx(A.t.dtype)) {
-    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "aten::_linalg_svd is not lowered for complex tensors on tpu");
-    return NULL;
-  }
+  if (cplx(A.t.dtype)) dt = A.t.dtype; /* S is real; the factors keep the input's dtype */
   bool full = pj_bool(L, "full_matrices", false), uv = pj_bool(L, "compute_uv", true);
   pj_val_t A3 = to3(L, pj_convert(H, A, dt));
   int64_t B = A3.t.dims[0], m0 = A3.t.dims[1], n0 = A3.t.dims[2];
   bool wide = m0 < n0;
-  if (wide) A3 = tr3(L, A3);
+  if (wide) A3 = adj3(L, A3);
   int64_t m = A3.t.dims[1], n = A3.t.dims[2]; /* m >= n */
   pj_val_t QR, tau;
   geqrf3(L, A3, &QR, &tau);
@@ -1020,7 +1031,15 @@ static pj_status_t *lower_svd(pj_lower_t *L) {
   pj_val_t WQ, wt;
   geqrf3(L, W, &WQ, &wt);
   pj_val_t rd = diag3(L, WQ);
-  pj_val_t sgn = SEL(CMP("LT", rd, zeros(L, rd.t)), pj_full(H, rd.t, -1), pj_full(H, rd.t, 1));
+  pj_val_t sgn;
+  if (cplx(dt)) { /* phase of R's diagonal (1 where it is 0) */
+    pj_val_t ar = U("abs", rd);
+    pj_val_t z = CMP("EQ", ar, zeros(L, ar.t));
+    pj_val_t safe = mkcomplex(L, SEL(z, pj_full(H, ar.t, 1), ar), zeros(L, ar.t), dt);
+    sgn = SEL(z, pj_full(H, rd.t, 1), DIV(rd, safe));
+  } else {
+    sgn = SEL(CMP("LT", rd, zeros(L, rd.t)), pj_full(H, rd.t, -1), pj_full(H, rd.t, 1));
+  }
   pj_val_t Ur = apply_reflectors(L, WQ, wt, eye3(L, dt, B, n, n), true, false);
   Ur = MUL(Ur, bdims(L, sgn, Ur.t, 0, 2));
   int64_t uc = full ? m : n;
@@ -1032,10 +1051,10 @@ static pj_status_t *lower_svd(pj_lower_t *L) {
     C = SEL(blk, pj_full(H, C.t, 1), C);
   }
   pj_val_t Um = apply_reflectors(L, QR, tau, C, true, false); /* [B,m,uc] */
-  pj_val_t Vh = tr3(L, V);
-  if (wide) { /* A^T = Um S V^T  =>  A = V S Um^T */
+  pj_val_t Vh = adj3(L, V);
+  if (wide) { /* A^H = Um S V^H  =>  A = V S Um^H */
     set_out(L, 0, V);
-    set_out(L, 2, tr3(L, Um));
+    set_out(L, 2, adj3(L, Um));
   } else {
     set_out(L, 0, Um);
     set_out(L, 2, Vh);
@@ -1124,10 +1143,6 @@ static pj_status_t *lower_lstsq(pj_lower_t *L) {
   bool gels = driver && !strcmp(driver, "gels");
   pj_type_t xt = pj_out_type(L, 0);
   pj_dtype_t dt = xt.dtype;
-  if (cplx(dt)) {
-    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "aten::linalg_lstsq is not lowered for complex tensors on tpu");
-    return NULL;
-  }
   bool vec = Bm.t.rank == A.t.rank - 1;
   int64_t batch[PJ_MAX_RANK];
   int nb = xt.rank - (vec ? 1 : 2);
@@ -1152,7 +1167,7 @@ static pj_status_t *lower_lstsq(pj_lower_t *L) {
     X = trsolve(L, R, slice3(L, QtB, n, k), true, false, false, false);
     if (gels && m > n) {
       int64_t s0[3] = {0, n, 0}, l0[3] = {Bt, m, k};
-      pj_val_t rest = pj_slice(H, QtB, s0, l0, NULL);
+      pj_val_t rest = U("abs", pj_slice(H, QtB, s0, l0, NULL));
       set_out(L, 1, sum1(L, MUL(rest, rest), 1));
     } else {
       set_out(L, 1, zeros(L, pj_out_type(L, 1)));
