@@ -11,7 +11,7 @@
  *  - J0/J1/Y0/Y1: the trapezoidal rule over one period of Bessel's integral (exact up to
  *    J_{m+N}) for |x| <= 20, with Neumann's series sum_k (-1)^k J_2k / k folded into node weights
  *    for Y; the Hankel expansions P, Q beyond;
- *  - Airy Ai: the Maclaurin series of f and g for -9.65 <= x <= 2, K_{1/3} above, the
+ *  - Airy Ai: the Maclaurin series of f and g for -7.6 <= x <= 2, K_{1/3} above, the
  *    oscillatory Hankel form below;
  *  - orthogonal polynomials: their three-term recurrences in a stablehlo.while loop up to max(n);
  *  - igamma/igammac: the series for P(a,x) when x < a+1, Lentz's continued fraction for Q else;
@@ -325,7 +325,8 @@ static pj_status_t *lower_spherical_j0(pj_lower_t *L) {
 }
 
 #define AIRY_SERIES 50
-#define AIRY_BIG 9.65 /* zeta = 2/3 |x|^1.5 > 20 */
+#define AIRY_BIG 7.6 /* below -7.6 (zeta > 14) the series would cancel more than the */
+                      /* asymptotic expansion errs */
 static pj_status_t *lower_airy_ai(pj_lower_t *L) {
   pj_val_t x = f64_arg(L, "x");
   /* Maclaurin series: Ai = Ai(0) f - |Ai'(0)| g */
