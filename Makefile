@@ -6,6 +6,10 @@ TORCH_ABI := $(shell $(PYTHON) -c "import torch;print(int(torch._C._GLIBCXX_USE_
 EXT := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 PYINC := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 HDR := build/include/pjrt_c_api.h
+# A digest of our own sources, part of every program cache key (runtime.c's identity): a
+# changed lowering must never be served a program compiled from the old one, in memory or
+# from the persistent cache.
+CODE_ID_HDR := build/include/torch_pjrt_code_id.h
 # The C tests that run programs need the plugin file; take it from the installed CPU plugin.
 TORCH_PJRT_PLUGIN ?= $(shell $(PYTHON) -c "import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)" 2>/dev/null)
 export TORCH_PJRT_PLUGIN
@@ -37,6 +41,16 @@ all:
 $(HDR):
 	PYTHON=$(PYTHON) bash tools/fetch_pjrt_header.sh build/include
 
+# Rewritten only when the digest changes, so an unchanged tree rebuilds nothing.
+$(CODE_ID_HDR): FORCE
+	@mkdir -p $(dir $@)
+	@id=$$(cat $(sort $(C_SRCS) $(CXX_SRCS) $(wildcard csrc/include/torch_pjrt/*.h csrc/ops/*.h csrc/hlo/*.h csrc/runtime/*.h)) | sha256sum | cut -c1-16); \
+	  printf '#define PJ_CODE_ID "%s"\n' "$$id" > $@.tmp; \
+	  if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
+FORCE:
+
+build/obj/runtime/runtime.o: $(CODE_ID_HDR)
+
 # -MMD: each object depends on exactly the headers it includes (build/obj/**/*.d).
 build/obj/%.o: csrc/%.c $(HDR)
 	@mkdir -p $(dir $@)
@@ -53,7 +67,7 @@ $(EXT_SO): $(C_OBJS) $(CXX_OBJS)
 	$(CXX) -o $@.tmp $^ $(LDFLAGS_EXT) && mv -f $@.tmp $@
 
 # C unit tests: the C layers only, no PyTorch. ASan variant rebuilds everything instrumented.
-build/tests/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR)
+build/tests/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR) $(CODE_ID_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
 
@@ -64,7 +78,7 @@ ctest-asan:
 	$(MAKE) -B TEST_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  C_TESTS="$(patsubst build/tests/%,build/tests-asan/%,$(C_TESTS))" ctest-asan-run
 
-build/tests-asan/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR)
+build/tests-asan/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR) $(CODE_ID_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
 

@@ -8,6 +8,9 @@ import sys
 import textwrap
 
 import pytest
+import torch
+
+import torch_pjrt
 
 WORKLOAD = """
     import json, torch
@@ -99,3 +102,13 @@ def test_zero_disables(tmp_path):
     r = run("0")
     assert r["stats"]["dir"] == ""
     assert r["stats"]["disk_cache_stores"] == 0 and r["stats"]["disk_cache_hits"] == 0
+
+
+def test_keys_name_the_plugin_and_our_own_sources():
+    """Every program key starts with the runtime identity: the plugin's versions and file, and
+    a digest of torch_pjrt's sources, so a changed lowering never reuses a stored program."""
+    import re
+
+    ident = torch.tpu._C.identity()
+    assert re.search(r"\|code[0-9a-f]{16}$", ident), ident
+    assert ident.startswith(torch_pjrt._C.platform_name()), ident
