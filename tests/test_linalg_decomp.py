@@ -206,6 +206,24 @@ def test_complex(case):
     check(fn, *args, dt=dt)
 
 
+@pytest.mark.parametrize("dt", [torch.float32, torch.float64], ids=str)
+def test_ldl(dt):
+    # one matrix that takes 1x1 pivots only, and ones that force interchanges and 2x2 blocks
+    a = sym(dt, 4, 5, 5)
+    a[1, 0, 0] = 0.01
+    a[2, 0, 0] = 0.0
+    a[2, 1, 1] = 0.0
+    a[3] = torch.eye(5, dtype=dt) * 4 + 0.1 * a[3]
+    ld, piv, info = (t.cpu() for t in torch.linalg.ldl_factor_ex(a.to(TPU)))
+    lde, pive, infoe = torch.linalg.ldl_factor_ex(a)
+    assert torch.equal(piv, pive) and torch.equal(info, infoe)
+    assert (pive < 0).any() and (pive[3] > 0).all()
+    torch.testing.assert_close(ld, lde, **tol(dt))
+    b = gen(dt, 4, 5, 2, seed=1)
+    x = torch.linalg.ldl_solve(lde.to(TPU), pive.to(TPU), b.to(TPU)).cpu()
+    torch.testing.assert_close(x, torch.linalg.ldl_solve(lde, pive, b), **tol(dt))
+
+
 def test_svd_rank_deficient():
     a = gen(torch.float64, 6, 2) @ gen(torch.float64, 2, 4, seed=1)
     u, s, vh = (t.cpu() for t in torch.linalg.svd(a.to(TPU), full_matrices=True))

@@ -1207,6 +1207,273 @@ static pj_status_t *lower_lstsq(pj_lower_t *L) {
   return NULL;
 }
 
+
+/* ---- symmetric indefinite LDL^T (Bunch-Kaufman, lower, as LAPACK's unblocked sytf2) ----
+ * Each matrix advances by its own 1x1 or 2x2 pivot step, so the step counter k is per matrix
+ * and every update is masked by it. The working matrix keeps the finished columns' lower part
+ * and the trailing block as a full symmetric matrix (its lower triangle computed as LAPACK
+ * does, mirrored), so symmetric interchanges are one permutation of that block. Complex
+ * matrices are handled as complex symmetric (hermitian=False, LAPACK's zsytf2/zsytrs).
+ * state: A [B,n,n], piv [B,n] i32, info [B] i32, k [B] i32 */
+static pj_val_t bk(pj_lower_t *L, pj_val_t k, pj_type_t t, int64_t keep) { /* [B] -> t */
+  return bdims(L, k, pj_type_with_dtype(t, PJ_I32), 0, keep);
+}
+
+/* v [B,n] at per-matrix index idx [B] -> [B] */
+static pj_val_t pick(pj_lower_t *L, pj_val_t v, pj_val_t idx) {
+  pj_val_t i = pj_iota(H, pj_type_with_dtype(v.t, PJ_I32), 1);
+  return sum1(L, SEL(CMP("EQ", i, bk(L, idx, v.t, -1)), v, zeros(L, v.t)), 1);
+}
+/* column / row idx [B] of A [B,n,n] -> [B,n] */
+static pj_val_t colv(pj_lower_t *L, pj_val_t A, pj_val_t idx) {
+  pj_val_t c = iota(L, A.t, 2);
+  return sum1(L, SEL(CMP("EQ", c, bk(L, idx, A.t, -1)), A, zeros(L, A.t)), 2);
+}
+static pj_val_t rowv(pj_lower_t *L, pj_val_t X, pj_val_t idx) {
+  pj_val_t r = iota(L, X.t, 1);
+  return sum1(L, SEL(CMP("EQ", r, bk(L, idx, X.t, -1)), X, zeros(L, X.t)), 1);
+}
+/* Swaps rows a and b [B] of X [B,n,k] (a == b: no-op) */
+static pj_val_t swap_rows(pj_lower_t *L, pj_val_t X, pj_val_t a, pj_val_t b) {
+  pj_val_t ra = rowv(L, X, a), rb = rowv(L, X, b);
+  pj_val_t r = iota(L, X.t, 1);
+  pj_val_t ia = CMP("EQ", r, bk(L, a, X.t, -1)), ib = CMP("EQ", r, bk(L, b, X.t, -1));
+  return SEL(ia, bdims(L, rb, X.t, 0, 2), SEL(ib, bdims(L, ra, X.t, 0, 2), X));
+}
+
+static void ldl_step(pj_lower_t *L, pj_val_t it, pj_val_t *st, void *ctx) {
+  (void)it;
+  (void)ctx;
+  pj_val_t A = st[0], piv = st[1], info = st[2], k = st[3];
+  int64_t n = A.t.dims[1];
+  /* rb: element type; rr: real type of pivot magnitudes (|re| + |im| for complex, as LAPACK) */
+  pj_type_t vb = k.t, rb = pj_type_with_dtype(k.t, A.t.dtype);
+  pj_type_t rr = pj_type_with_dtype(k.t, real_of(A.t.dtype));
+  pj_type_t vn = ty(A.t.dtype, 2, A.t.dims[0], n, 0), vi = pj_type_with_dtype(vn, PJ_I32);
+  pj_type_t vr = pj_type_with_dtype(vn, rr.dtype);
+  pj_val_t active = CMP("LT", k, pj_full(H, vb, (double)n));
+  pj_val_t one = pj_full(H, vb, 1), kc = MIN(k, pj_full(H, vb, (double)(n - 1)));
+  pj_val_t idx = pj_iota(H, vi, 1);
+  pj_val_t K2 = bk(L, kc, vn, -1);
+  pj_val_t colk = colv(L, A, kc);
+  pj_val_t akk = pick(L, colk, kc), absakk = pivmag(L, akk);
+  pj_val_t below = SEL(CMP("GT", idx, K2), pivmag(L, colk), pj_full(H, vr, -1));
+  int64_t d1 = 1;
+  pj_val_t colmax = MAX(pj_reduce(H, below, &d1, 1, "max"), zeros(L, rr));
+  pj_val_t ismax = AND(CMP("EQ", below, bdims(L, colmax, vr, 0, -1)), CMP("GT", idx, K2));
+  pj_val_t imax = pj_reduce(H, SEL(ismax, idx, pj_full(H, vi, (double)n)), &d1, 1, "min");
+  imax = SEL(CMP("GE", imax, pj_full(H, vb, (double)n)), kc, imax);
+  pj_val_t rowi = colv(L, A, imax); /* symmetric trailing block: row imax == column imax */
+  pj_val_t oth = AND(CMP("GE", idx, K2), CMP("NE", idx, bk(L, imax, vn, -1)));
+  pj_val_t rowmax = MAX(pj_reduce(H, SEL(oth, pivmag(L, rowi), pj_full(H, vr, -1)), &d1, 1, "max"),
+                        zeros(L, rr));
+  pj_val_t aimax = pivmag(L, pick(L, rowi, imax));
+  double alpha = (1.0 + sqrt(17.0)) / 8.0;
+  pj_val_t al = pj_full(H, rr, alpha), zr = zeros(L, rr);
+  pj_val_t zero = OR(CMP("EQ", MAX(absakk, colmax), zr), U("not", CMP("EQ", absakk, absakk)));
+  pj_val_t c1 = CMP("GE", absakk, MUL(al, colmax));
+  pj_val_t c2 = CMP("GE", absakk, MUL(MUL(al, colmax), DIV(colmax, rowmax)));
+  pj_val_t c3 = CMP("GE", aimax, MUL(al, rowmax));
+  pj_val_t nopiv = OR(zero, OR(c1, c2));
+  pj_val_t two = AND(U("not", nopiv), U("not", c3));
+  pj_val_t kp = SEL(nopiv, kc, imax);
+  pj_val_t kk = SEL(two, ADD(kc, one), kc);
+  /* symmetric interchange of kk and kp inside the trailing block */
+  pj_val_t pi = SEL(CMP("EQ", idx, bk(L, kk, vn, -1)), bk(L, kp, vn, -1),
+                    SEL(CMP("EQ", idx, bk(L, kp, vn, -1)), bk(L, kk, vn, -1), idx));
+  pj_val_t r3 = iota(L, A.t, 1), c3i = iota(L, A.t, 2);
+  pj_val_t P = SEL(CMP("EQ", c3i, bdims(L, pi, pj_type_with_dtype(A.t, PJ_I32), 0, 1)),
+                   pj_full(H, A.t, 1), zeros(L, A.t));
+  pj_val_t K3 = bk(L, kc, A.t, -1);
+  pj_val_t trail = AND(CMP("GE", r3, K3), CMP("GE", c3i, K3));
+  pj_val_t Asw = SEL(trail, bmm(L, bmm(L, P, A), tr3(L, P)), A);
+  /* 1x1 step */
+  pj_val_t x = SEL(CMP("GT", idx, K2), colv(L, Asw, kc), zeros(L, vn));
+  pj_val_t a11 = pick(L, colv(L, Asw, kc), kc);
+  pj_val_t d11 = SEL(zero, zeros(L, rb), DIV(pj_full(H, rb, 1), a11));
+  pj_val_t temp = MUL(U("negate", bdims(L, d11, vn, 0, -1)), x);
+  pj_val_t A1 = ADD(Asw, MUL(bdims(L, x, A.t, 0, 1), bdims(L, temp, A.t, 0, 2)));
+  pj_val_t in1 = AND(CMP("GT", r3, K3), CMP("GT", c3i, K3));
+  A1 = SEL(in1, A1, Asw);
+  pj_val_t colk1 = AND(CMP("EQ", c3i, K3), CMP("GT", r3, K3));
+  A1 = SEL(AND(colk1, U("not", bdims(L, zero, pj_type_with_dtype(A.t, PJ_BOOL), 0, -1))),
+           MUL(Asw, bdims(L, d11, A.t, 0, -1)), A1);
+  /* 2x2 step on (k, k+1) */
+  pj_val_t k1 = MIN(ADD(kc, one), pj_full(H, vb, (double)(n - 1)));
+  pj_val_t ck = colv(L, Asw, kc), ck1 = colv(L, Asw, k1);
+  pj_val_t d21 = pick(L, ck, k1), e11 = DIV(pick(L, ck1, k1), d21);
+  pj_val_t e22 = DIV(pick(L, ck, kc), d21);
+  pj_val_t t = DIV(pj_full(H, rb, 1), SUB(MUL(e11, e22), pj_full(H, rb, 1)));
+  pj_val_t f21 = DIV(t, d21);
+  pj_val_t F21 = bdims(L, f21, vn, 0, -1), E11 = bdims(L, e11, vn, 0, -1), E22 = bdims(L, e22, vn, 0, -1);
+  pj_val_t wk = MUL(F21, SUB(MUL(E11, ck), ck1));
+  pj_val_t wkp1 = MUL(F21, SUB(MUL(E22, ck1), ck));
+  pj_val_t K13 = bk(L, k1, A.t, -1);
+  pj_val_t A2 = SUB(SUB(Asw, MUL(bdims(L, ck, A.t, 0, 1), bdims(L, wk, A.t, 0, 2))),
+                    MUL(bdims(L, ck1, A.t, 0, 1), bdims(L, wkp1, A.t, 0, 2)));
+  pj_val_t in2 = AND(CMP("GT", r3, K13), CMP("GT", c3i, K13));
+  A2 = SEL(in2, A2, Asw);
+  pj_val_t rows2 = CMP("GT", r3, K13);
+  A2 = SEL(AND(rows2, CMP("EQ", c3i, K3)), bdims(L, wk, A.t, 0, 1), A2);
+  A2 = SEL(AND(rows2, CMP("EQ", c3i, K13)), bdims(L, wkp1, A.t, 0, 1), A2);
+  pj_type_t tb = pj_type_with_dtype(A.t, PJ_BOOL);
+  pj_val_t An = SEL(bdims(L, two, tb, 0, -1), A2, A1);
+  /* the trailing block stays symmetric: mirror its lower triangle */
+  pj_val_t Kn = bk(L, SEL(two, ADD(kc, pj_full(H, vb, 2)), ADD(kc, one)), A.t, -1);
+  pj_val_t tr = AND(AND(CMP("GE", r3, Kn), CMP("GE", c3i, Kn)), CMP("LT", r3, c3i));
+  An = SEL(tr, tr3(L, An), An);
+  pj_val_t act3 = bdims(L, active, tb, 0, -1);
+  st[0] = SEL(act3, An, A);
+  /* pivots (1-based; a 2x2 block stores -(kp+1) twice) */
+  pj_val_t pv1 = ADD(kp, one), pvm = U("negate", ADD(kp, one));
+  pj_val_t act2 = bdims(L, active, pj_type_with_dtype(vi, PJ_BOOL), 0, -1);
+  pj_val_t atk = AND(act2, CMP("EQ", idx, K2));
+  pj_val_t atk1 = AND(AND(act2, bdims(L, two, pj_type_with_dtype(vi, PJ_BOOL), 0, -1)),
+                      CMP("EQ", idx, bk(L, k1, vn, -1)));
+  pj_val_t pval = SEL(two, pvm, pv1);
+  piv = SEL(atk, bk(L, pval, vn, -1), piv);
+  st[1] = SEL(atk1, bk(L, pvm, vn, -1), piv);
+  st[2] = SEL(AND(AND(active, zero), CMP("EQ", info, zeros(L, vb))), ADD(kc, one), info);
+  st[3] = SEL(active, SEL(two, ADD(k, pj_full(H, vb, 2)), ADD(k, one)), k);
+}
+
+static pj_val_t ldl_more(pj_lower_t *L, pj_val_t *st, void *ctx) {
+  (void)ctx;
+  int64_t z = 0;
+  pj_val_t k = st[3];
+  return pj_reduce(H, CMP("LT", k, pj_full(H, k.t, (double)st[0].t.dims[1])), &z, 1, "or");
+}
+
+static pj_status_t *lower_ldl_factor_ex(pj_lower_t *L) {
+  pj_val_t A = pj_tensor(L, "self");
+  if (A.id < 0) return NULL;
+  pj_dtype_t dt = pj_out_type(L, 0).dtype;
+  if (cplx(dt) && pj_bool(L, "hermitian", false)) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED,
+            "aten::linalg_ldl_factor_ex with hermitian=True is not lowered for complex tensors on tpu");
+    return NULL;
+  }
+  pj_val_t A3 = to3(L, pj_convert(H, A, dt));
+  int64_t B = A3.t.dims[0], n = A3.t.dims[1];
+  pj_val_t lo = tri(L, A3, true, 0);
+  pj_val_t S = ADD(lo, tr3(L, tri(L, A3, true, 1)));
+  pj_type_t vb = ty(PJ_I32, 1, B, 0, 0);
+  pj_val_t st[4] = {S, zeros(L, ty(PJ_I32, 2, B, n, 0)), zeros(L, vb), zeros(L, vb)};
+  loop_while(L, n, st, 4, ldl_step, ldl_more, NULL);
+  set_out(L, 0, tri(L, st[0], true, 0));
+  set_out(L, 1, st[1]);
+  set_out(L, 2, st[2]);
+  return NULL;
+}
+
+/* sytrs (lower): forward L D Y = P B, then backward. state: X, LD, piv, k [B] */
+static void ldl_fwd(pj_lower_t *L, pj_val_t it, pj_val_t *st, void *ctx) {
+  (void)it;
+  (void)ctx;
+  pj_val_t X = st[0], LD = st[1], piv = st[2], k = st[3];
+  int64_t n = LD.t.dims[1];
+  pj_type_t vb = k.t, rb = pj_type_with_dtype(vb, X.t.dtype);
+  pj_val_t one = pj_full(H, vb, 1);
+  pj_val_t active = CMP("LT", k, pj_full(H, vb, (double)n));
+  pj_val_t kc = MIN(k, pj_full(H, vb, (double)(n - 1)));
+  pj_val_t k1 = MIN(ADD(kc, one), pj_full(H, vb, (double)(n - 1)));
+  pj_val_t p = pick(L, piv, kc);
+  pj_val_t two = CMP("LT", p, zeros(L, vb));
+  pj_val_t pr = SEL(two, SUB(U("negate", p), one), SUB(p, one));
+  pj_val_t Xs = swap_rows(L, X, SEL(two, k1, kc), pr);
+  pj_val_t r = iota(L, X.t, 1);
+  pj_val_t ck = colv(L, LD, kc), ck1 = colv(L, LD, k1);
+  pj_val_t xk = rowv(L, Xs, kc), xk1 = rowv(L, Xs, k1);
+  /* 1x1 */
+  pj_val_t X1 = SUB(Xs, MUL(bdims(L, ck, X.t, 0, 1), bdims(L, xk, X.t, 0, 2)));
+  X1 = SEL(CMP("GT", r, bk(L, kc, X.t, -1)), X1, Xs);
+  pj_val_t dk = pick(L, ck, kc);
+  X1 = SEL(CMP("EQ", r, bk(L, kc, X.t, -1)), bdims(L, DIV(xk, bdims(L, dk, xk.t, 0, -1)), X.t, 0, 2), X1);
+  /* 2x2 */
+  pj_val_t X2 = SUB(Xs, MUL(bdims(L, ck, X.t, 0, 1), bdims(L, xk, X.t, 0, 2)));
+  X2 = SUB(X2, MUL(bdims(L, ck1, X.t, 0, 1), bdims(L, xk1, X.t, 0, 2)));
+  X2 = SEL(CMP("GT", r, bk(L, k1, X.t, -1)), X2, Xs);
+  pj_val_t akm1k = pick(L, ck, k1);
+  pj_val_t akm1 = DIV(pick(L, ck, kc), akm1k), ak = DIV(pick(L, ck1, k1), akm1k);
+  pj_val_t denom = SUB(MUL(akm1, ak), pj_full(H, rb, 1));
+  pj_type_t vk = xk.t;
+  pj_val_t bkm1 = DIV(xk, bdims(L, akm1k, vk, 0, -1)), bkk = DIV(xk1, bdims(L, akm1k, vk, 0, -1));
+  pj_val_t DEN = bdims(L, denom, vk, 0, -1);
+  pj_val_t nk = DIV(SUB(MUL(bdims(L, ak, vk, 0, -1), bkm1), bkk), DEN);
+  pj_val_t nk1 = DIV(SUB(MUL(bdims(L, akm1, vk, 0, -1), bkk), bkm1), DEN);
+  X2 = SEL(CMP("EQ", r, bk(L, kc, X.t, -1)), bdims(L, nk, X.t, 0, 2), X2);
+  X2 = SEL(CMP("EQ", r, bk(L, k1, X.t, -1)), bdims(L, nk1, X.t, 0, 2), X2);
+  pj_type_t tb = pj_type_with_dtype(X.t, PJ_BOOL);
+  pj_val_t Xn = SEL(bdims(L, two, tb, 0, -1), X2, X1);
+  st[0] = SEL(bdims(L, active, tb, 0, -1), Xn, X);
+  st[3] = SEL(active, SEL(two, ADD(k, pj_full(H, vb, 2)), ADD(k, one)), k);
+}
+
+static void ldl_bwd(pj_lower_t *L, pj_val_t it, pj_val_t *st, void *ctx) {
+  (void)it;
+  (void)ctx;
+  pj_val_t X = st[0], LD = st[1], piv = st[2], k = st[3];
+  pj_type_t vb = k.t;
+  pj_val_t one = pj_full(H, vb, 1), zb = zeros(L, vb);
+  pj_val_t active = CMP("GE", k, zb);
+  pj_val_t kc = MAX(k, zb);
+  pj_val_t km1 = MAX(SUB(kc, one), zb);
+  pj_val_t p = pick(L, piv, kc);
+  pj_val_t two = CMP("LT", p, zb);
+  pj_val_t r = iota(L, X.t, 1);
+  int64_t lb = 0, rb_ = 0, lc = 1, rc = 1;
+  /* s_j = sum_{i>k} LD(i,j) X(i,:) for j = k, k-1 */
+  pj_val_t Xb = SEL(CMP("GT", r, bk(L, kc, X.t, -1)), X, zeros(L, X.t));
+  pj_val_t ck = colv(L, LD, kc), ckm1 = colv(L, LD, km1);
+  pj_val_t sk = pj_dot_general(H, ck, Xb, &lb, &rb_, 1, &lc, &rc, 1, X.t.dtype);
+  pj_val_t skm1 = pj_dot_general(H, ckm1, Xb, &lb, &rb_, 1, &lc, &rc, 1, X.t.dtype);
+  pj_val_t Xn = SUB(X, SEL(CMP("EQ", r, bk(L, kc, X.t, -1)), bdims(L, sk, X.t, 0, 2), zeros(L, X.t)));
+  pj_type_t tb = pj_type_with_dtype(X.t, PJ_BOOL);
+  pj_val_t sub2 = AND(bdims(L, two, tb, 0, -1), CMP("EQ", r, bk(L, km1, X.t, -1)));
+  Xn = SUB(Xn, SEL(sub2, bdims(L, skm1, X.t, 0, 2), zeros(L, X.t)));
+  pj_val_t pr = SEL(two, SUB(U("negate", p), one), SUB(p, one));
+  Xn = swap_rows(L, Xn, kc, pr);
+  st[0] = SEL(bdims(L, active, tb, 0, -1), Xn, X);
+  st[3] = SEL(active, SEL(two, SUB(k, pj_full(H, vb, 2)), SUB(k, one)), k);
+}
+
+static pj_val_t ldl_fwd_more(pj_lower_t *L, pj_val_t *st, void *ctx) {
+  (void)ctx;
+  int64_t z = 0;
+  pj_val_t k = st[3];
+  return pj_reduce(H, CMP("LT", k, pj_full(H, k.t, (double)st[1].t.dims[1])), &z, 1, "or");
+}
+static pj_val_t ldl_bwd_more(pj_lower_t *L, pj_val_t *st, void *ctx) {
+  (void)ctx;
+  int64_t z = 0;
+  pj_val_t k = st[3];
+  return pj_reduce(H, CMP("GE", k, zeros(L, k.t)), &z, 1, "or");
+}
+
+static pj_status_t *lower_ldl_solve(pj_lower_t *L) {
+  pj_val_t LD = pj_tensor(L, "LD"), piv = pj_tensor(L, "pivots"), Bm = pj_tensor(L, "B");
+  if (LD.id < 0 || piv.id < 0 || Bm.id < 0) return NULL;
+  pj_dtype_t dt = pj_out_type(L, 0).dtype;
+  if (cplx(dt) && pj_bool(L, "hermitian", false)) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED,
+            "aten::linalg_ldl_solve with hermitian=True is not lowered for complex tensors on tpu");
+    return NULL;
+  }
+  int64_t batch[PJ_MAX_RANK];
+  int nb = out_batch(L, 0, 2, batch);
+  pj_val_t LD3 = to3(L, bbatch(L, pj_convert(H, LD, dt), batch, nb, 2));
+  pj_val_t P2 = flat_piv(L, bbatch(L, pj_convert(H, piv, PJ_I32), batch, nb, 1));
+  pj_val_t B3 = to3(L, bbatch(L, pj_convert(H, Bm, dt), batch, nb, 2));
+  int64_t Bt = LD3.t.dims[0], n = LD3.t.dims[1];
+  pj_type_t vb = ty(PJ_I32, 1, Bt, 0, 0);
+  pj_val_t st[4] = {B3, tri(L, LD3, true, 0), P2, zeros(L, vb)};
+  loop_while(L, n, st, 4, ldl_fwd, ldl_fwd_more, NULL);
+  st[3] = pj_full(H, vb, (double)(n - 1));
+  loop_while(L, n, st, 4, ldl_bwd, ldl_bwd_more, NULL);
+  set_out(L, 0, st[0]);
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_linalg_decomp[] = {
     {"linalg_lu_factor_ex", lower_lu_factor_ex},
     {"linalg_lu", lower_linalg_lu},
@@ -1230,5 +1497,7 @@ const pj_lowering_entry_t pj_lowerings_linalg_decomp[] = {
     {"_linalg_svd", lower_svd},
     {"linalg_matrix_exp", lower_matrix_exp},
     {"linalg_lstsq", lower_lstsq},
+    {"linalg_ldl_factor_ex", lower_ldl_factor_ex},
+    {"linalg_ldl_solve", lower_ldl_solve},
     {NULL, NULL},
 };
