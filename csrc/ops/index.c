@@ -960,7 +960,6 @@ const pj_lowering_entry_t pj_lowerings_index[] = {
     {"take", lower_take},
     {"put", lower_put},
     {"sort", lower_sort},
-    {"topk", lower_sort},
     {"nonzero", lower_nonzero},
     {"masked_select", lower_masked_select},
     {"masked_scatter", lower_masked_scatter},

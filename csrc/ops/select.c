@@ -402,6 +402,157 @@ static pj_status_t *lower_kthvalue(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- topk: CPU's nth_element and sort, replayed ---- */
+
+/* When k * 64 > n, CPU's topk runs libstdc++'s nth_element (introselect: the median of
+ * first+1, middle and last-1 moved to the front as the pivot, an unguarded partition, and an
+ * insertion sort once at most 3 elements remain) to put the k-th element in place, then sorts
+ * the k-1 before it (an insertion sort up to 16 elements); ties end up where those moves put
+ * them. The loop replays the introselect rounds like kthvalue's (one exchange per iteration);
+ * the insertion sorts are stable sorts of their ranges. State: values, indices, first, last,
+ * lo, hi, pivot, phase (0 round setup, 1 partitioning, 2 done). */
+typedef struct {
+  int64_t nth, n;
+  bool largest;
+} ns_t;
+
+enum { NA, NIX, NF, NL, NLO, NHI, NPIV, NPH, NN };
+
+/* CPU's topk order: largest puts NaN first, then larger values; smallest the reverse. */
+static pj_val_t topk_before(pj_lower_t *L, pj_val_t a, pj_val_t b, bool largest) {
+  if (largest) return gt_or_nan(L, a, b);
+  pj_val_t lt = CMP("LT", a, b);
+  if (!is_float(a.t.dtype)) return lt;
+  return OR(lt, AND(not_(L, isnan_(L, a)), isnan_(L, b)));
+}
+
+static pj_val_t ns_cond(pj_lower_t *L, const pj_val_t *st, void *user) {
+  (void)user;
+  int64_t zero = 0;
+  return pj_reduce(H, CMP("NE", st[NPH], csti(L, st[NPH], 2)), &zero, 1, "or");
+}
+
+static void ns_body(pj_lower_t *L, pj_val_t *st, void *user) {
+  const ns_t *q = user;
+  pj_val_t one = csti(L, st[NF], 1), ph = st[NPH];
+  pj_val_t f = st[NF], l = st[NL];
+  pj_val_t setup = CMP("EQ", ph, csti(L, ph, 0));
+  pj_val_t big = AND(setup, CMP("GT", SUB(l, f), csti(L, f, 3)));
+  /* median of (first+1, mid, last-1) moved to first */
+  pj_val_t a = ADD(f, one), b = ADD(f, DIV(SUB(l, f), csti(L, f, 2))), c = SUB(l, one);
+  pj_val_t va = take_clamped(L, st[NA], a), vb = take_clamped(L, st[NA], b),
+           vc = take_clamped(L, st[NA], c);
+  pj_val_t ab = topk_before(L, va, vb, q->largest), bc = topk_before(L, vb, vc, q->largest),
+           ac = topk_before(L, va, vc, q->largest);
+  pj_val_t t = SEL(ab, SEL(bc, b, SEL(ac, c, a)), SEL(ac, a, SEL(bc, c, b)));
+  qs_swap(L, st, big, f, t);
+  st[NPIV] = SEL(big, take_clamped(L, st[NA], f), st[NPIV]);
+  st[NLO] = SEL(big, ADD(f, one), st[NLO]);
+  st[NHI] = SEL(big, l, st[NHI]);
+  ph = SEL(big, csti(L, ph, 1), SEL(setup, csti(L, ph, 2), ph));
+  /* one exchange of the unguarded partition */
+  pj_val_t part = CMP("EQ", ph, csti(L, ph, 1));
+  pj_val_t v = st[NA], it = col_iota(L, v.t);
+  pj_val_t pivb = bcast_rows(L, st[NPIV], v.t);
+  pj_val_t lob = bcast_rows(L, st[NLO], it.t), hib = bcast_rows(L, st[NHI], it.t);
+  pj_val_t fb = bcast_rows(L, f, it.t), lb = bcast_rows(L, l, it.t);
+  pj_val_t ci = AND(AND(CMP("GE", it, lob), CMP("LT", it, lb)),
+                    not_(L, topk_before(L, v, pivb, q->largest)));
+  pj_val_t cj = AND(AND(CMP("LT", it, hib), CMP("GE", it, fb)),
+                    not_(L, topk_before(L, pivb, v, q->largest)));
+  pj_val_t i = row_reduce(L, SEL(ci, it, lb), "min");
+  pj_val_t j = row_reduce(L, SEL(cj, it, fb), "max");
+  pj_val_t cross = not_(L, CMP("LT", i, j));
+  pj_val_t cont = AND(part, not_(L, cross)), fin = AND(part, cross);
+  qs_swap(L, st, cont, i, j);
+  pj_val_t nth = csti(L, i, q->nth);
+  pj_val_t le = CMP("LE", i, nth);
+  st[NF] = SEL(AND(fin, le), i, f);
+  st[NL] = SEL(AND(fin, not_(L, le)), i, l);
+  st[NLO] = SEL(cont, ADD(i, one), st[NLO]);
+  st[NHI] = SEL(cont, j, st[NHI]);
+  st[NPH] = SEL(fin, csti(L, ph, 0), ph);
+}
+
+/* Stable sort of positions [lo, hi) of each row (lo, hi: [B] i64) in topk's order, the other
+ * positions left in place. */
+static bool sort_range(pj_lower_t *L, pj_val_t *v, pj_val_t *ix, pj_val_t lo, pj_val_t hi,
+                       bool largest) {
+  pj_val_t it = col_iota(L, v->t);
+  pj_val_t seg = SEL(CMP("LT", it, bcast_rows(L, lo, it.t)), csti(L, it, 0),
+                     SEL(CMP("LT", it, bcast_rows(L, hi, it.t)), csti(L, it, 1),
+                         csti(L, it, 2)));
+  /* key 0 (before) and 2 (after) keep their order: position breaks their ties */
+  pj_val_t pos = SEL(CMP("EQ", seg, csti(L, seg, 1)), csti(L, it, 0), it);
+  pj_type_t sts[8] = {pj_type_scalar(PJ_I64), pj_type_scalar(PJ_I64),
+                      pj_type_scalar(PJ_I64), pj_type_scalar(PJ_I64),
+                      pj_type_scalar(v->t.dtype), pj_type_scalar(v->t.dtype),
+                      pj_type_scalar(PJ_I64), pj_type_scalar(PJ_I64)};
+  pj_val_t a[8];
+  pj_hlo_region_begin(H, sts, 8, a);
+  pj_val_t in = AND(CMP("EQ", a[0], pj_const_i(H, PJ_I64, 1)), CMP("EQ", a[1], a[0]));
+  pj_val_t lt = OR(CMP("LT", a[0], a[1]),
+                   AND(CMP("EQ", a[0], a[1]),
+                       SEL(in, topk_before(L, a[4], a[5], largest), CMP("LT", a[2], a[3]))));
+  char *region = pj_hlo_region_end(H, &lt, 1);
+  pj_val_t ops[4] = {seg, pos, *v, *ix}, res[4];
+  pj_type_t outs[4] = {seg.t, pos.t, v->t, ix->t};
+  bool ok = region && pj_hlo_op_multi(H, "stablehlo.sort", ops, 4, region,
+                                      "dimension = 1 : i64, is_stable = true", outs, 4, res);
+  free(region);
+  if (ok) *v = res[2], *ix = res[3];
+  return ok;
+}
+
+static pj_status_t *lower_topk(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  if (is_complex(x.t.dtype))
+    return pj_status_new(PJ_ERR_RUNTIME, "topk does not support complex inputs");
+  int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", -1), x.t.rank) : 0;
+  int64_t k = pj_int(L, "k", 1);
+  bool largest = pj_bool(L, "largest", true), sorted = pj_bool(L, "sorted", true);
+  rows_t r;
+  pj_val_t v = to_rows(L, x, dim, &r);
+  if (k < 0 || k > r.n) return pj_status_new(PJ_ERR_RUNTIME, "selected index k out of range");
+  if (r.B == 0 || k == 0 || v.id < 0) return NULL;
+  if (v.t.dtype == PJ_BOOL) v = pj_convert(H, v, PJ_I32);
+  int64_t B = r.B, n = r.n;
+  pj_val_t ix = col_iota(L, v.t);
+  pj_type_t bt = pj_type(PJ_I64, 1, &B);
+  if (k * 64 > n) { /* CPU's nth_element + sort path */
+    ns_t q = {.nth = k - 1, .n = n, .largest = largest};
+    pj_val_t st[NN];
+    st[NA] = v;
+    st[NIX] = ix;
+    st[NF] = pj_full(H, bt, 0);
+    st[NL] = pj_full(H, bt, (double)n);
+    st[NLO] = st[NHI] = pj_full(H, bt, 0);
+    st[NPIV] = pj_full(H, pj_type(v.t.dtype, 1, &B), 0);
+    st[NPH] = pj_full(H, bt, 0);
+    if (!while_loop(L, st, NN, ns_cond, ns_body, &q)) return NULL;
+    v = st[NA], ix = st[NIX];
+    if (!sort_range(L, &v, &ix, st[NF], st[NL], largest)) return NULL; /* final insertion sort */
+    if (sorted && k > 2 &&
+        !sort_range(L, &v, &ix, pj_full(H, bt, 0), pj_full(H, bt, (double)(k - 1)), largest))
+      return NULL;
+  } else { /* partial_sort on CPU: a stable sort here (ties may be ordered differently) */
+    pj_val_t ops[2] = {v, ix}, res[2];
+    if (!pj_sort_along(L, ops, 2, 1, largest, res)) return NULL;
+    v = res[0], ix = res[1];
+  }
+  int64_t st0[2] = {0, 0}, lim[2] = {B, k};
+  v = pj_slice(H, v, st0, lim, NULL);
+  ix = pj_slice(H, ix, st0, lim, NULL);
+  rows_t rk = r;
+  if (rk.t.rank > 0) rk.t.dims[dim] = k;
+  for (int o = 0; o < pj_nout(L) && o < 2; o++) {
+    pj_type_t t = pj_out_type(L, o);
+    if (pj_type_numel(&t) == 0) continue;
+    pj_set_result(L, o, from_rows(L, o == 1 ? ix : v, &rk));
+  }
+  return NULL;
+}
+
 /* ---- searchsorted / bucketize: CPU's binary search, replayed ---- */
 
 /* For each value, CPU's lower bound (first position whose boundary is not below the value:
@@ -1319,6 +1470,7 @@ const pj_lowering_entry_t pj_lowerings_select[] = {
     {"nanmedian", lower_median},
     {"mode", lower_mode},
     {"kthvalue", lower_kthvalue},
+    {"topk", lower_topk},
     {"searchsorted", lower_searchsorted},
     {"bucketize", lower_searchsorted},
     {"_cummax_helper", lower_cumextremum},
