@@ -1,5 +1,6 @@
 /* Lowerings: index family (gather/scatter, index_select/add/copy/fill, advanced indexing and
- * index_put, take/put, masked_select/masked_scatter, nonzero, sort/topk),
+ * index_put, take/put, masked_select/masked_scatter, nonzero, sort, index_reduce; topk is in
+ * select.c),
  * and the data-dependent-shape protocol of dynamic.h.
  *
  * Index semantics: index values are used as given; negative values are wrapped by the indexed
@@ -453,16 +454,9 @@ bool pj_sort_along(pj_lower_t *L, pj_val_t *ops, int n, int dim, bool descending
 static pj_status_t *lower_sort(pj_lower_t *L) {
   pj_val_t x = at_least_1d(L, pj_tensor(L, "self"));
   int dim = pj_norm_dim(L, pj_int(L, "dim", -1), x.t.rank);
-  bool topk = !strcmp(L->c->op, "topk");
-  bool desc = topk ? pj_bool(L, "largest", true) : pj_bool(L, "descending", false);
+  bool desc = pj_bool(L, "descending", false);
   pj_val_t ops[2] = {x, pj_iota(H, pj_type_with_dtype(x.t, PJ_I64), dim)}, res[2];
   if (!pj_sort_along(L, ops, 2, dim, desc, res)) return NULL;
-  if (topk) {
-    int64_t st[PJ_MAX_RANK] = {0}, lim[PJ_MAX_RANK];
-    for (int i = 0; i < x.t.rank; i++) lim[i] = x.t.dims[i];
-    lim[dim] = pj_int(L, "k", 0);
-    for (int i = 0; i < 2; i++) res[i] = pj_slice(H, res[i], st, lim, NULL);
-  }
   /* destinations: values, indices (one may be missing when it has no elements) */
   for (int k = 0; k < pj_nout(L) && k < 2; k++) pj_set_result(L, k, res[pj_nout(L) == 2 ? k : 0]);
   return NULL;
