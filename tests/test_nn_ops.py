@@ -231,3 +231,25 @@ def test_embedding_bag_2d_indices(mode):
     idx = torch.tensor([[1, 2, 3], [4, 5, 9]])
     check(lambda w: torch.nn.functional.embedding_bag(idx.to(w.device), w, mode=mode), w,
           grad=True)
+
+
+# ---- CTC loss (int list or tensor lengths, padded or concatenated targets) ----
+
+@pytest.mark.parametrize("T,N,C,S,tensor_len,flat,zero_inf,red", [
+    (6, 2, 4, 3, False, False, False, "none"), (20, 4, 6, 8, True, False, False, "mean"),
+    (12, 3, 5, 4, True, True, False, "sum"), (5, 2, 4, 4, False, False, True, "none")])
+def test_ctc_loss(T, N, C, S, tensor_len, flat, zero_inf, red):
+    torch.manual_seed(0)
+    lp = torch.randn(T, N, C).log_softmax(2).detach().requires_grad_()
+    il = torch.randint(max(1, T // 2), T + 1, (N,))
+    tl = torch.randint(0, S + 1, (N,))
+    tg = torch.randint(1, C, (N, S))
+    if flat:
+        tg = torch.cat([tg[i, :tl[i]] for i in range(N)])
+    lens = (il, tl) if tensor_len else (il.tolist(), tl.tolist())
+
+    def f(lp, tg, *lens):
+        lens = [x.to(lp.device) if isinstance(x, torch.Tensor) else x for x in lens]
+        return torch.nn.functional.ctc_loss(lp, tg.to(lp.device), *lens, reduction=red,
+                                            zero_infinity=zero_inf)
+    check(f, lp, tg, *lens, grad=True, atol=1e-5, rtol=1e-5)

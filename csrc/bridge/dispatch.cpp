@@ -166,15 +166,16 @@ std::vector<at::Tensor> resolve_bits(std::vector<at::Tensor> ts) {
 }
 
 // Ops without a Meta kernel whose one result has the shape and dtype of `self` (input
-// gradients); their output metadata is that of self.
+// gradients; log_probs for CTC); their output metadata is that of that argument.
 std::optional<std::vector<c10::IValue>> returns_like_self(const std::string& base,
                                                           const c10::FunctionSchema& schema,
                                                           const torch::jit::Stack& args) {
   if (base != "multi_margin_loss_backward" && base != "multilabel_margin_loss_backward" &&
-      base != "fractional_max_pool3d_backward")
+      base != "fractional_max_pool3d_backward" && base != "_ctc_loss_backward")
     return std::nullopt;
+  const char* like = base == "_ctc_loss_backward" ? "log_probs" : "self";
   for (size_t i = 0; i < schema.arguments().size(); i++)
-    if (schema.arguments()[i].name() == "self" && args[i].isTensor()) {
+    if (schema.arguments()[i].name() == like && args[i].isTensor()) {
       const at::Tensor& t = args[i].toTensor();
       std::vector<c10::IValue> r;
       r.emplace_back(at::empty(t.sizes(), t.options().device(c10::kMeta)));

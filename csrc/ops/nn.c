@@ -1098,6 +1098,319 @@ static pj_status_t *lower_pdist(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- CTC loss ---- */
+
+/* Lengths (int[] or a tensor) as an int64 [N] value. */
+static pj_val_t ctc_lengths(pj_lower_t *L, const char *name, int64_t n) {
+  const pj_arg_t *a = pj_arg(L, name);
+  if (a && a->kind == PJ_ARG_TENSOR)
+    return pj_reshape(H, pj_convert(H, pj_tensor(L, name), PJ_I64), 1, &n);
+  int64_t v[1024];
+  int k = pj_ints(L, name, v, 1024);
+  if (k != n) {
+    pj_fail(L, PJ_ERR_RUNTIME, "%s: %s must have %lld entries", L->c->op, name, (long long)n);
+    return (pj_val_t){.id = -1, .sub = -1};
+  }
+  return const_i64(L, v, n);
+}
+
+/* log(exp(a) + exp(b) + exp(c)) elementwise, -inf when all are -inf */
+static pj_val_t lse3(pj_lower_t *L, pj_val_t a, pj_val_t b, pj_val_t c) {
+  pj_val_t m = MAX(MAX(a, b), c);
+  pj_val_t ninf = cst(L, m, -INFINITY);
+  pj_val_t ms = SEL(CMP("EQ", m, ninf), cst(L, m, 0), m);
+  pj_val_t s = ADD(ADD(U("exponential", SUB(a, ms)), U("exponential", SUB(b, ms))),
+                   U("exponential", SUB(c, ms)));
+  return ADD(U("log", s), ms);
+}
+
+/* x shifted right by k along dim 1 (the label dim), -inf shifted in (k < 0: left). */
+static pj_val_t shift_s(pj_lower_t *L, pj_val_t x, int k) {
+  int64_t s = x.t.dims[1];
+  int64_t lo[2] = {0, k > 0 ? k : 0}, hi[2] = {0, k < 0 ? -k : 0}, in[2] = {0, 0};
+  pj_val_t p = pj_pad(H, x, pj_const(H, x.t.dtype, -INFINITY), lo, hi, in);
+  int64_t st[2] = {0, k < 0 ? -k : 0}, en[2] = {x.t.dims[0], (k < 0 ? -k : 0) + s};
+  return pj_slice(H, p, st, en, NULL);
+}
+
+typedef struct {
+  int64_t t, n, c, sp;  /* sp = 2 * max target length + 1 */
+  pj_val_t lpe;         /* [T, N, S'] log prob of each extended label */
+  pj_val_t ext;         /* [N, S'] extended labels (int64) */
+  pj_val_t skip;        /* [N, S'] bool: the s-2 transition is allowed */
+  pj_val_t valid_s;     /* [N, S'] bool: s < 2 * target length + 1 */
+  pj_val_t il, tl;      /* [N] int64 */
+  pj_val_t lp;          /* [T, N, C] */
+} ctc_t;
+
+static bool ctc_setup(pj_lower_t *L, pj_dtype_t ct, ctc_t *q) {
+  pj_val_t lp = pj_convert(H, pj_tensor(L, "log_probs"), ct);
+  if (lp.id < 0 || lp.t.rank != 3) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s: log_probs must be [T, N, C]", L->c->op);
+    return false;
+  }
+  q->lp = lp;
+  q->t = lp.t.dims[0];
+  q->n = lp.t.dims[1];
+  q->c = lp.t.dims[2];
+  q->il = ctc_lengths(L, "input_lengths", q->n);
+  q->tl = ctc_lengths(L, "target_lengths", q->n);
+  pj_val_t tg = pj_convert(H, pj_tensor(L, "targets"), PJ_I64);
+  if (!pj_hlo_ok(H)) return false;
+  int64_t n = q->n, d0 = 0, d1 = 1;
+  /* per-sample targets as [N, Smax]: 2-D as given; 1-D concatenated ones by offsets */
+  int64_t smax;
+  pj_val_t tg2;
+  if (tg.t.rank == 2) {
+    smax = tg.t.dims[1];
+    tg2 = tg;
+  } else {
+    smax = tg.t.dims[0] > 0 ? tg.t.dims[0] : 1;
+    int64_t nn[2] = {n, n}, ns[2] = {n, smax};
+    pj_type_t tn = pj_type(PJ_I64, 2, nn), ts = pj_type(PJ_I64, 2, ns);
+    /* exclusive prefix sum of target lengths */
+    pj_val_t lower = CMP("LT", pj_iota(H, tn, 1), pj_iota(H, tn, 0));
+    pj_val_t off = pj_reduce(H, SEL(lower, pj_broadcast_in_dim(H, q->tl, tn, &d1), pj_full(H, tn, 0)),
+                             &d1, 1, "add");
+    pj_val_t pos = ADD(pj_broadcast_in_dim(H, off, ts, &d0), pj_iota(H, ts, 1));
+    int64_t tot = tg.t.dims[0];
+    if (tot == 0) tg2 = pj_full(H, ts, 0);
+    else tg2 = pj_gather_1d(H, pj_reshape(H, tg, 1, &tot),
+                            MIN(pos, pj_full(H, ts, (double)(tot - 1))));
+  }
+  /* S' = 2 * max(target_lengths) + 1, as sized by the Meta kernel (log_alpha's last dim) */
+  const pj_tensor_desc_t *la = pj_arg(L, "log_alpha") ? pj_tensor_desc(L, "log_alpha") : NULL;
+  q->sp = la ? la->sizes[2] : pj_out_type(L, 1).dims[2];
+  int64_t nsp[2] = {n, q->sp};
+  pj_type_t ti = pj_type(PJ_I64, 2, nsp);
+  pj_val_t sidx = pj_iota(H, ti, 1);
+  pj_val_t k = pj_binary(H, "stablehlo.divide", SUB(sidx, pj_full(H, ti, 1)), pj_full(H, ti, 2));
+  k = MAX(MIN(k, pj_full(H, ti, (double)(smax - 1))), pj_full(H, ti, 0));
+  int64_t nsm = n * smax;
+  pj_val_t rowoff = MUL(pj_iota(H, ti, 0), pj_full(H, ti, (double)smax));
+  pj_val_t lab = pj_gather_1d(H, pj_reshape(H, tg2, 1, &nsm), ADD(rowoff, k));
+  pj_val_t odd = CMP("EQ", pj_binary(H, "stablehlo.remainder", sidx, pj_full(H, ti, 2)),
+                     pj_full(H, ti, 1));
+  pj_val_t blank = pj_full(H, ti, (double)pj_int(L, "blank", 0));
+  q->ext = SEL(odd, lab, blank);
+  pj_val_t prev = pj_gather_1d(H, pj_reshape(H, tg2, 1, &nsm),
+                               ADD(rowoff, MAX(SUB(k, pj_full(H, ti, 1)), pj_full(H, ti, 0))));
+  q->skip = AND(AND(odd, CMP("GE", sidx, pj_full(H, ti, 2))), CMP("NE", lab, prev));
+  pj_val_t lim = ADD(MUL(pj_broadcast_in_dim(H, q->tl, ti, &d0), pj_full(H, ti, 2)),
+                     pj_full(H, ti, 1));
+  q->valid_s = CMP("LT", sidx, lim);
+  /* lpe[t, n, s] = lp[t, n, ext[n, s]] */
+  int64_t tns[3] = {q->t, n, q->sp}, m12[2] = {1, 2};
+  pj_type_t t3 = pj_type(PJ_I64, 3, tns);
+  pj_val_t flat = ADD(ADD(MUL(pj_iota(H, t3, 0), pj_full(H, t3, (double)(n * q->c))),
+                          MUL(pj_iota(H, t3, 1), pj_full(H, t3, (double)q->c))),
+                      pj_broadcast_in_dim(H, q->ext, t3, m12));
+  int64_t all = q->t * n * q->c;
+  q->lpe = pj_gather_1d(H, pj_reshape(H, lp, 1, &all), flat);
+  return pj_hlo_ok(H);
+}
+
+/* x[t] of a [T, A, B] value at a 0-d int64 t */
+static pj_val_t ctc_at(pj_lower_t *L, pj_val_t x, pj_val_t t) {
+  char attrs[96];
+  snprintf(attrs, sizeof attrs, "slice_sizes = array<i64: 1, %lld, %lld>",
+           (long long)x.t.dims[1], (long long)x.t.dims[2]);
+  pj_val_t z = pj_const_i(H, PJ_I64, 0);
+  pj_val_t ins[4] = {x, t, z, z};
+  pj_type_t st = x.t;
+  st.dims[0] = 1;
+  pj_val_t r = pj_hlo_op(H, "stablehlo.dynamic_slice", ins, 4, attrs, st);
+  return pj_reshape(H, r, 2, &x.t.dims[1]);
+}
+
+/* x with x[t] = v */
+static pj_val_t ctc_put(pj_lower_t *L, pj_val_t x, pj_val_t v, pj_val_t t) {
+  int64_t d3[3] = {1, x.t.dims[1], x.t.dims[2]};
+  pj_val_t z = pj_const_i(H, PJ_I64, 0);
+  pj_val_t ins[5] = {x, pj_reshape(H, v, 3, d3), t, z, z};
+  return pj_hlo_op(H, "stablehlo.dynamic_update_slice", ins, 5, NULL, x.t);
+}
+
+/* stablehlo.while over st[0..n) with st[0] the 0-d int64 time: runs body while
+ * (down ? t >= 0 : t < limit); regions see only their block arguments. */
+typedef void (*ctc_body_fn)(pj_lower_t *L, pj_val_t *st);
+static void ctc_loop(pj_lower_t *L, pj_val_t *st, int n, int64_t limit, bool down,
+                     ctc_body_fn body) {
+  pj_type_t ts[10];
+  pj_val_t a[10], res[10];
+  for (int i = 0; i < n; i++) ts[i] = st[i].t;
+  pj_hlo_region_begin(H, ts, n, a);
+  pj_val_t p = down ? CMP("GE", a[0], pj_const_i(H, PJ_I64, 0))
+                    : CMP("LT", a[0], pj_const_i(H, PJ_I64, limit));
+  char *cr = pj_hlo_region_end(H, &p, 1);
+  pj_hlo_region_begin(H, ts, n, a);
+  body(L, a);
+  a[0] = ADD(a[0], pj_const_i(H, PJ_I64, down ? -1 : 1));
+  char *br = pj_hlo_region_end(H, a, n);
+  if (cr && br) {
+    size_t len = strlen(cr) + strlen(br) + 4;
+    char *both = malloc(len);
+    if (both) {
+      snprintf(both, len, "%s, %s", cr, br);
+      if (pj_hlo_op_multi(H, "stablehlo.while", st, n, both, NULL, ts, n, res))
+        for (int i = 0; i < n; i++) st[i] = res[i];
+      free(both);
+    } else {
+      pj_fail(L, PJ_ERR_OOM, "out of host memory");
+    }
+  }
+  free(cr);
+  free(br);
+}
+
+static pj_val_t bcast0(pj_lower_t *L, pj_val_t s, pj_type_t t) {
+  return pj_broadcast_in_dim(H, s, pj_type_with_dtype(t, s.t.dtype), NULL);
+}
+
+/* forward state: t, a, fin, all, lpe, skip (0 / -inf), valid, il */
+static void ctc_alpha_body(pj_lower_t *L, pj_val_t *st) {
+  pj_val_t a = st[1], ninf = cst(L, a, -INFINITY);
+  pj_val_t e = ctc_at(L, st[4], st[0]);
+  pj_val_t nxt = ADD(e, lse3(L, a, shift_s(L, a, 1), ADD(shift_s(L, a, 2), st[5])));
+  pj_val_t tt = bcast0(L, st[0], st[7].t);
+  nxt = SEL(AND(st[6], CMP("LT", tt, st[7])), nxt, ninf);
+  st[2] = SEL(CMP("EQ", tt, SUB(st[7], pj_full(H, st[7].t, 1))), nxt, st[2]);
+  st[3] = ctc_put(L, st[3], nxt, st[0]);
+  st[1] = nxt;
+}
+
+/* alpha over all t: [T, N, S'], -inf outside the valid (t, s) ranges; also the negative log
+ * likelihood [N]. */
+static void ctc_alpha(pj_lower_t *L, const ctc_t *q, pj_val_t *alpha, pj_val_t *nll) {
+  int64_t nsp[2] = {q->n, q->sp}, d0 = 0, d1 = 1;
+  pj_type_t tf = pj_type(q->lpe.t.dtype, 2, nsp), ti = pj_type(PJ_I64, 2, nsp);
+  pj_val_t ninf = pj_full(H, tf, -INFINITY);
+  pj_val_t ilb = pj_broadcast_in_dim(H, q->il, ti, &d0);
+  pj_val_t zero_t = pj_const_i(H, PJ_I64, 0);
+  pj_val_t a0 = SEL(CMP("LT", pj_iota(H, ti, 1), pj_full(H, ti, 2)), ctc_at(L, q->lpe, zero_t),
+                    ninf);
+  a0 = SEL(AND(q->valid_s, CMP("LT", pj_full(H, ti, 0), ilb)), a0, ninf);
+  pj_val_t fin = SEL(CMP("EQ", pj_full(H, ti, 0), SUB(ilb, pj_full(H, ti, 1))), a0, ninf);
+  pj_val_t all = ctc_put(L, pj_full(H, q->lpe.t, -INFINITY), a0, zero_t);
+  pj_val_t st[8] = {pj_const_i(H, PJ_I64, 1), a0, fin, all, q->lpe,
+                    SEL(q->skip, pj_full(H, tf, 0), ninf), q->valid_s, ilb};
+  ctc_loop(L, st, 8, q->t, false, ctc_alpha_body);
+  *alpha = st[3];
+  fin = st[2];
+  /* end in the last label or the blank after it */
+  pj_val_t lim = ADD(MUL(pj_broadcast_in_dim(H, q->tl, ti, &d0), pj_full(H, ti, 2)),
+                     pj_full(H, ti, 1));
+  pj_val_t sidx = pj_iota(H, ti, 1);
+  pj_val_t last = OR(CMP("EQ", sidx, SUB(lim, pj_full(H, ti, 1))),
+                     CMP("EQ", sidx, SUB(lim, pj_full(H, ti, 2))));
+  pj_val_t f = SEL(last, fin, ninf);
+  pj_val_t m = pj_reduce(H, f, &d1, 1, "max");
+  pj_val_t ms = SEL(CMP("EQ", m, cst(L, m, -INFINITY)), cst(L, m, 0), m);
+  pj_val_t s = pj_reduce(H, U("exponential", SUB(f, pj_broadcast_in_dim(H, ms, tf, &d0))), &d1, 1,
+                         "add");
+  *nll = U("negate", ADD(U("log", s), ms));
+}
+
+/* backward state: t, b, all, lpe, skip_next (0 / -inf), valid, last, il */
+static void ctc_beta_body(pj_lower_t *L, pj_val_t *st) {
+  pj_val_t b = st[1], ninf = cst(L, b, -INFINITY);
+  pj_val_t e = ctc_at(L, st[3], st[0]);
+  pj_val_t tt = bcast0(L, st[0], st[7].t);
+  pj_val_t endt = SUB(st[7], pj_full(H, st[7].t, 1));
+  pj_val_t init = SEL(st[6], e, ninf);
+  pj_val_t rec = ADD(e, lse3(L, b, shift_s(L, b, -1), ADD(shift_s(L, b, -2), st[4])));
+  pj_val_t nb = SEL(CMP("EQ", tt, endt), init, SEL(CMP("LT", tt, endt), rec, ninf));
+  nb = SEL(st[5], nb, ninf);
+  st[2] = ctc_put(L, st[2], nb, st[0]);
+  st[1] = nb;
+}
+
+static pj_val_t ctc_zero_inf(pj_lower_t *L, pj_val_t nll, pj_val_t v) {
+  if (!pj_bool(L, "zero_infinity", false)) return v;
+  int64_t d0 = 0;
+  pj_val_t inf = CMP("EQ", nll, cst(L, nll, INFINITY));
+  if (v.t.rank == 1) return SEL(inf, cst(L, v, 0), v);
+  /* v [T, N, C]: per sample n on dim 1 */
+  (void)d0;
+  int64_t d1 = 1;
+  pj_val_t b = pj_broadcast_in_dim(H, inf, pj_type_with_dtype(v.t, PJ_BOOL), &d1);
+  return SEL(b, cst(L, v, 0), v);
+}
+
+static pj_status_t *lower_ctc_loss(pj_lower_t *L) {
+  pj_dtype_t ct = acc_of(pj_out_type(L, 0).dtype);
+  ctc_t q;
+  if (!ctc_setup(L, ct, &q)) return NULL;
+  pj_val_t alpha, nll;
+  ctc_alpha(L, &q, &alpha, &nll);
+  nll = ctc_zero_inf(L, nll, nll);
+  /* log_alpha is [N, T, S'] */
+  int64_t perm[3] = {1, 0, 2};
+  pj_val_t la = alpha.id >= 0 ? pj_transpose(H, alpha, perm) : alpha;
+  pj_val_t v[2] = {nll, la};
+  bool p[2] = {true, true};
+  put_results(L, v, p, 2);
+  return NULL;
+}
+
+/* grad[t, n, c] = (exp(lp) - exp(log sum_{s: ext_s = c} exp(alpha + beta) + nll - lp)) * g[n],
+ * 0 for t >= input length; alpha is recomputed, beta runs the recursion backwards in time. */
+static pj_status_t *lower_ctc_loss_backward(pj_lower_t *L) {
+  pj_type_t ot = pj_out_type(L, 0);
+  pj_dtype_t ct = acc_of(ot.dtype);
+  ctc_t q;
+  if (!ctc_setup(L, ct, &q)) return NULL;
+  pj_val_t alpha, nll;
+  ctc_alpha(L, &q, &alpha, &nll);
+  if (alpha.id < 0) return NULL;
+  int64_t nsp[2] = {q.n, q.sp}, d0 = 0, d1 = 1;
+  pj_type_t tf = pj_type(ct, 2, nsp), ti = pj_type(PJ_I64, 2, nsp);
+  pj_val_t ninf = pj_full(H, tf, -INFINITY);
+  pj_val_t ilb = pj_broadcast_in_dim(H, q.il, ti, &d0);
+  pj_val_t lim = ADD(MUL(pj_broadcast_in_dim(H, q.tl, ti, &d0), pj_full(H, ti, 2)),
+                     pj_full(H, ti, 1));
+  pj_val_t sidx = pj_iota(H, ti, 1);
+  pj_val_t last = OR(CMP("EQ", sidx, SUB(lim, pj_full(H, ti, 1))),
+                     CMP("EQ", sidx, SUB(lim, pj_full(H, ti, 2))));
+  pj_val_t skip_next = shift_s(L, SEL(q.skip, pj_full(H, tf, 0), ninf), -2); /* allow s -> s+2 */
+  pj_val_t st[8] = {pj_const_i(H, PJ_I64, q.t - 1), ninf, pj_full(H, q.lpe.t, -INFINITY), q.lpe,
+                    skip_next, q.valid_s, last, ilb};
+  ctc_loop(L, st, 8, 0, true, ctc_beta_body);
+  pj_val_t beta = st[2];
+  pj_val_t ab = ADD(alpha, beta); /* [T, N, S'] */
+  int64_t d2 = 2;
+  pj_val_t m = pj_reduce(H, ab, &d2, 1, "max"); /* [T, N] */
+  pj_val_t ms = SEL(CMP("EQ", m, cst(L, m, -INFINITY)), cst(L, m, 0), m);
+  int64_t m01[2] = {0, 1};
+  pj_val_t ex = U("exponential", SUB(ab, pj_broadcast_in_dim(H, ms, ab.t, m01)));
+  /* sum over s with ext[n, s] == c: batched over n, [N, T, S'] x [N, S', C] */
+  int64_t nsc[3] = {q.n, q.sp, q.c}, m12[2] = {0, 1};
+  pj_type_t t3 = pj_type(PJ_I64, 3, nsc);
+  pj_val_t oh = CMP("EQ", pj_broadcast_in_dim(H, q.ext, t3, m12), pj_iota(H, t3, 2));
+  pj_val_t ohf = SEL(oh, pj_full(H, pj_type(ct, 3, nsc), 1), pj_full(H, pj_type(ct, 3, nsc), 0));
+  int64_t perm[3] = {1, 0, 2};
+  pj_val_t exn = pj_transpose(H, ex, perm); /* [N, T, S'] */
+  int64_t lb = 0, rb = 0, lc = 2, rc = 1;
+  pj_val_t sc = pj_dot_general(H, exn, ohf, &lb, &rb, 1, &lc, &rc, 1, ct); /* [N, T, C] */
+  sc = pj_transpose(H, sc, perm);                                        /* [T, N, C] */
+  int64_t m01b[2] = {0, 1};
+  pj_val_t lcab = ADD(U("log", sc), pj_broadcast_in_dim(H, ms, sc.t, m01b));
+  pj_val_t lp = q.lp;
+  pj_val_t nllb = pj_broadcast_in_dim(H, nll, lp.t, &d1);
+  pj_val_t g = pj_reshape(H, pj_convert(H, pj_tensor(L, "grad"), ct), 1, &q.n);
+  pj_val_t gb = pj_broadcast_in_dim(H, g, lp.t, &d1);
+  pj_val_t r = MUL(SUB(U("exponential", lp), U("exponential", SUB(ADD(lcab, nllb), lp))), gb);
+  int64_t tn[2] = {q.t, q.n};
+  pj_type_t tnt = pj_type(PJ_I64, 2, tn);
+  pj_val_t tvalid = CMP("LT", pj_iota(H, tnt, 0), pj_broadcast_in_dim(H, q.il, tnt, &d1));
+  r = SEL(pj_broadcast_in_dim(H, tvalid, pj_type_with_dtype(lp.t, PJ_BOOL), m01b), r,
+          pj_full(H, lp.t, 0));
+  r = ctc_zero_inf(L, nll, r);
+  (void)d0;
+  pj_set_result(L, 0, r);
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"native_layer_norm", lower_layer_norm},
     {"native_layer_norm_backward", lower_layer_norm_backward},
@@ -1136,5 +1449,7 @@ const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"_cdist_backward", lower_cdist_backward},
     {"_pdist_forward", lower_pdist},
     {"_pdist_backward", lower_pdist},
+    {"_ctc_loss", lower_ctc_loss},
+    {"_ctc_loss_backward", lower_ctc_loss_backward},
     {NULL, NULL},
 };
