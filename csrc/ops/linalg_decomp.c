@@ -10,10 +10,13 @@
  *  - Householder QR (geqrf) with LAPACK's reflector convention (beta = -sign(re alpha)*norm,
  *    tau = (beta - alpha)/beta, v(0) = 1), so R, Q, the reflectors and tau agree with LAPACK's
  *    up to rounding, signs included. householder_product and ormqr apply the reflectors.
- *  - Symmetric eigenproblem (real): parallel cyclic Jacobi (round-robin pairing, n/2 disjoint
- *    rotations per round applied as one rotation matrix), eigenvalues ascending.
- *  - SVD (real): Householder QR of the (tall) matrix, one-sided Jacobi on R, then a QR of the
- *    rotated columns gives an orthonormal U even for zero singular values.
+ *  - Symmetric/Hermitian eigenproblem: parallel cyclic Jacobi (round-robin pairing, n/2
+ *    disjoint rotations per round applied as one rotation matrix), eigenvalues ascending.
+ *    Eigenvectors are defined up to a sign (phase) per vector, as with LAPACK.
+ *  - SVD: Householder QR of the (tall) matrix, one-sided Jacobi on R, then a QR of the rotated
+ *    columns gives an orthonormal U even for zero singular values.
+ *  - matrix_exp (scaling and squaring over a Taylor polynomial), lstsq (gels/gelsy through QR),
+ *    ldl_factor/ldl_solve (Bunch-Kaufman as LAPACK's sytf2/sytrs).
  *
  * Matrices are handled as [B, m, n] (leading dims flattened). Loop bodies only use their carried
  * values and constants made inside the body (no implicit captures).
@@ -746,8 +749,7 @@ static void refl_step(pj_lower_t *L, pj_val_t i, pj_val_t *st, void *vctx) {
 static pj_val_t apply_reflectors(pj_lower_t *L, pj_val_t V, pj_val_t tau, pj_val_t C, bool left,
                                  bool trans) {
   refl_ctx_t cx = {left, trans, left != trans, tau.t.dims[1]};
-  /* V may have fewer columns than tau has entries only if the caller sliced; pad V's columns
-   * to at least k with zeros so col_at finds them (never read beyond k). */
+  /* tau has at most as many entries as V has columns (Meta checks it for the public ops) */
   pj_val_t st[3] = {C, V, tau};
   loop(L, cx.k, st, 3, refl_step, &cx);
   return st[0];
