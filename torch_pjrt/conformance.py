@@ -209,6 +209,14 @@ class CaseResult:
     fallback_ops: Dict[str, int] = field(default_factory=dict)
 
 
+def _processed(sample, out: Any) -> Any:
+    """The sample's own output post-processing (OpInfo's output_process_fn_grad): for ops whose
+    outputs are defined only up to a choice (the signs of eigenvectors and singular vectors) it
+    maps them to what is unique. PyTorch compares devices through it too."""
+    fn = getattr(sample, "output_process_fn_grad", None)
+    return fn(out) if fn is not None else out
+
+
 def _clone(obj: Any) -> Any:
     return map_tensors(obj, lambda t: t.clone())
 
@@ -308,6 +316,11 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str,
     if cpu_exc is not None:
         return SampleResult("F", f"no error where CPU raises {type(cpu_exc).__name__}: "
                                  f"{short(cpu_exc, 120)}"), moved
+    try:
+        # (out= and in-place variants yield the op's outputs too: same post-processing)
+        actual_cpu, expected = _processed(sample, actual_cpu), _processed(sample, expected)
+    except Exception as exc:  # noqa: BLE001
+        return SampleResult("F", f"output post-processing failed: {short(exc)}"), moved
     mismatch = compare(actual_cpu, expected, tol, shape_only=random)
     if mismatch is None and random and is_random(op) and not is_uninitialised(op):
         # same seed twice on tpu must give the same values
@@ -437,7 +450,7 @@ def _grad_sample(op, sample, tol) -> SampleResult:
         return SampleResult("P")
     try:
         torch.manual_seed(0)
-        out = op.op(sample.input, *sample.args, **sample.kwargs)
+        out = _processed(sample, op.op(sample.input, *sample.args, **sample.kwargs))
         loss = _grad_loss(out)
         if loss is None:
             return SampleResult("P")
@@ -472,7 +485,7 @@ def _grad_sample(op, sample, tol) -> SampleResult:
             args, kwargs = map_tensors([sample.args, sample.kwargs], keep)
             torch.manual_seed(0)
             out = op.op(inp, *args, **kwargs)
-        loss = _grad_loss(out)
+        loss = _grad_loss(_processed(sample, out))
         if loss is None:
             return SampleResult("F", "tpu output does not require grad")
         actual = torch.autograd.grad(loss, tpu_leaves, allow_unused=True)
@@ -651,7 +664,10 @@ def render(res: Run, meta: Dict[str, str], total_ops: int, complete: bool) -> st
         "Legend: P pass, F fail (values/dtype/shape differ from CPU), B CPU fallback happened "
         "(values may match), E error on tpu only, U unsupported (float64/complex64: tpu error), "
         "S skipped (OpInfo does not support the dtype on CPU). Random ops: shapes/dtypes and "
-        "same-seed reproducibility only. "
+        "same-seed reproducibility only. Outputs pass through the sample's own "
+        "output_process_fn_grad before comparison and before the gradient loss (it makes "
+        "sign-ambiguous outputs such as eigenvectors comparable), as PyTorch's cross-device "
+        "comparison does. "
         + ("Besides its samples, each case runs its first sample noncontiguous, through the "
            "in-place variant (compared on the mutated input, which must be returned) and "
            "through out= (compared on the destinations, which must be returned), where the "
