@@ -278,6 +278,9 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str,
     random = sample_is_random(op, sample)
     cpu_inp, cpu_args, cpu_kwargs = sample.input, sample.args, sample.kwargs
     inp, args, kwargs = to_tpu(cpu_inp), to_tpu(cpu_args), to_tpu(cpu_kwargs)
+    if isinstance(kwargs, dict) and kwargs.get("device") is not None:
+        # factory samples name the CPU as their device: on the tpu side they must build there
+        kwargs = dict(kwargs, device=TPU)
     if variant == "inplace":
         cpu_inp = _clone(cpu_inp)
     cpu_exc = None
@@ -299,6 +302,10 @@ def run_sample(op, sample, dtype: torch.dtype, dtype_name: str,
             args, kwargs = cpu_args, cpu_kwargs
             torch.manual_seed(0)
             actual = call(_clone(inp) if variant == "inplace" else inp, args, kwargs, TPU)
+        if isinstance(kwargs, dict) and kwargs.get("device") == TPU:
+            off = [t.device for t in iter_tensors(actual) if t.device.type != "tpu"]
+            if off:
+                raise AssertionError(f"a factory op asked for tpu built on {off[0]}")
         actual_cpu = to_cpu(actual)  # forces execution: errors surface here
     except Exception as exc:  # noqa: BLE001
         moved = {k: v - before_ops.get(k, 0) for k, v in fallback_ops().items()
