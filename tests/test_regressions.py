@@ -19,3 +19,20 @@ def test_rounding_is_the_identity_on_integers(fn, dtype):
     got = fn(x.to(TPU))
     assert got.dtype == dtype
     assert torch.equal(got.cpu(), fn(x))
+
+
+def test_rrelu_eval_matches_cpu_and_training_draws_slopes_in_range():
+    x = torch.randn(200)
+    torch.testing.assert_close(torch.nn.functional.rrelu(x.to(TPU)).cpu(),
+                               torch.nn.functional.rrelu(x))
+    lower, upper = 0.1, 0.4
+    torch.manual_seed(3)
+    y = torch.nn.functional.rrelu(x.to(TPU), lower, upper, training=True).cpu()
+    neg = x < 0
+    slopes = y[neg] / x[neg]
+    assert torch.equal(y[~neg], x[~neg])
+    assert slopes.min() >= lower and slopes.max() <= upper and slopes.std() > 0.01
+    torch.manual_seed(3)
+    again = torch.nn.functional.rrelu(x.to(TPU), lower, upper, training=True).cpu()
+    assert torch.equal(y, again)
+    assert torch.tpu.fallback_ops().get("aten::rrelu_with_noise") is None

@@ -542,7 +542,34 @@ static pj_status_t *lower_native_dropout(pj_lower_t *L) {
   return NULL;
 }
 
+/* rrelu_with_noise(self, noise!, lower, upper, training) -> out. Training: each negative
+ * element gets a slope u * (upper - lower) + lower (u uniform in [0, 1)), positive ones 1; the
+ * slopes are written into noise and out = self * noise. Eval: one slope (lower + upper) / 2
+ * for negative elements, noise untouched. Destinations: out, then noise. */
+static pj_status_t *lower_rrelu_with_noise(pj_lower_t *L) {
+  pj_type_t t = pj_out_type(L, 0);
+  if (!require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "rrelu_with_noise")) return NULL;
+  pj_dtype_t ct = compute_of(t.dtype);
+  pj_val_t x = pj_convert(H, pj_tensor(L, "self"), ct);
+  pj_val_t lo = param(L, "lower", 0.125, t, ct), hi = param(L, "upper", 1.0 / 3.0, t, ct);
+  pj_val_t neg = CMP("LT", x, pj_full(H, x.t, 0.0));
+  if (!pj_bool(L, "training", false)) {
+    pj_val_t slope = MUL(ADD(lo, hi), pj_full(H, x.t, 0.5));
+    pj_set_result(L, 0, SEL(neg, MUL(x, slope), x));
+    if (pj_nout(L) > 1) pj_set_result(L, 1, pj_tensor(L, "noise"));
+    return NULL;
+  }
+  pj_val_t w[4];
+  if (!philox(L, t, w)) return NULL;
+  pj_val_t u = unit_for(L, w, t.dtype, ct);
+  pj_val_t noise = SEL(neg, ADD(MUL(u, SUB(hi, lo)), lo), pj_full(H, x.t, 1.0));
+  pj_set_result(L, 0, MUL(x, noise));
+  if (pj_nout(L) > 1) pj_set_result(L, 1, noise);
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_random[] = {
+    {"rrelu_with_noise", lower_rrelu_with_noise},
     {"native_dropout", lower_native_dropout},
     {"uniform", lower_uniform},
     {"normal", lower_normal},
