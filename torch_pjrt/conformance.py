@@ -104,8 +104,23 @@ def iter_tensors(obj: Any) -> Iterable[torch.Tensor]:
             yield from iter_tensors(x)
 
 
+def _tensor_to_tpu(t: torch.Tensor) -> torch.Tensor:
+    """A tpu tensor with t's values and t's layout: for a view into a larger storage (the
+    noncontiguous samples, partial views) the whole storage is copied and the same view taken,
+    so ops that depend on strides, offsets or the storage (as_strided, view_as_complex's
+    checks, contiguity checks) see what the CPU saw."""
+    t = t.detach()
+    if t.layout != torch.strided or t.is_conj() or t.is_neg():
+        return t.to(TPU)
+    n = t.untyped_storage().nbytes() // t.element_size()
+    if t.is_contiguous() and t.storage_offset() == 0 and n == t.numel():
+        return t.to(TPU)
+    whole = torch.empty(0, dtype=t.dtype).set_(t.untyped_storage(), 0, (n,), (1,))
+    return whole.to(TPU).as_strided(t.size(), t.stride(), t.storage_offset())
+
+
 def to_tpu(obj: Any) -> Any:
-    return map_tensors(obj, lambda t: t.detach().to(TPU))
+    return map_tensors(obj, _tensor_to_tpu)
 
 
 def to_cpu(obj: Any) -> Any:
@@ -468,7 +483,7 @@ def _grad_sample(op, sample, tol) -> SampleResult:
     tpu_leaves: List[torch.Tensor] = []
 
     def mk(t: torch.Tensor) -> torch.Tensor:
-        d = t.detach().to(TPU)
+        d = _tensor_to_tpu(t)  # same layout as on the CPU (a leaf: nothing above needs grad)
         if id(t) in ids:
             d.requires_grad_(True)
             tpu_leaves.append(d)

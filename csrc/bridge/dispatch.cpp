@@ -345,6 +345,13 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   torch::jit::Stack args(stack->end() - nargs, stack->end());
   const bool debug = eager_mode() == EagerMode::kDebug;
   if (debug && checks_indices(base)) check_like_cpu(op, args);
+  // CPU's group-norm kernel refuses inputs that are not dense in their suggested layout (its
+  // Meta kernel does not check): same error here, although the lowering could compute them.
+  if (base == "native_group_norm" && args[0].isTensor()) {
+    const at::Tensor& x = args[0].toTensor();
+    TORCH_CHECK(x.is_contiguous(x.suggest_memory_format()),
+                "Expected X.is_contiguous(memory_format) to be true, but got false.");
+  }
   const int device = call_device(args);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
 
