@@ -112,3 +112,28 @@ def test_keys_name_the_plugin_and_our_own_sources():
     ident = torch.tpu._C.identity()
     assert re.search(r"\|code[0-9a-f]{16}$", ident), ident
     assert ident.startswith(torch_pjrt._C.platform_name()), ident
+
+
+def test_memory_cache_is_bounded_and_evicted_programs_reload(tmp_path):
+    """With TORCH_PJRT_PROGRAM_CACHE_MAX=16, 40 distinct programs evict the least recently used
+    from memory (a process compiling thousands of programs would otherwise run out of code
+    mappings); using an evicted one again loads it from the persistent cache, same values."""
+    code = """
+        import json, torch
+        xs = [torch.arange(n, dtype=torch.float32) for n in range(1, 41)]
+        first = [(x.to("tpu") * 3 + 1).cpu() for x in xs]
+        m0 = torch.tpu.metrics()
+        again = [(x.to("tpu") * 3 + 1).cpu() for x in xs[:8]]
+        m1 = torch.tpu.metrics()
+        ok = all(torch.equal(a, x * 3 + 1) for a, x in zip(first + again, xs + xs[:8]))
+        print(json.dumps({"ok": ok, "compiles": m1["compiles"] - m0["compiles"],
+                          "disk_hits": m1["disk_cache_hits"] - m0["disk_cache_hits"]}))
+    """
+    env = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path), TORCH_PJRT_PROGRAM_CACHE_MAX="16")
+    r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                       text=True, env=env, timeout=300)
+    assert r.returncode == 0, r.stderr
+    out = json.loads(r.stdout.strip().splitlines()[-1])
+    assert out["ok"]
+    assert out["compiles"] == 0          # nothing compiled twice
+    assert out["disk_hits"] >= 8, out    # the early programs had left memory

@@ -1,16 +1,26 @@
 /* In-memory executable cache: an open hash table keyed by the full key bytes. Guarded by
- * `lock` because PyTorch may dispatch from several threads. Entries live until
- * pj_cache_clear (programs are small next to the tensors they compute). */
+ * `lock` because PyTorch may dispatch from several threads.
+ *
+ * Bounded: every loaded executable holds code mappings, and a process that compiles many
+ * thousands of programs (a long conformance run, a model at many shapes) would run out of
+ * them (the kernel's map count limit) and crash inside the compiler. Above PJ_CACHE_MAX
+ * programs (TORCH_PJRT_PROGRAM_CACHE_MAX, default 4096) the least recently used quarter is
+ * freed; the persistent cache still holds them, so a later use reloads instead of compiling.
+ * Callers use a program only while holding the call machinery's run lock, under which inserts
+ * (and so evictions) also happen; evicted programs are freed after the device finished
+ * everything launched, as an execution may still reference its executable. */
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/metrics.h"
+#include "torch_pjrt/stream.h"
 
 typedef struct entry {
   struct entry *next;
   uint64_t hash;
+  uint64_t last_use; /* value of use_clock at the last lookup or insert */
   size_t keylen;
   pj_program_t *prog;
   unsigned char key[];
@@ -19,6 +29,17 @@ typedef struct entry {
 static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
 static entry_t **buckets;
 static size_t nbuckets, nentries;
+static uint64_t use_clock;
+
+static size_t cache_max(void) {
+  static size_t max;
+  if (!max) {
+    const char *v = getenv("TORCH_PJRT_PROGRAM_CACHE_MAX");
+    long n = v ? strtol(v, NULL, 10) : 0;
+    max = n >= 16 ? (size_t)n : 4096;
+  }
+  return max;
+}
 
 uint64_t pj_hash_bytes(const void *data, size_t len, uint64_t seed) {
   /* FNV-1a, 64-bit: fast enough for keys of a few hundred bytes, and deterministic across
@@ -43,9 +64,11 @@ pj_program_t *pj_cache_lookup(const void *key, size_t keylen) {
   uint64_t h = pj_hash_bytes(key, keylen, 0);
   pthread_mutex_lock(&lock);
   entry_t *e = find(h, key, keylen);
+  if (e) e->last_use = ++use_clock;
+  pj_program_t *p = e ? e->prog : NULL;
   pthread_mutex_unlock(&lock);
   pj_metric_add(e ? PJ_METRIC_CACHE_HITS : PJ_METRIC_CACHE_MISSES, 1);
-  return e ? e->prog : NULL;
+  return p;
 }
 
 static void grow(void) {
@@ -64,6 +87,35 @@ static void grow(void) {
   free(buckets);
   buckets = nb;
   nbuckets = n;
+}
+
+static int cmp_u64(const void *a, const void *b) {
+  uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+  return x < y ? -1 : x > y;
+}
+
+/* Unlinks the least recently used quarter of the entries onto *dead (caller holds lock). */
+static void evict_oldest(entry_t **dead) {
+  uint64_t *uses = malloc(sizeof *uses * (nentries + 1));
+  if (!uses) return;
+  size_t n = 0;
+  for (size_t i = 0; i < nbuckets; i++)
+    for (entry_t *e = buckets[i]; e; e = e->next) uses[n++] = e->last_use;
+  qsort(uses, n, sizeof *uses, cmp_u64);
+  uint64_t cut = uses[n / 4];
+  free(uses);
+  for (size_t i = 0; i < nbuckets; i++)
+    for (entry_t **pe = &buckets[i]; *pe;) {
+      entry_t *e = *pe;
+      if (e->last_use < cut) {
+        *pe = e->next;
+        e->next = *dead;
+        *dead = e;
+        nentries--;
+      } else {
+        pe = &e->next;
+      }
+    }
 }
 
 pj_program_t *pj_cache_insert(const void *key, size_t keylen, pj_program_t *p) {
@@ -85,13 +137,25 @@ pj_program_t *pj_cache_insert(const void *key, size_t keylen, pj_program_t *p) {
     return p;
   }
   e->hash = h;
+  e->last_use = ++use_clock;
   e->keylen = keylen;
   e->prog = p;
   memcpy(e->key, key, keylen);
   e->next = buckets[h % nbuckets];
   buckets[h % nbuckets] = e;
   nentries++;
+  entry_t *dead = NULL;
+  if (nentries > cache_max()) evict_oldest(&dead);
   pthread_mutex_unlock(&lock);
+  if (dead) {
+    pj_status_free(pj_stream_synchronize(-1)); /* nothing launched may still use them */
+    while (dead) {
+      entry_t *next = dead->next;
+      pj_program_free(dead->prog);
+      free(dead);
+      dead = next;
+    }
+  }
   return p;
 }
 
