@@ -36,3 +36,11 @@ def test_rrelu_eval_matches_cpu_and_training_draws_slopes_in_range():
     again = torch.nn.functional.rrelu(x.to(TPU), lower, upper, training=True).cpu()
     assert torch.equal(y, again)
     assert torch.tpu.fallback_ops().get("aten::rrelu_with_noise") is None
+
+
+@pytest.mark.parametrize("fn", [torch.tril_indices, torch.triu_indices])
+@pytest.mark.parametrize("rco", [(0, 0, 0), (3, 3, 5), (3, 3, -5), (0, 4, 1), (4, 3, 1)])
+def test_triangle_indices_including_empty_results(fn, rco):
+    got = fn(*rco, device=TPU)
+    want = fn(*rco)
+    assert got.shape == want.shape and torch.equal(got.cpu(), want)
