@@ -67,7 +67,7 @@ $(EXT_SO): $(C_OBJS) $(CXX_OBJS)
 	$(CXX) -o $@.tmp $^ $(LDFLAGS_EXT) && mv -f $@.tmp $@
 
 # C unit tests: the C layers only, no PyTorch. ASan variant rebuilds everything instrumented.
-build/tests/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR) $(CODE_ID_HDR)
+build/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(C_SRCS) $(HDR) $(CODE_ID_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
 
@@ -78,7 +78,7 @@ ctest-asan:
 	$(MAKE) -B TEST_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
 	  C_TESTS="$(patsubst build/tests/%,build/tests-asan/%,$(C_TESTS))" ctest-asan-run
 
-build/tests-asan/%: tests/c/%.c tests/c/ctest.h $(C_SRCS) $(HDR) $(CODE_ID_HDR)
+build/tests-asan/%: tests/c/%.c $(wildcard tests/c/*.h) $(C_SRCS) $(HDR) $(CODE_ID_HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
 

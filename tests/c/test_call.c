@@ -3,21 +3,12 @@
  * dynamic-update-slice and scatter), scalar arguments, and the executable cache. */
 #include <string.h>
 
-#include "ctest.h"
+#include "ctest_device.h"
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/storage.h"
 #include "torch_pjrt/transfer.h"
-
-static pj_storage_t *make_storage(const float *data, int64_t n) {
-  pj_storage_t *s;
-  OK(pj_storage_new(0, (size_t)n * sizeof(float), &s));
-  struct PJRT_Buffer *buf;
-  OK(pj_transfer_to_device(0, data, PJ_F32, &n, 1, &buf));
-  pj_storage_swap(s, buf, PJ_F32);
-  return s;
-}
 
 static void read_storage(pj_storage_t *s, float *out) {
   OK(pj_storage_materialize(s, PJ_F32));
@@ -58,9 +49,9 @@ static void copy_view(pj_storage_t *src, pj_tensor_desc_t sv, pj_storage_t *dst,
 static void test_views(void) {
   float a[12];
   for (int i = 0; i < 12; i++) a[i] = (float)i;
-  pj_storage_t *src = make_storage(a, 12);
+  pj_storage_t *src = ctest_f32_storage(a, 12);
   float z[12] = {0};
-  pj_storage_t *dst = make_storage(z, 12);
+  pj_storage_t *dst = ctest_f32_storage(z, 12);
   float out[12];
 
   /* transpose of a 3x4 matrix into a contiguous 4x3 */
@@ -91,7 +82,7 @@ static void test_views(void) {
   /* overlapping as_strided (sizes 3x3, strides 1,1: a sliding window) read via gather */
   int64_t os[2] = {3, 3}, ost[2] = {1, 1}, oc[2] = {3, 1};
   float z9[9] = {0};
-  pj_storage_t *d9 = make_storage(z9, 9);
+  pj_storage_t *d9 = ctest_f32_storage(z9, 9);
   copy_view(src, view(2, os, ost, 2, 0), d9, view(2, os, oc, 0, 1), 9);
   float o9[9];
   read_storage(d9, o9);
@@ -105,7 +96,7 @@ static void test_views(void) {
 
 static void test_scalar_and_cache(void) {
   float a[4] = {1, 2, 3, 4};
-  pj_storage_t *s = make_storage(a, 4);
+  pj_storage_t *s = ctest_f32_storage(a, 4);
   pj_storage_t *o;
   OK(pj_storage_new(0, sizeof a, &o));
   int64_t hits0 = pj_metric_get(PJ_METRIC_CACHE_HITS);
@@ -142,10 +133,7 @@ static void test_scalar_and_cache(void) {
 }
 
 int main(void) {
-  if (!getenv("TORCH_PJRT_PLUGIN")) {
-    fprintf(stderr, "TORCH_PJRT_PLUGIN must name the CPU plugin .so (make ctest sets it)\n");
-    return 1;
-  }
+  CTEST_REQUIRE_PLUGIN();
   test_views();
   test_scalar_and_cache();
   CTEST_DONE();

@@ -5,21 +5,12 @@
 #include <string.h>
 
 #include "../../csrc/ops/call_internal.h"
-#include "ctest.h"
+#include "ctest_device.h"
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/defer.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/storage.h"
 #include "torch_pjrt/transfer.h"
-
-static pj_storage_t *make_storage(const float *data, int64_t n) {
-  pj_storage_t *s;
-  OK(pj_storage_new(0, (size_t)n * sizeof(float), &s));
-  struct PJRT_Buffer *buf;
-  OK(pj_transfer_to_device(0, data, PJ_F32, &n, 1, &buf));
-  pj_storage_swap(s, buf, PJ_F32);
-  return s;
-}
 
 /* out = self + alpha * other_scalar, as the bridge would describe add.Scalar (4 floats). */
 static void add_scalar_call(pj_call_t *c, pj_storage_t *in, pj_storage_t *out, double v) {
@@ -47,7 +38,7 @@ static void add_scalar_call(pj_call_t *c, pj_storage_t *in, pj_storage_t *out, d
 static void test_key_round_trip(void) {
   static pj_call_t c, d;
   float a[4] = {0};
-  pj_storage_t *s = make_storage(a, 4), *o;
+  pj_storage_t *s = ctest_f32_storage(a, 4), *o;
   OK(pj_storage_new(0, sizeof a, &o));
   add_scalar_call(&c, s, o, 1.5);
   pj_keybuf_t k1 = {0}, k2 = {0};
@@ -69,7 +60,7 @@ static void test_key_round_trip(void) {
 static void run_chain(float *out, bool drop_t) {
   static pj_call_t c;
   float a[4] = {1, 2, 3, 4};
-  pj_storage_t *x = make_storage(a, 4), *t, *y;
+  pj_storage_t *x = ctest_f32_storage(a, 4), *t, *y;
   OK(pj_storage_new(0, sizeof a, &t));
   OK(pj_storage_new(0, sizeof a, &y));
   add_scalar_call(&c, x, t, 1);
@@ -119,7 +110,7 @@ static void test_fused_chain(void) {
 static void test_failed_fusion_replays(void) {
   static pj_call_t c;
   float a[4] = {1, 2, 3, 4}, out[4];
-  pj_storage_t *x = make_storage(a, 4), *y;
+  pj_storage_t *x = ctest_f32_storage(a, 4), *y;
   OK(pj_storage_new(0, sizeof a, &y));
   add_scalar_call(&c, x, x, 10); /* x += 10, in place */
   OK(pj_call_defer(&c));
@@ -141,10 +132,7 @@ static void test_failed_fusion_replays(void) {
 }
 
 int main(void) {
-  if (!getenv("TORCH_PJRT_PLUGIN")) {
-    fprintf(stderr, "TORCH_PJRT_PLUGIN must name the CPU plugin .so (make ctest sets it)\n");
-    return 1;
-  }
+  CTEST_REQUIRE_PLUGIN();
   test_key_round_trip();
   test_fused_chain();
   test_failed_fusion_replays();
