@@ -28,14 +28,16 @@ void put_tensor(std::string& k, const at::Tensor& t) {
   put_i(k, t.unsafeGetTensorImpl()->is_wrapped_number());
 }
 
-// False for values the key cannot describe (then the call is not cached).
-bool put_value(std::string& k, const c10::IValue& v) {
+// False for values the key cannot describe (then the call is not cached). scalar_values: put
+// the values of Scalars, not only their types (see meta_returns).
+bool put_value(std::string& k, const c10::IValue& v, bool scalar_values) {
   put_i(k, static_cast<int64_t>(v.tagKind().size()));
   k.append(v.tagKind());
   if (v.isNone()) return true;
   if (v.isTensor()) return put_tensor(k, v.toTensor()), true;
   if (v.isInt()) return put_i(k, v.toInt()), true;
-  if (v.isDouble()) {
+  if (v.isDouble()) {  // (Scalar[] elements arrive as doubles)
+    if (!scalar_values) return true;
     double d = v.toDouble();
     return put(k, &d, sizeof d), true;
   }
@@ -48,6 +50,7 @@ bool put_value(std::string& k, const c10::IValue& v) {
   if (v.isScalar()) {  // Scalar values matter (arange's length), not only their types
     c10::Scalar s = v.toScalar();
     put_i(k, static_cast<int64_t>(s.type()));
+    if (!scalar_values) return true;
     if (s.isComplex()) {
       auto z = s.toComplexDouble();
       double re = z.real(), im = z.imag();
@@ -69,7 +72,7 @@ bool put_value(std::string& k, const c10::IValue& v) {
     auto l = v.toList();
     put_i(k, static_cast<int64_t>(l.size()));
     for (const c10::IValue& e : l)
-      if (!put_value(k, e)) return false;
+      if (!put_value(k, e, scalar_values)) return false;
     return true;
   }
   if (v.isGenerator()) return true;  // generators do not shape outputs
@@ -121,7 +124,11 @@ std::optional<std::vector<c10::IValue>> meta_returns(const c10::OperatorHandle& 
   const void* opid = &op.schema();
   put(key, &opid, sizeof opid);
   bool cacheable = true;
-  for (const c10::IValue& v : args) cacheable = cacheable && put_value(key, v);
+  // A _foreach_* op's outputs mirror its tensor lists whatever its scalars are; its scalars
+  // (AdamW's bias-corrected step sizes) change every step, so their values stay out of the
+  // key there. Elsewhere they may shape the output (arange's length) and are part of it.
+  const bool scalar_values = op.schema().name().rfind("aten::_foreach_", 0) != 0;
+  for (const c10::IValue& v : args) cacheable = cacheable && put_value(key, v, scalar_values);
   if (cacheable) {
     std::lock_guard<std::mutex> g(mu);
     auto it = cache.find(key);
