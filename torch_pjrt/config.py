@@ -13,7 +13,7 @@ Variables (the README's table lists all of them):
     ``defer_and_fuse``, so scripts written for it behave the same.
 ``TORCH_PJRT_DEFER_MAX_OPS``
     Size bound of a defer_and_fuse graph: it is run before it exceeds this many ops
-    (default 2048).
+    (default 64: full graphs run asynchronously while the next one is recorded).
 ``TORCH_PJRT_CHECK_NAN``
     ``1``: every op's floating results are checked; the first op producing NaN or Inf raises
     RuntimeError naming it and its inputs (slow: a host sync per op).
@@ -57,7 +57,7 @@ class Config:
     cache_dir: str = dataclasses.field(default_factory=default_cache_dir)  # "" = disabled
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
     eager_mode: str = "strict"
-    defer_max_ops: int = 2048
+    defer_max_ops: int = 64
     check_nan: bool = False
 
 
@@ -94,7 +94,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
                          "defer_and_fuse")
     return Config(
         eager_mode=mode or "strict",
-        defer_max_ops=_positive_int(env, "TORCH_PJRT_DEFER_MAX_OPS", 2048),
+        defer_max_ops=_positive_int(env, "TORCH_PJRT_DEFER_MAX_OPS", 64),
         check_nan=env.get("TORCH_PJRT_CHECK_NAN", "").strip() == "1",
         plugin=plugin,
         cpu_device_count=_positive_int(env, "TORCH_PJRT_CPU_DEVICE_COUNT", 1),

@@ -69,7 +69,12 @@ static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static graph_t G;
 static detector_t D;
 static atomic_int pending_ops;
-static int max_ops = 2048;
+/* Default size bound. Small on purpose: a graph that reaches it runs asynchronously while the
+ * host records the next one, so device work overlaps host dispatch as in Strict (a whole
+ * training step as one graph leaves the device idle until the final read). Measured on the
+ * TinyGPT step (docs/performance.md): 64 ops beat 2048. Cuts stay deterministic, so every
+ * step reuses the same programs. */
+static int max_ops = 64;
 
 /* ---- graph bookkeeping ---- */
 

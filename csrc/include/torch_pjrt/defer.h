@@ -30,7 +30,7 @@ pj_status_t *pj_defer_flush(void);
 int pj_defer_pending_ops(void);
 /* The pending graph as text, one recorded op per line (malloc'd; the caller frees it). */
 char *pj_defer_graph_text(void);
-/* Size bound: a graph is flushed before it exceeds this many ops (default 2048, at least 1). */
+/* Size bound: a graph is flushed before it exceeds this many ops (default 64, at least 1; see defer.c). */
 void pj_defer_set_max_ops(int n);
 int pj_defer_max_ops(void);
 /* Forgets the learned loop period (tests). */
