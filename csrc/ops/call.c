@@ -240,6 +240,12 @@ static int64_t desc_numel(const pj_tensor_desc_t *d) {
   return n;
 }
 
+bool pj_call_writes_slot(const pj_call_t *c, int s) {
+  for (int o = 0; o < c->nout; o++)
+    if (c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0) return true;
+  return false;
+}
+
 pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const pj_val_t *in,
                           const pj_val_t *scalars, pj_val_t *full, bool *written) {
   pj_val_t *slot_vals = calloc((size_t)c->nslots + 1, sizeof(pj_val_t));
@@ -520,11 +526,8 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   /* The written-slot list is a pure function of the key (slots with a non-empty destination,
    * in slot order); build_single checks that the program agrees. */
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
-  for (int s = 0; s < c->nslots; s++) {
-    bool w = false;
-    for (int o = 0; o < c->nout && !w; o++) w = c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0;
-    if (w) written[nwritten++] = s;
-  }
+  for (int s = 0; s < c->nslots; s++)
+    if (pj_call_writes_slot(c, s)) written[nwritten++] = s;
   struct PJRT_Buffer *bufs[PJ_CALL_MAX_SLOTS], *outs[PJ_CALL_MAX_SLOTS];
   bool donate[PJ_CALL_MAX_SLOTS];
   int nbufs = 0;

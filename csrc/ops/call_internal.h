@@ -29,6 +29,9 @@ bool pj_call_key(const pj_call_t *c, const char *identity, pj_keybuf_t *k);
  * the call; slot storages are NULL and scalar values zero. */
 bool pj_call_decode(const unsigned char *key, size_t len, int device, pj_call_t *c);
 
+/* Whether the call writes slot s: some destination in it is non-empty. */
+bool pj_call_writes_slot(const pj_call_t *c, int s);
+
 /* Emits the call's lowering and its destination writes into h. in[s] is slot s's whole value
  * before the call (read slots only), scalars[i] the call's scalar arguments. On success full[s]
  * holds every slot's value after the call and written[s] says whether the call wrote slot s

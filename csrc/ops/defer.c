@@ -145,17 +145,6 @@ static void graph_clear(graph_t *g) {
   memset(g, 0, sizeof *g);
 }
 
-static int64_t desc_numel(const pj_tensor_desc_t *d) {
-  int64_t n = 1;
-  for (int i = 0; i < d->rank; i++) n *= d->sizes[i];
-  return n;
-}
-
-static bool slot_written(const pj_call_t *c, int s) {
-  for (int o = 0; o < c->nout; o++)
-    if (c->outs[o].slot == s && desc_numel(&c->outs[o]) > 0) return true;
-  return false;
-}
 
 /* ---- the fused program ---- */
 
@@ -500,7 +489,7 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
     return st;
   }
   for (int s = 0; s < c->nslots; s++)
-    if (slot_written(c, s)) {
+    if (pj_call_writes_slot(c, s)) {
       gstore_t *g = &G.st[op.gslot[s]];
       g->written = true;
       if (!g->s->buf) g->s->dtype = g->dtype;
