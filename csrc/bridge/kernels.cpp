@@ -166,6 +166,27 @@ at::Tensor& copy_kernel(at::Tensor& self, const at::Tensor& src, bool non_blocki
   return self;
 }
 
+// Whether `self` may take over `from`'s tensor data in place (`param.data = t`, Module._apply's
+// `.to()`, VariableHooks::set_data). PyTorch's own answer counts only its in-tree dense
+// backends as interchangeable, so for tpu it is false and `Module.to("tpu")` would replace every
+// Parameter, untying shared weights and stranding optimizers built before the move. CUDA's dense
+// tensors are interchangeable with every in-tree dense backend's; tpu's are the same, plus tpu
+// itself. Anything else (sparse, meta, equal key sets) keeps PyTorch's answer. The dispatcher
+// sends a call here whenever either argument is a tpu tensor and neither is meta (the PrivateUse1
+// backend bit outranks every dense in-tree backend's, Meta outranks it).
+bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& from) {
+  auto is_dense = [](c10::DispatchKeySet ks) {
+    constexpr auto dense_backends = c10::DispatchKeySet(
+        {c10::BackendComponent::CPUBit, c10::BackendComponent::CUDABit,
+         c10::BackendComponent::MPSBit, c10::BackendComponent::HIPBit,
+         c10::BackendComponent::XPUBit, c10::BackendComponent::HPUBit,
+         c10::BackendComponent::MTIABit, c10::BackendComponent::PrivateUse1Bit});
+    return ks.has_any(c10::DispatchKeySet(c10::DispatchKey::Dense)) && ks.has_any(dense_backends);
+  };
+  return self.unsafeGetTensorImpl()->has_compatible_shallow_copy_type(from.key_set()) ||
+         (is_dense(self.key_set()) && is_dense(from.key_set()));
+}
+
 }  // namespace
 }  // namespace torch_pjrt
 
@@ -192,4 +213,5 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_copy_from", TORCH_FN(copy_from_kernel));
   m.impl("_copy_from_and_resize", TORCH_FN(copy_from_and_resize));
   m.impl("_local_scalar_dense", TORCH_FN(local_scalar_dense));
+  m.impl("_has_compatible_shallow_copy_type", TORCH_FN(has_compatible_shallow_copy_type));
 }
