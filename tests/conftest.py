@@ -6,11 +6,18 @@
 - ``fallbacks``: a fixture measuring CPU fallbacks during a test. It never skips anything; a test
   that claims "no fallback" calls ``fallbacks.assert_none()``, whose message names the ops that
   fell back (from the runtime's per-op counts).
+- ``grad_mismatches``: every parameter's gradient of a tpu model against its CPU twin (training
+  tests compare gradients, not only losses: a loss can match while a gradient is wrong).
+- ``run_python``: code in a fresh interpreter (registration, autoload and device counts are once
+  per process).
 """
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 import tempfile
+import textwrap
 
 # The persistent compile cache of a test session lives in its own directory (set before torch
 # loads torch_pjrt), so results never depend on what earlier runs left in ~/.cache. Tests of
@@ -86,3 +93,49 @@ def fallbacks() -> FallbackCounter:
 @pytest.fixture(scope="session")
 def tpu() -> torch.device:
     return TPU
+
+
+def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
+    """Runs `code` in a fresh interpreter with `env` added to this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-c", textwrap.dedent(code)],
+        capture_output=True, text=True, env={**os.environ, **env}, timeout=300,
+    )
+
+
+def grad_mismatches(cpu_model: torch.nn.Module, tpu_model: torch.nn.Module,
+                    rtol: float, atol: float) -> list[str]:
+    """Every parameter's gradient of `tpu_model` against `cpu_model`'s, matched by name (tied
+    parameters under each of their names): a gradient present on one side only, or one that
+    differs, is a problem. Also checks that the two models share parameters alike (a tie that
+    one side lost makes gradients differ, but saying so names the cause)."""
+    def params(m):
+        return list(m.named_parameters(remove_duplicate=False))
+
+    def tie_groups(named):
+        groups = {}
+        for name, p in named:
+            groups.setdefault(id(p), []).append(name)
+        return sorted(sorted(g) for g in groups.values() if len(g) > 1)
+
+    cpu_params, tpu_params = params(cpu_model), params(tpu_model)
+    problems = []
+    if tie_groups(cpu_params) != tie_groups(tpu_params):
+        problems.append(f"tied parameters differ: cpu {tie_groups(cpu_params)}, "
+                        f"tpu {tie_groups(tpu_params)}")
+    tpu_by_name = dict(tpu_params)
+    for name, c in cpu_params:
+        t = tpu_by_name.get(name)
+        if t is None:
+            problems.append(f"{name}: missing from the tpu model")
+        elif (c.grad is None) != (t.grad is None):
+            problems.append(f"{name}: gradient on {'tpu' if c.grad is None else 'cpu'} only")
+        elif c.grad is not None:
+            if t.grad.device != t.device:
+                problems.append(f"{name}: gradient on {t.grad.device}, parameter on {t.device}")
+                continue
+            try:
+                torch.testing.assert_close(t.grad.cpu(), c.grad, rtol=rtol, atol=atol)
+            except AssertionError as e:
+                problems.append(f"{name}: " + str(e).replace("\n", " ")[:300])
+    return problems

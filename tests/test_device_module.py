@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
@@ -14,14 +11,7 @@ import torch
 import torch_pjrt
 from torch_pjrt import _C, _plugins, config
 
-
-def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
-    """Runs `code` in a fresh interpreter (registration and autoload are once per process)."""
-    full_env = {**os.environ, **env}
-    return subprocess.run(
-        [sys.executable, "-c", textwrap.dedent(code)],
-        capture_output=True, text=True, env=full_env, timeout=300,
-    )
+from conftest import run_python
 
 
 def autoload_installed() -> bool:

@@ -1,7 +1,11 @@
 """Training parity: the reference models trained on tpu and on CPU from the same initial weights
-on the same batches give the same loss at every step (float32: rtol 1e-5 at step 0, where only
-the forward pass has run, and rtol 1e-3 afterwards, where the optimizer has accumulated rounding
-differences), with no CPU fallback anywhere in the tpu run. Each model trains in the three
+on the same batches give the same loss and every parameter the same gradient at every step
+(float32: losses rtol 1e-5 and gradients rtol 1e-4 / atol 1e-5 at step 0, where both start from
+the same weights; losses rtol 1e-3 and gradients rtol 1e-3 / atol 1e-4 afterwards, where the
+optimizer has accumulated rounding differences), with no CPU fallback anywhere in the tpu run.
+A loss alone is not enough: tied weights that came apart gave the right losses and wrong
+gradients. The GPT ties its output head to its token embedding, as GPT-2 does, and the tpu
+copy is made as users make it (deepcopy, then `.to("tpu")`). Each model trains in the three
 eager modes (strict, debug, defer_and_fuse), selected as the process default so that the
 autograd engine's worker thread runs the backward pass in the same mode.
 """
@@ -13,6 +17,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from conftest import grad_mismatches
 from torch_pjrt import _models
 
 TPU = torch.device("tpu")
@@ -37,31 +42,36 @@ def _compare_losses(cpu, tpu):
     return bad
 
 
-def _train(model, opt, batches, device, loss_fn):
-    losses = []
-    for x, y in batches:
-        x, y = x.to(device), y.to(device)
-        opt.zero_grad()
-        loss = loss_fn(model, x, y)
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
-
-
 def _parity(make_model, make_opt, batches, loss_fn, fallbacks, extra_check=None):
+    """Trains both copies in lockstep (each on its own weights): step i's gradients are compared
+    right after both backward passes."""
     cpu_model = make_model()
     tpu_model = copy.deepcopy(cpu_model).to(TPU)
-    fallbacks.reset()
-    tpu_losses = _train(tpu_model, make_opt(tpu_model), batches, TPU, loss_fn)
+    cpu_opt, tpu_opt = make_opt(cpu_model), make_opt(tpu_model)
+    fallbacks.reset()  # counts tpu ops only: the CPU run cannot add to it
+    cpu_losses, tpu_losses, grad_problems = [], [], []
+    for i, (x, y) in enumerate(batches):
+        for model, opt, dev, losses in ((cpu_model, cpu_opt, "cpu", cpu_losses),
+                                        (tpu_model, tpu_opt, TPU, tpu_losses)):
+            opt.zero_grad()
+            loss = loss_fn(model, x.to(dev), y.to(dev))
+            loss.backward()
+            losses.append(loss.item())
+        rtol, atol = (1e-4, 1e-5) if i == 0 else (1e-3, 1e-4)
+        grad_problems += [f"step {i}: {p}"
+                          for p in grad_mismatches(cpu_model, tpu_model, rtol=rtol, atol=atol)]
+        cpu_opt.step()
+        tpu_opt.step()
     n_fallbacks, fallback_ops = fallbacks.delta, fallbacks.new_ops()
-    cpu_losses = _train(cpu_model, make_opt(cpu_model), batches, "cpu", loss_fn)
     print(f"losses cpu {cpu_losses[0]:.5f} -> {cpu_losses[-1]:.5f}, "
           f"tpu {tpu_losses[0]:.5f} -> {tpu_losses[-1]:.5f}; fallbacks {n_fallbacks}")
     problems = []
     bad = _compare_losses(cpu_losses, tpu_losses)
     if bad:
         problems.append(f"{len(bad)} of {len(batches)} steps differ; first: " + "; ".join(bad[:5]))
+    if grad_problems:
+        problems.append(f"{len(grad_problems)} gradient mismatches; first: "
+                        + "; ".join(grad_problems[:5]))
     if n_fallbacks:
         problems.append(f"{n_fallbacks} CPU fallbacks during tpu training: "
                         f"{fallback_ops or '(per-op counts unavailable)'}")
@@ -113,6 +123,6 @@ def test_tiny_gpt_adamw(fallbacks, mode):
     data = _models.CharDataset(_models.zen_corpus(), block=32)
     g = torch.Generator().manual_seed(30)
     batches = [data.batch(8, g) for _ in range(50)]
-    _parity(lambda: _models.init_weights(_models.TinyGPT(data.vocab), seed=3),
+    _parity(lambda: _models.init_weights(_models.TinyGPT(data.vocab, tie_head=True), seed=3),
             lambda m: torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1),
             batches, lambda m, x, y: m(x, y), fallbacks)

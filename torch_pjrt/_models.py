@@ -69,13 +69,18 @@ class Block(nn.Module):
 
 
 class TinyGPT(nn.Module):
-    def __init__(self, vocab: int, block: int = 32, d: int = 64, heads: int = 4, layers: int = 2):
+    """tie_head: the output head shares the token embedding's weight, as in GPT-2."""
+
+    def __init__(self, vocab: int, block: int = 32, d: int = 64, heads: int = 4, layers: int = 2,
+                 tie_head: bool = False):
         super().__init__()
         self.tok = nn.Embedding(vocab, d)
         self.pos = nn.Embedding(block, d)
         self.blocks = nn.Sequential(*[Block(d, heads) for _ in range(layers)])
         self.ln = nn.LayerNorm(d)
         self.head = nn.Linear(d, vocab, bias=False)
+        if tie_head:
+            self.head.weight = self.tok.weight
 
     def forward(self, idx, targets=None):
         t = idx.shape[1]
