@@ -9,6 +9,8 @@ import threading
 import pytest
 import torch
 
+from conftest import grad_mismatches
+
 TPU = torch.device("tpu")
 
 
@@ -101,9 +103,12 @@ def test_training_in_debug_mode_matches_cpu():
                 o.zero_grad()
                 loss = torch.nn.functional.cross_entropy(m(x.to(dv)), y.to(dv))
                 loss.backward()
-                o.step()
                 losses.append(loss.item())
             assert losses[1] == pytest.approx(losses[0], rel=1e-5 if step == 0 else 1e-3)
+            tol = dict(rtol=1e-4, atol=1e-5) if step == 0 else dict(rtol=1e-3, atol=1e-4)
+            assert not grad_mismatches(cpu, dev, **tol), (step, grad_mismatches(cpu, dev, **tol))
+            for o in opts:
+                o.step()
 
 
 def test_check_nan_names_the_first_op_producing_nan_or_inf():

@@ -292,3 +292,29 @@ def test_moves_between_tpu_devices_keep_identity():
         print("ok")
     """, TORCH_PJRT_CPU_DEVICE_COUNT="2")
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("src_dev, dst_dev", [("tpu", "cpu"), ("cpu", "tpu")])
+@pytest.mark.parametrize("what", ["tensor", "storage"])
+def test_set_across_devices_raises_and_leaves_tensor_intact(src_dev, dst_dev, what):
+    # `.data =` moves tensors between devices; set_ must not (CUDA raises the same error): a
+    # CPU tensor holding a device storage would be corrupt.
+    dst = torch.arange(3.0, device=dst_dev)
+    src = torch.ones(4, device=src_dev)
+    with pytest.raises(RuntimeError, match="the devices must match"):
+        dst.set_(src if what == "tensor" else src.untyped_storage())
+    assert dst.device.type == dst_dev and dst.shape == (3,)
+    torch.testing.assert_close(dst.cpu(), torch.arange(3.0), rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("offset, size, stride", [(-1, (2,), (1,)), (0, (2, 2), (1,)), (3, (4,), (1,))])
+def test_set_storage_bad_arguments_match_cpu(offset, size, stride):
+    errors = []
+    for dev in ("cpu", "tpu"):
+        t = torch.zeros(4, device=dev)
+        storage = torch.arange(4.0, device=dev).untyped_storage()
+        with pytest.raises(RuntimeError) as info:
+            t.set_(storage, offset, size, stride)
+        errors.append(str(info.value).split("\n")[0])
+        torch.testing.assert_close(t.cpu(), torch.zeros(4), rtol=0, atol=0)
+    assert errors[0] == errors[1]

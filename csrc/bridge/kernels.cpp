@@ -68,9 +68,14 @@ at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storag
   auto sizes = C10_AS_INTARRAYREF_SLOW(size);
   auto strides = C10_AS_INTARRAYREF_SLOW(stride);
   auto* impl = self.unsafeGetTensorImpl();
-  TORCH_CHECK(storage_of(source) != nullptr || source.nbytes() == 0,
-              "Expected a tpu storage in set_, but got one on ", source.device());
-  impl->set_storage_keep_dtype(std::move(source));
+  // PyTorch's own checks (CPU and CUDA run them too): sizes/strides of one length, offset >= 0
+  // and in bounds, and both storages on one device. A cross-device set_ reaches this kernel when
+  // either side is tpu (e.g. cpu_tensor.set_(tpu_tensor)); it must raise, never give a CPU
+  // tensor a device storage.
+  TORCH_CHECK(source.device().type() != c10::DeviceType::PrivateUse1 ||
+                  storage_of(source) != nullptr || source.nbytes() == 0,
+              "set_: the storage on ", source.device(), " was not allocated by torch_pjrt");
+  at::native::checkSetStorage(self, source, off, sizes, strides);  // sets it when all checks pass
   impl->set_storage_offset(off);
   if (strides.empty())
     impl->set_sizes_contiguous(sizes);
