@@ -14,7 +14,7 @@ CODE_ID_HDR := build/include/torch_pjrt_code_id.h
 TORCH_PJRT_PLUGIN ?= $(shell $(PYTHON) -c "import lammps_jax_pjrt_cpu as p; print(p.PLUGIN_PATH)" 2>/dev/null)
 export TORCH_PJRT_PLUGIN
 
-C_SRCS := $(wildcard csrc/runtime/*.c csrc/hlo/*.c csrc/ops/*.c)
+C_SRCS := $(wildcard csrc/runtime/*.c csrc/hlo/*.c csrc/graph/*.c csrc/ops/*.c)
 CXX_SRCS := $(wildcard csrc/bridge/*.cpp)
 C_OBJS := $(patsubst csrc/%.c,build/obj/%.o,$(C_SRCS))
 CXX_OBJS := $(patsubst csrc/%.cpp,build/obj/%.o,$(CXX_SRCS))
@@ -44,7 +44,7 @@ $(HDR):
 # Rewritten only when the digest changes, so an unchanged tree rebuilds nothing.
 $(CODE_ID_HDR): FORCE
 	@mkdir -p $(dir $@)
-	@id=$$(cat $(sort $(C_SRCS) $(CXX_SRCS) $(wildcard csrc/include/torch_pjrt/*.h csrc/ops/*.h csrc/hlo/*.h csrc/runtime/*.h)) | sha256sum | cut -c1-16); \
+	@id=$$(cat $(sort $(C_SRCS) $(CXX_SRCS) $(wildcard csrc/include/torch_pjrt/*.h csrc/graph/*.h csrc/ops/*.h csrc/hlo/*.h csrc/runtime/*.h)) | sha256sum | cut -c1-16); \
 	  printf '#define PJ_CODE_ID "%s"\n' "$$id" > $@.tmp; \
 	  if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
 FORCE:

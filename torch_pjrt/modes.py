@@ -6,7 +6,7 @@
   nll_loss targets) raise the exception CPU raises for out-of-range indices instead of XLA's
   silent clamping.
 - ``defer_and_fuse``: ops are recorded, not run; each run of recorded ops becomes one fused
-  program (csrc/ops/defer.c) when something needs its results: a copy to the host, ``.item()``,
+  program (csrc/graph/defer.c) when something needs its results: a copy to the host, ``.item()``,
   printing, a synchronize or event, a mode switch, a CPU fallback, the size bound
   (TORCH_PJRT_DEFER_MAX_OPS), or a detected loop-iteration boundary. ``pending_graph()`` shows
   what is recorded; ``flush()`` runs it.

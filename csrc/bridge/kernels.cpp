@@ -205,7 +205,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("unfold", TORCH_FN(at::native::unfold));
   m.impl("view.dtype", TORCH_FN(view_dtype));
   // metadata-only reinterpretations of the storage (complex <-> pairs of reals); reads and
-  // writes through them convert the storage's elements in-program (csrc/ops/view_io.c)
+  // writes through them convert the storage's elements in-program (csrc/graph/view_io.c)
   m.impl("view_as_real", TORCH_FN(at::native::view_as_real));
   m.impl("view_as_complex", TORCH_FN(at::native::view_as_complex));
   m.impl("resize_", TORCH_FN(resize_));

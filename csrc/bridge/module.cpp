@@ -21,6 +21,7 @@ namespace py = pybind11;
 namespace torch_pjrt {
 
 void bind_dispatch(py::module_& m);  // dispatch_bindings.cpp: lowered ops, fallback counts
+void bind_capture(py::module_& m);   // capture_bindings.cpp: whole-graph capture and plans
 
 namespace {
 
@@ -172,4 +173,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_pjrt::bind_metrics(m);
   torch_pjrt::bind_random(m);
   torch_pjrt::bind_dispatch(m);
+  torch_pjrt::bind_capture(m);
 }

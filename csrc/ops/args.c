@@ -2,7 +2,7 @@
 #include <string.h>
 
 #include "lower.h"
-#include "view_io.h"
+#include "../graph/view_io.h"
 
 static const pj_val_t kBad = {.id = -1, .sub = -1};
 

@@ -1,8 +1,9 @@
-/* The interface between the call machinery (call.c) and the op lowerings (one file per family).
- * A lowering reads its arguments by schema name, builds values with the HLO builder, and sets
- * one value per destination (pj_set_result). Tensor arguments arrive already materialized from
- * their views; destinations, dtype conversion of results and in-place/out= handling are done by
- * call.c. Errors are recorded in the builder (pj_fail) and surface as the call's status. */
+/* The interface between the call machinery (csrc/graph/call.c) and the op lowerings (one file
+ * per family). A lowering reads its arguments by schema name, builds values with the HLO
+ * builder, and sets one value per destination (pj_set_result). Tensor arguments arrive already
+ * materialized from their views; destinations, dtype conversion of results and in-place/out=
+ * handling are done by call.c. Errors are recorded in the builder (pj_fail) and surface as the
+ * call's status. */
 #ifndef TORCH_PJRT_LOWER_H
 #define TORCH_PJRT_LOWER_H
 #include "torch_pjrt/call.h"

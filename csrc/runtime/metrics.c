@@ -24,6 +24,9 @@ static const char *const kNames[PJ_NUM_METRICS] = {
     [PJ_METRIC_DEFER_FLUSHES] = "defer_flushes",
     [PJ_METRIC_DEFER_CUTS] = "defer_loop_cuts",
     [PJ_METRIC_DEFER_ELIDED] = "defer_elided_storages",
+    [PJ_METRIC_PLAN_CAPTURES] = "graph_captures",
+    [PJ_METRIC_PLAN_BROKEN] = "graph_captures_broken",
+    [PJ_METRIC_PLAN_RUNS] = "graph_runs",
 };
 
 void pj_metric_add(pj_metric_t m, int64_t delta) { atomic_fetch_add(&counters[m], delta); }

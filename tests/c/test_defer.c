@@ -4,7 +4,7 @@
  * cache the second time, and a run whose fused program cannot be built is replayed op by op. */
 #include <string.h>
 
-#include "../../csrc/ops/call_internal.h"
+#include "../../csrc/graph/call_internal.h"
 #include "ctest_device.h"
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/defer.h"

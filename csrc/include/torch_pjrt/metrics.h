@@ -28,6 +28,9 @@ typedef enum {
   PJ_METRIC_DEFER_FLUSHES,   /* fused programs executed */
   PJ_METRIC_DEFER_CUTS,      /* flushes at a detected loop-iteration boundary */
   PJ_METRIC_DEFER_ELIDED,    /* written storages never materialized (no live tensor left) */
+  PJ_METRIC_PLAN_CAPTURES,   /* graphs captured into plans (capture.h) */
+  PJ_METRIC_PLAN_BROKEN,     /* captures that something forced to run early: no plan */
+  PJ_METRIC_PLAN_RUNS,       /* plan executions (one program execution each) */
   PJ_NUM_METRICS
 } pj_metric_t;
 

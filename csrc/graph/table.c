@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "table.h"
+#include "../ops/table.h"
 #include "torch_pjrt/exec.h"
 
 #define TABLE_SIZE 4096 /* power of two, well above the number of lowerings */

@@ -2,48 +2,18 @@
  * and the flush that builds, caches and runs one program per recorded run of ops. */
 #include "torch_pjrt/defer.h"
 
+#include "torch_pjrt/capture.h"
+
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "call_internal.h"
+#include "recorder.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/transfer.h"
-
-/* A recorded call: its key (pj_call_key with an empty identity) is the whole description the
- * program build needs; slots are mapped to graph storages; scalar values are kept because they
- * become arguments of the fused program. */
-typedef struct {
-  unsigned char *key;
-  size_t keylen;
-  uint64_t hash; /* of the key: the loop-period detector compares these */
-  int nslots;
-  int *gslot; /* graph storage of each slot */
-  int nscalars;
-  pj_scalar_t *scalars;
-} dop_t;
-
-/* A storage the graph touches. */
-typedef struct {
-  pj_storage_t *s;  /* retained by the graph until the flush */
-  pj_dtype_t dtype; /* element type the graph sees (one per storage per graph) */
-  int64_t numel;
-  bool param;   /* its contents before the graph are read: a program parameter */
-  bool written; /* some recorded op writes it */
-} gstore_t;
-
-typedef struct {
-  dop_t *ops;
-  int nops, cap_ops;
-  gstore_t *st;
-  int nst, cap_st;
-  int *index; /* open-addressing map storage pointer -> st index (-1 empty) */
-  int index_cap;
-  int device;
-} graph_t;
 
 /* Loop-period detector. It matters only for loops that never read a result: a loop whose
  * iterations end in a read (loss.item()) is already cut there, the same way every time. So it
@@ -67,6 +37,10 @@ typedef struct {
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
 static graph_t G;
+/* Capture (capture.h): while capturing, the graph is cut only by what forces it to run (a read,
+ * a sync, a device change), and any such flush breaks the capture. Guarded by mu. */
+static atomic_bool capturing;
+static bool capture_broken;
 static detector_t D;
 static atomic_int pending_ops;
 /* Default size bound. Small on purpose: a graph that reaches it runs asynchronously while the
@@ -128,14 +102,14 @@ static int add_store(graph_t *g, pj_storage_t *s, pj_dtype_t dt, int64_t numel, 
   return i;
 }
 
-/* Releases everything the graph holds and leaves it empty. */
-static void graph_clear(graph_t *g) {
+void pj_graph_clear(graph_t *g) {
   for (int i = 0; i < g->nops; i++) {
     free(g->ops[i].key);
     free(g->ops[i].gslot);
     free(g->ops[i].scalars);
   }
   for (int i = 0; i < g->nst; i++) {
+    if (!g->st[i].s) continue; /* a plan keeps only the storages it needs (capture.c) */
     g->st[i].s->pending = 0;
     pj_storage_release(g->st[i].s);
   }
@@ -148,14 +122,9 @@ static void graph_clear(graph_t *g) {
 
 /* ---- the fused program ---- */
 
-typedef struct {
-  graph_t *g;
-  const bool *live;
-} fused_build_t;
-
-static pj_status_t *build_fused(void *ctx, char **text, size_t *len) {
-  fused_build_t *fb = ctx;
-  graph_t *g = fb->g;
+pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
+  const pj_graph_build_t *fb = ctx;
+  const graph_t *g = fb->g;
   pj_hlo_t *h = pj_hlo_new();
   pj_call_t *c = malloc(sizeof *c);
   pj_val_t *vals = calloc((size_t)g->nst + 1, sizeof(pj_val_t));
@@ -222,9 +191,7 @@ done:
   return st;
 }
 
-/* Structural key of the graph: identity, every recorded call key with its storage wiring, and
- * each storage's role. Scalar values and storage identities are not part of it. */
-static bool fused_key(const graph_t *g, const bool *live, const char *identity, pj_keybuf_t *k) {
+bool pj_graph_key(const graph_t *g, const bool *live, const char *identity, pj_keybuf_t *k) {
   pj_key_str(k, identity);
   pj_key_str(k, "defer_and_fuse");
   pj_key_int(k, g->nops);
@@ -246,9 +213,8 @@ static bool fused_key(const graph_t *g, const bool *live, const char *identity, 
 
 /* Runs the recorded ops one by one, each as its own program, as Strict would have: used when
  * the fused program cannot be built or compiled, so every op before a failing one takes
- * effect and the error names the op that failed. The graph must already be detached (G empty),
- * so pj_call_run's own flush finds nothing to do. */
-static pj_status_t *replay(const graph_t *g, pj_status_t *why) {
+ * effect and the error names the op that failed. */
+pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
   pj_call_t *c = malloc(sizeof *c);
   pj_status_t *st = c ? NULL : pj_status_new(PJ_ERR_OOM, "out of host memory replaying ops");
   for (int k = 0; k < g->nops && !st; k++) {
@@ -273,13 +239,14 @@ static pj_status_t *replay(const graph_t *g, pj_status_t *why) {
 
 /* Builds (or finds) and runs the graph's program, installs the live results, and empties the
  * graph. Caller holds mu. If the fused program cannot be built or compiled, the ops are
- * replayed one by one (see replay). */
+ * replayed one by one (see pj_graph_run_each). */
 static pj_status_t *flush_locked(void) {
+  if (G.nops > 0 && atomic_load(&capturing)) capture_broken = true;
   graph_t g = G;
   memset(&G, 0, sizeof G);
   atomic_store(&pending_ops, 0);
   if (g.nops == 0) {
-    graph_clear(&g);
+    pj_graph_clear(&g);
     return NULL;
   }
   pj_status_t *st = NULL;
@@ -305,7 +272,7 @@ static pj_status_t *flush_locked(void) {
   pj_runtime_t *rt;
   st = pj_runtime_get(&rt);
   if (st) goto done;
-  if (!fused_key(&g, live, pj_runtime_identity(rt), &k)) {
+  if (!pj_graph_key(&g, live, pj_runtime_identity(rt), &k)) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
     goto done;
   }
@@ -316,13 +283,13 @@ static pj_status_t *flush_locked(void) {
   }
   char what[64];
   snprintf(what, sizeof what, "a fused run of %d ops", g.nops);
-  fused_build_t fb = {&g, live};
+  pj_graph_build_t fb = {&g, live};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
-  st = pj_program_for_key(k.p, k.len, build_fused, &fb, what, &prog);
+  st = pj_program_for_key(k.p, k.len, pj_graph_build, &fb, what, &prog);
   if (st) {
     pthread_mutex_unlock(&pj_run_lock);
-    st = replay(&g, st);
+    st = pj_graph_run_each(&g, st);
     goto done;
   }
   int nbufs = 0;
@@ -347,7 +314,7 @@ done:
   free(outs);
   free(donate);
   free(scalars);
-  graph_clear(&g);
+  pj_graph_clear(&g);
   return st;
 }
 
@@ -449,8 +416,9 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
   memcpy(op.scalars, c->scalars, sizeof(pj_scalar_t) * (size_t)c->nscalars);
   pj_status_t *st = NULL;
   pthread_mutex_lock(&mu);
-  bool cut = detector_step(op.hash);
-  if (G.nops > 0 && (cut || G.nops >= max_ops || G.device != c->device)) {
+  const bool cap = atomic_load(&capturing);
+  bool cut = !cap && detector_step(op.hash);
+  if (G.nops > 0 && (cut || (!cap && G.nops >= max_ops) || G.device != c->device)) {
     if (cut) pj_metric_add(PJ_METRIC_DEFER_CUTS, 1);
     else if (G.nops >= max_ops && D.plen == 0 && !D.active) {
       D.active = true; /* a loop without reads, perhaps: learn its period from here */
@@ -517,6 +485,53 @@ pj_status_t *pj_defer_flush(void) {
 }
 
 int pj_defer_pending_ops(void) { return atomic_load(&pending_ops); }
+
+/* ---- capture (capture.h; the plan itself is capture.c's) ---- */
+
+pj_status_t *pj_capture_begin(void) {
+  pthread_mutex_lock(&mu);
+  pj_status_t *st = atomic_load(&capturing)
+                        ? pj_status_new(PJ_ERR_RUNTIME, "a graph capture is already in progress")
+                        : flush_locked();
+  if (!st) {
+    capture_broken = false;
+    atomic_store(&capturing, true);
+  }
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+bool pj_capture_active(void) { return atomic_load(&capturing); }
+
+pj_status_t *pj_capture_abort(void) {
+  pthread_mutex_lock(&mu);
+  atomic_store(&capturing, false);
+  pj_status_t *st = flush_locked();
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
+pj_status_t *pj_capture_end(pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
+                            int nout, pj_plan_t **plan) {
+  *plan = NULL;
+  pthread_mutex_lock(&mu);
+  if (!atomic_load(&capturing)) {
+    pthread_mutex_unlock(&mu);
+    return pj_status_new(PJ_ERR_RUNTIME, "no graph capture is in progress");
+  }
+  atomic_store(&capturing, false);
+  if (capture_broken || G.nops == 0) {
+    if (capture_broken) pj_metric_add(PJ_METRIC_PLAN_BROKEN, 1);
+    pj_status_t *st = flush_locked();
+    pthread_mutex_unlock(&mu);
+    return st;
+  }
+  graph_t g = G;
+  memset(&G, 0, sizeof G);
+  atomic_store(&pending_ops, 0);
+  pthread_mutex_unlock(&mu);
+  return pj_plan_capture(&g, inputs, nin, outputs, nout, plan);
+}
 
 void pj_defer_set_max_ops(int n) {
   pthread_mutex_lock(&mu);

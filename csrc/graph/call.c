@@ -6,7 +6,7 @@
 #include <string.h>
 
 #include "call_internal.h"
-#include "lower.h"
+#include "../ops/lower.h"
 #include "torch_pjrt/defer.h"
 #include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/exec.h"

@@ -1,0 +1,57 @@
+/* Whole-graph capture for torch.compile: the ops a compiled graph runs once are recorded by the
+ * defer_and_fuse recorder (defer.h) into one graph, which becomes a plan: one program plus the
+ * wiring of its parameters and results to the graph's inputs and outputs. Running a plan is one
+ * program execution over new input storages; no op is dispatched, recorded or lowered again.
+ *
+ * Invariants:
+ *  - A capture is all or nothing: if anything forces the recorded graph to run before the
+ *    capture ends (a read to the host, a synchronize, a CPU fallback, an op on another device, a
+ *    data-dependent shape), the capture is broken; its ops still run exactly as
+ *    defer_and_fuse would run them, and pj_capture_end gives no plan.
+ *  - Parameters of a plan are the storages the graph reads before writing: each is one of the
+ *    inputs, or a constant the plan keeps (a storage no input holds, e.g. a graph constant).
+ *  - Results are written into: inputs the graph writes (mutations, installed in place; their
+ *    old buffers are donated), the given output storages, and constants the graph writes.
+ *    Storages only the graph itself used are never materialized.
+ * One capture at a time per process (the recorder is process-wide). Thread-safe otherwise. */
+#ifndef TORCH_PJRT_CAPTURE_H
+#define TORCH_PJRT_CAPTURE_H
+#include <stdbool.h>
+#include "torch_pjrt/status.h"
+#include "torch_pjrt/storage.h"
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct pj_plan pj_plan_t;
+
+/* Runs whatever is recorded, then records every lowered op (whatever the thread's eager mode
+ * says, the bridge routes ops to the recorder while capturing) without size bound or loop cuts. */
+pj_status_t *pj_capture_begin(void);
+/* Whether a capture is in progress. */
+bool pj_capture_active(void);
+/* Ends a capture without a plan: what was recorded runs as defer_and_fuse would run it (used
+ * when the captured code raised). */
+pj_status_t *pj_capture_abort(void);
+/* Ends the capture. inputs[0..nin) are the storages of the graph's tensor inputs (repeats
+ * allowed), outputs[0..nout) the distinct storages of its tensor outputs that are not inputs.
+ * Runs the recorded graph once (so the outputs hold their values) and, unless the capture was
+ * broken, sets *plan to a plan the caller owns (NULL when broken). */
+pj_status_t *pj_capture_end(pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
+                            int nout, pj_plan_t **plan);
+
+/* Runs the plan over new storages: inputs as in pj_capture_end, with the same element types
+ * and sizes, outputs fresh storages (of the captured sizes) that receive the results. Anything
+ * recorded by defer_and_fuse runs first. */
+pj_status_t *pj_plan_run(pj_plan_t *p, pj_storage_t *const *inputs, int nin,
+                         pj_storage_t *const *outputs, int nout);
+/* StableHLO text of the plan's program (malloc'd; the caller frees it). */
+pj_status_t *pj_plan_text(pj_plan_t *p, char **text);
+/* Number of recorded ops in the plan, and of its parameters, results and scalar arguments. */
+void pj_plan_stats(const pj_plan_t *p, int *nops, int *nparams, int *nresults, int *nscalars);
+void pj_plan_free(pj_plan_t *p);
+
+#ifdef __cplusplus
+}
+#endif
+#endif
