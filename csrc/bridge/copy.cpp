@@ -91,11 +91,15 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
   pj_storage_t* old = static_cast<pj_storage_t*>(storage->data_ptr().get_context());
   TORCH_CHECK(old != nullptr, "resize of a storage that is not a tpu storage");
   if (nbytes <= storage->nbytes()) return;
-  check(pj_defer_flush());  // the old contents must be real before they are copied
+  // Old contents, if any, must be real before they are copied. An empty or never-written
+  // storage (out= factories resize fresh tensors) has none: no flush, so a defer_and_fuse run
+  // or a graph capture goes on.
+  const bool has_contents = old->nbytes > 0 && (old->buf || old->pending);
+  if (has_contents) check(pj_defer_flush());
   TORCH_CHECK(storage->resizable(), "Trying to resize storage that is not resizable");
   c10::DataPtr fresh = allocate_storage(old->device, nbytes);
   pj_storage_t* ns = static_cast<pj_storage_t*>(fresh.get_context());
-  if (old->buf && old->nbytes > 0) {
+  if (has_contents && old->buf) {
     // copy the old contents into the front of the new storage, in the old element type
     size_t item = pj_dtype_info(old->dtype)->itemsize;
     TORCH_CHECK(nbytes % item == 0, "resize to ", nbytes, " bytes, not a multiple of ", item);
