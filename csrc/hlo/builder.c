@@ -213,23 +213,24 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
   check_ins(h, "return", results, n);
   if (h->depth) pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: unterminated region");
   if (!pj_hlo_ok(h)) return pj_status_new(h->err_code, "%s", h->err);
+  /* any number of results (a captured optimizer step returns hundreds) */
+  pj_type_t *ts = malloc(sizeof *ts * ((size_t)n + 1));
+  if (!ts) return pj_status_new(PJ_ERR_OOM, "out of memory building program text");
   pj_sb_t m = {0};
   pj_sb_puts(&m, "func.func @main(");
   for (int p = 0; p < h->nparams; p++) {
-    char ts[256];
+    char tbuf[256];
     pj_sb_puts(&m, p ? ", " : "");
     print_val(&m, h->params[p]);
-    pj_sb_printf(&m, ": %s", pj_type_str(&h->params[p].t, ts, sizeof ts));
+    pj_sb_printf(&m, ": %s", pj_type_str(&h->params[p].t, tbuf, sizeof tbuf));
     /* Donation: result r reuses parameter p's buffer (the caller must also pass p as
      * donatable at execution; otherwise XLA copies). */
     for (int r = 0; alias && r < n; r++)
       if (alias[r] == p) pj_sb_printf(&m, " {tf.aliasing_output = %d : i32}", r);
   }
   pj_sb_puts(&m, ") -> ");
-  pj_type_t ts[256];
-  int nt = n < 256 ? n : 256;
-  for (int i = 0; i < nt; i++) ts[i] = results[i].t;
-  print_types(&m, ts, nt, true);
+  for (int i = 0; i < n; i++) ts[i] = results[i].t;
+  print_types(&m, ts, n, true);
   pj_sb_puts(&m, " {\n");
   pj_sb_puts(&m, h->body.s ? h->body.s : "");
   pj_sb_puts(&m, "  \"func.return\"(");
@@ -238,7 +239,8 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
     print_val(&m, results[i]);
   }
   pj_sb_puts(&m, ") : ");
-  print_types(&m, ts, nt, true);
+  print_types(&m, ts, n, true);
+  free(ts);
   pj_sb_puts(&m, " -> ()\n}\n");
   *text = pj_sb_take(&m, len);
   if (!*text || h->body.failed)
