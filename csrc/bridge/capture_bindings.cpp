@@ -3,6 +3,7 @@
 // captured program over new tensors.
 #include <torch/extension.h>
 
+#include <complex>
 #include <memory>
 #include <vector>
 
@@ -61,6 +62,38 @@ void bind_capture(pybind11::module_& m) {
              return s;
            },
            "The StableHLO text of the captured program.")
+      .def("params", [](Plan& self) {
+             std::vector<int> v(static_cast<size_t>(pj_plan_params(self.p, nullptr, 0)));
+             pj_plan_params(self.p, v.data(), static_cast<int>(v.size()));
+             return v;
+           },
+           "Source of each program parameter in argument order: the input index, or -1 for a "
+           "constant the plan holds.")
+      .def("results", [](Plan& self) {
+             std::vector<int> v(static_cast<size_t>(pj_plan_results(self.p, nullptr, 0)));
+             pj_plan_results(self.p, v.data(), static_cast<int>(v.size()));
+             return v;
+           },
+           "Destination of each program result: the input index (updated in place), -1 for a "
+           "constant, or -2 - j for output j.")
+      .def("scalars", [](Plan& self) {
+             int n = pj_plan_scalars(self.p, nullptr, 0);
+             std::vector<pj_scalar_t> v(static_cast<size_t>(n));
+             pj_plan_scalars(self.p, v.data(), n);
+             py::list out;
+             for (const auto& sc : v) {
+               if (sc.dtype == PJ_C128 || pj_dtype_info(sc.dtype)->is_complex)
+                 out.append(py::cast(std::complex<double>(sc.f, sc.imag)));
+               else if (pj_dtype_info(sc.dtype)->is_float)
+                 out.append(py::float_(sc.f));
+               else if (sc.dtype == PJ_BOOL)
+                 out.append(py::bool_(sc.i != 0));
+               else
+                 out.append(py::int_(sc.i));
+             }
+             return out;
+           },
+           "Values of the program's scalar arguments (after the parameters), as recorded.")
       .def("stats", [](Plan& self) {
         int ops, params, results, scalars;
         pj_plan_stats(self.p, &ops, &params, &results, &scalars);

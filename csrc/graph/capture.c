@@ -231,6 +231,40 @@ pj_status_t *pj_plan_text(pj_plan_t *p, char **text) {
   return pj_graph_build(&build, text, &len);
 }
 
+/* Public encoding of a role (capture.h): inputs as themselves, constants as PJ_PLAN_CONSTANT,
+ * output j as -2 - j. */
+static int public_role(int r) {
+  if (r >= 0) return r;
+  if (r == ROLE_CONSTANT) return PJ_PLAN_CONSTANT;
+  return -2 - (ROLE_OUTPUT0 - r);
+}
+
+int pj_plan_params(const pj_plan_t *p, int *src, int cap) {
+  int n = 0;
+  for (int i = 0; i < p->g.nst; i++)
+    if (p->g.st[i].param) {
+      if (n < cap) src[n] = public_role(p->role[i]);
+      n++;
+    }
+  return n;
+}
+
+int pj_plan_results(const pj_plan_t *p, int *dst, int cap) {
+  int n = 0;
+  for (int i = 0; i < p->g.nst; i++)
+    if (p->live[i]) {
+      if (n < cap) dst[n] = public_role(p->role[i]);
+      n++;
+    }
+  return n;
+}
+
+int pj_plan_scalars(const pj_plan_t *p, pj_scalar_t *out, int cap) {
+  int n = p->nscalars < cap ? p->nscalars : cap;
+  if (n > 0) memcpy(out, p->scalars, sizeof *out * (size_t)n);
+  return p->nscalars;
+}
+
 void pj_plan_stats(const pj_plan_t *p, int *nops, int *nparams, int *nresults, int *nscalars) {
   *nops = p->g.nops;
   *nparams = p->nparams;

@@ -17,6 +17,7 @@
 #ifndef TORCH_PJRT_CAPTURE_H
 #define TORCH_PJRT_CAPTURE_H
 #include <stdbool.h>
+#include "torch_pjrt/call.h"
 #include "torch_pjrt/status.h"
 #include "torch_pjrt/storage.h"
 #ifdef __cplusplus
@@ -47,6 +48,17 @@ pj_status_t *pj_plan_run(pj_plan_t *p, pj_storage_t *const *inputs, int nin,
                          pj_storage_t *const *outputs, int nout);
 /* StableHLO text of the plan's program (malloc'd; the caller frees it). */
 pj_status_t *pj_plan_text(pj_plan_t *p, char **text);
+/* Where each program parameter comes from, in the program's argument order (the scalar
+ * arguments follow them): an input index (>= 0) or PJ_PLAN_CONSTANT. Returns the count (at most
+ * cap are written). */
+#define PJ_PLAN_CONSTANT (-1)
+int pj_plan_params(const pj_plan_t *p, int *src, int cap);
+/* Where each program result goes, in result order: an input index (>= 0: an input updated in
+ * place), PJ_PLAN_CONSTANT, or -2 - j for output j. Returns the count. */
+int pj_plan_results(const pj_plan_t *p, int *dst, int cap);
+/* The plan's scalar arguments (values recorded at capture, in argument order). Returns the
+ * count. */
+int pj_plan_scalars(const pj_plan_t *p, pj_scalar_t *out, int cap);
 /* Number of recorded ops in the plan, and of its parameters, results and scalar arguments. */
 void pj_plan_stats(const pj_plan_t *p, int *nops, int *nparams, int *nresults, int *nscalars);
 void pj_plan_free(pj_plan_t *p);
