@@ -20,7 +20,7 @@ import os
 import sys
 import threading
 
-__all__ = ["diagnostics", "register"]
+__all__ = ["diagnostics", "export_stablehlo", "register"]
 
 _log = logging.getLogger("torch_pjrt")
 _register_lock = threading.Lock()
@@ -112,6 +112,15 @@ def _register_device_module(torch, device) -> None:
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
+
+
+def __getattr__(name: str):
+    # Imported on first use: the compile package is not needed to use the device.
+    if name == "export_stablehlo":
+        from .compile.export import export_stablehlo
+
+        return export_stablehlo
+    raise AttributeError(f"module 'torch_pjrt' has no attribute {name!r}")
 
 
 def diagnostics() -> dict:
