@@ -25,6 +25,7 @@ struct pj_plan {
   bool *live;  /* per graph storage: a result of the program */
   unsigned char *key;
   size_t keylen;
+  int *same_as; /* per input: the first input that was the same storage at capture */
   pj_scalar_t *scalars; /* every op's scalar arguments, in op order (graph constants) */
   int nscalars, nparams, nresults, nin, nout;
 };
@@ -35,6 +36,7 @@ void pj_plan_free(pj_plan_t *p) {
   free(p->role);
   free(p->live);
   free(p->key);
+  free(p->same_as);
   free(p->scalars);
   free(p);
 }
@@ -68,13 +70,16 @@ static pj_status_t *plan_new(graph_t *g, pj_storage_t *const *inputs, int nin,
   p->live = calloc((size_t)g->nst + 1, sizeof(bool));
   for (int i = 0; i < g->nops; i++) p->nscalars += g->ops[i].nscalars;
   p->scalars = malloc(sizeof(pj_scalar_t) * ((size_t)p->nscalars + 1));
-  if (!p->role || !p->live || !p->scalars) {
+  p->same_as = malloc(sizeof(int) * ((size_t)nin + 1));
+  if (!p->role || !p->live || !p->scalars || !p->same_as) {
     free(p->role);
     free(p->live);
     free(p->scalars);
+    free(p->same_as);
     free(p);
     return pj_status_new(PJ_ERR_OOM, "out of host memory capturing a graph");
   }
+  for (int k = 0; k < nin; k++) p->same_as[k] = index_of(inputs, k + 1, inputs[k]);
   p->nin = nin;
   p->nout = nout;
   bool usable = true;
@@ -109,6 +114,7 @@ static pj_status_t *plan_new(graph_t *g, pj_storage_t *const *inputs, int nin,
     free(p->role);
     free(p->live);
     free(p->scalars);
+    free(p->same_as);
     free(p);
     return st;
   }
@@ -148,6 +154,11 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
                                            "other differently than at capture");
     seen[i] = s;
   }
+  /* ... and inputs that were one storage at capture must be one storage now */
+  for (int k = 0; k < p->nin && !st; k++)
+    if (inputs[k] != inputs[p->same_as[k]])
+      st = pj_status_new(PJ_ERR_RUNTIME, "compiled graph: inputs %d and %d were one storage at "
+                         "capture and are two now", p->same_as[k], k);
   if (st) goto done;
   pthread_mutex_lock(&pj_run_lock);
   pj_program_t *prog = NULL;

@@ -472,6 +472,14 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
 }
 
 pj_status_t *pj_defer_flush(void) {
+  /* Whatever asks for a flush is about to run something or read device state right away (an
+   * op in Strict, a host copy, a CPU fallback, an event): during a capture that breaks it even
+   * when nothing is recorded yet, or the plan would bake in what that did once. */
+  if (atomic_load(&capturing)) {
+    pthread_mutex_lock(&mu);
+    if (atomic_load(&capturing)) capture_broken = true;
+    pthread_mutex_unlock(&mu);
+  }
   if (atomic_load_explicit(&pending_ops, memory_order_acquire) == 0) return NULL;
   pthread_mutex_lock(&mu);
   /* a flush at a natural boundary (a read, a sync) is a boundary the loop already has */
