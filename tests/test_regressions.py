@@ -44,3 +44,12 @@ def test_triangle_indices_including_empty_results(fn, rco):
     got = fn(*rco, device=TPU)
     want = fn(*rco)
     assert got.shape == want.shape and torch.equal(got.cpu(), want)
+
+
+@pytest.mark.parametrize("n", [65, 150])
+def test_ops_with_many_operands(n):
+    # the builder printed at most 64 operand types per op (cat/stack of more tensors failed)
+    xs = [torch.randn(3, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    tx = [x.to(TPU) for x in xs]
+    assert torch.equal(torch.cat(tx).cpu(), torch.cat(xs))
+    assert torch.equal(torch.stack(tx, 1).cpu(), torch.stack(xs, 1))

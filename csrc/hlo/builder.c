@@ -117,6 +117,18 @@ static void print_types(pj_sb_t *b, const pj_type_t *ts_, int n, bool paren) {
   if (paren) pj_sb_puts(b, ")");
 }
 
+/* The types of n values (any n: ops such as concatenate take as many operands as the user
+ * gave, a program returns every live storage). */
+static void print_val_types(pj_sb_t *b, const pj_val_t *vals, int n, bool paren) {
+  char ts[256];
+  if (paren) pj_sb_puts(b, "(");
+  for (int i = 0; i < n; i++) {
+    pj_sb_puts(b, i ? ", " : "");
+    pj_sb_puts(b, pj_type_str(&vals[i].t, ts, sizeof ts));
+  }
+  if (paren) pj_sb_puts(b, ")");
+}
+
 bool pj_hlo_op_multi(pj_hlo_t *h, const char *op, const pj_val_t *ins, int n, const char *region,
                      const char *attrs, const pj_type_t *outs, int nout, pj_val_t *results) {
   for (int i = 0; i < nout; i++) results[i] = kInvalid;
@@ -143,10 +155,7 @@ bool pj_hlo_op_multi(pj_hlo_t *h, const char *op, const pj_val_t *ins, int n, co
   if (region) pj_sb_printf(b, " (%s)", region);
   if (attrs && attrs[0]) pj_sb_printf(b, " {%s}", attrs);
   pj_sb_puts(b, " : ");
-  pj_type_t in_types[64];
-  int nin = n < 64 ? n : 64;
-  for (int i = 0; i < nin; i++) in_types[i] = ins[i].t;
-  print_types(b, in_types, nin, true);
+  print_val_types(b, ins, n, true);
   pj_sb_puts(b, " -> ");
   print_types(b, outs, nout, nout != 1);
   pj_sb_puts(b, "\n");
@@ -198,9 +207,7 @@ char *pj_hlo_region_end(pj_hlo_t *h, const pj_val_t *rets, int nrets) {
     print_val(b, rets[i]);
   }
   pj_sb_puts(b, ") : ");
-  pj_type_t ts[16];
-  for (int i = 0; i < nrets && i < 16; i++) ts[i] = rets[i].t;
-  print_types(b, ts, nrets < 16 ? nrets : 16, true);
+  print_val_types(b, rets, nrets, true);
   pj_sb_puts(b, " -> ()\n}");
   h->depth--;
   char *text = pj_sb_take(b, NULL);
@@ -213,9 +220,6 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
   check_ins(h, "return", results, n);
   if (h->depth) pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: unterminated region");
   if (!pj_hlo_ok(h)) return pj_status_new(h->err_code, "%s", h->err);
-  /* any number of results (a captured optimizer step returns hundreds) */
-  pj_type_t *ts = malloc(sizeof *ts * ((size_t)n + 1));
-  if (!ts) return pj_status_new(PJ_ERR_OOM, "out of memory building program text");
   pj_sb_t m = {0};
   pj_sb_puts(&m, "func.func @main(");
   for (int p = 0; p < h->nparams; p++) {
@@ -229,8 +233,7 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
       if (alias[r] == p) pj_sb_printf(&m, " {tf.aliasing_output = %d : i32}", r);
   }
   pj_sb_puts(&m, ") -> ");
-  for (int i = 0; i < n; i++) ts[i] = results[i].t;
-  print_types(&m, ts, n, true);
+  print_val_types(&m, results, n, true);
   pj_sb_puts(&m, " {\n");
   pj_sb_puts(&m, h->body.s ? h->body.s : "");
   pj_sb_puts(&m, "  \"func.return\"(");
@@ -239,8 +242,7 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
     print_val(&m, results[i]);
   }
   pj_sb_puts(&m, ") : ");
-  print_types(&m, ts, n, true);
-  free(ts);
+  print_val_types(&m, results, n, true);
   pj_sb_puts(&m, " -> ()\n}\n");
   *text = pj_sb_take(&m, len);
   if (!*text || h->body.failed)
