@@ -7,8 +7,10 @@ partitioner) -> each graph runs once under a capture of the recorder that the de
 mode uses (csrc/graph/defer.c), so every node goes through the same lowerings and the whole
 graph becomes one program (csrc/graph/capture.c); later calls with inputs of the same shapes
 are one program execution each (backend.py and graph_runner.py say what is captured and what
-falls back).
+falls back). ``export_stablehlo`` (export.py) turns a ``torch.export`` program into one StableHLO
+module the same way.
 """
 from .backend import OPTIONS, tpu_backend
+from .export import StableHLOModule, export_stablehlo
 
-__all__ = ["OPTIONS", "tpu_backend"]
+__all__ = ["OPTIONS", "StableHLOModule", "export_stablehlo", "tpu_backend"]
