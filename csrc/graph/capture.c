@@ -26,8 +26,9 @@ struct pj_plan {
   unsigned char *key;
   size_t keylen;
   int *same_as; /* per input: the first input that was the same storage at capture */
-  pj_scalar_t *scalars; /* every op's scalar arguments, in op order (graph constants) */
+  pj_scalar_t *scalars; /* every op's scalars, in op order (values recorded at capture) */
   int nscalars, nparams, nresults, nin, nout;
+  bool const_scalars; /* scalars are program constants (else program arguments) */
 };
 
 void pj_plan_free(pj_plan_t *p) {
@@ -104,10 +105,16 @@ static pj_status_t *plan_new(graph_t *g, pj_storage_t *const *inputs, int nin,
     memcpy(p->scalars + n, g->ops[i].scalars, sizeof(pj_scalar_t) * (size_t)g->ops[i].nscalars);
     n += g->ops[i].nscalars;
   }
+  /* A graph's scalars are the same on every call (the caller keys plans on the values of
+   * non-tensor inputs), so they become program constants, unless one cannot be written as one. */
+  p->const_scalars = true;
+  for (int i = 0; i < p->nscalars; i++)
+    p->const_scalars = p->const_scalars && pj_graph_scalar_is_constant(&p->scalars[i]);
   pj_runtime_t *rt;
   pj_status_t *st = pj_runtime_get(&rt);
   pj_keybuf_t k = {0};
-  if (!st && !pj_graph_key(g, p->live, pj_runtime_identity(rt), &k))
+  if (!st && !pj_graph_key(g, p->live, p->const_scalars ? p->scalars : NULL, p->nscalars,
+                           pj_runtime_identity(rt), &k))
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
   if (st || !usable) {
     free(k.p);
@@ -162,7 +169,7 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
   if (st) goto done;
   pthread_mutex_lock(&pj_run_lock);
   pj_program_t *prog = NULL;
-  pj_graph_build_t build = {g, p->live};
+  pj_graph_build_t build = {g, p->live, p->const_scalars ? p->scalars : NULL};
   char what[64];
   snprintf(what, sizeof what, "a compiled graph of %d ops", g->nops);
   st = pj_program_for_key(p->key, p->keylen, pj_graph_build, &build, what, &prog);
@@ -175,8 +182,8 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
     bufs[nbufs++] = s->buf;
   }
   if (!st)
-    st = pj_run_program(prog, g->device, bufs, donate, nbufs, p->scalars, p->nscalars, outs,
-                        p->nresults);
+    st = pj_run_program(prog, g->device, bufs, donate, nbufs, p->scalars,
+                        p->const_scalars ? 0 : p->nscalars, outs, p->nresults);
   for (int i = 0, o = 0; i < g->nst && !st; i++)
     if (p->live[i]) pj_storage_swap(storage_for(p, i, inputs, outputs), outs[o++], g->st[i].dtype);
   pthread_mutex_unlock(&pj_run_lock);
@@ -238,7 +245,7 @@ pj_status_t *pj_plan_run(pj_plan_t *p, pj_storage_t *const *inputs, int nin,
 
 pj_status_t *pj_plan_text(pj_plan_t *p, char **text) {
   size_t len = 0;
-  pj_graph_build_t build = {&p->g, p->live};
+  pj_graph_build_t build = {&p->g, p->live, p->const_scalars ? p->scalars : NULL};
   return pj_graph_build(&build, text, &len);
 }
 
@@ -271,6 +278,7 @@ int pj_plan_results(const pj_plan_t *p, int *dst, int cap) {
 }
 
 int pj_plan_scalars(const pj_plan_t *p, pj_scalar_t *out, int cap) {
+  if (p->const_scalars) return 0;
   int n = p->nscalars < cap ? p->nscalars : cap;
   if (n > 0) memcpy(out, p->scalars, sizeof *out * (size_t)n);
   return p->nscalars;
@@ -280,5 +288,5 @@ void pj_plan_stats(const pj_plan_t *p, int *nops, int *nparams, int *nresults, i
   *nops = p->g.nops;
   *nparams = p->nparams;
   *nresults = p->nresults;
-  *nscalars = p->nscalars;
+  *nscalars = p->const_scalars ? 0 : p->nscalars;
 }

@@ -122,6 +122,22 @@ void pj_graph_clear(graph_t *g) {
 
 /* ---- the fused program ---- */
 
+bool pj_graph_scalar_is_constant(const pj_scalar_t *v) {
+  return !pj_dtype_info(v->dtype)->is_complex || v->imag == 0;
+}
+
+/* A recorded scalar as a constant of dtype dt (the call's scalar type: the value's own). */
+static pj_val_t scalar_constant(pj_hlo_t *h, pj_dtype_t dt, const pj_scalar_t *v) {
+  const pj_dtype_info_t *info = pj_dtype_info(dt);
+  if (dt == PJ_BOOL) return pj_const(h, dt, v->i != 0);
+  if (info->is_float || info->is_complex) {
+    if (!pj_graph_scalar_is_constant(v))
+      return pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: a complex scalar as a constant");
+    return pj_const(h, dt, v->f);
+  }
+  return pj_const_i(h, dt, v->i);
+}
+
 pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
   const pj_graph_build_t *fb = ctx;
   const graph_t *g = fb->g;
@@ -159,7 +175,10 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
       break;
     }
     for (int i = 0; i < c->nscalars; i++)
-      scalars[first_scalar + i] = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
+      scalars[first_scalar + i] =
+          fb->scalar_values
+              ? scalar_constant(h, c->scalars[i].dtype, &fb->scalar_values[first_scalar + i])
+              : pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
     pj_lower_fn fn = pj_lowering_find(c->op);
     if (!fn) {
       st = pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
@@ -191,7 +210,8 @@ done:
   return st;
 }
 
-bool pj_graph_key(const graph_t *g, const bool *live, const char *identity, pj_keybuf_t *k) {
+bool pj_graph_key(const graph_t *g, const bool *live, const pj_scalar_t *scalar_values,
+                  int nscalars, const char *identity, pj_keybuf_t *k) {
   pj_key_str(k, identity);
   pj_key_str(k, "defer_and_fuse");
   pj_key_int(k, g->nops);
@@ -207,6 +227,15 @@ bool pj_graph_key(const graph_t *g, const bool *live, const char *identity, pj_k
     pj_key_int(k, s->dtype);
     pj_key_int(k, s->numel);
     pj_key_int(k, (int64_t)s->param | (int64_t)s->written << 1 | (int64_t)live[i] << 2);
+  }
+  /* constants are part of the program: their exact bits are part of its key */
+  pj_key_int(k, scalar_values ? nscalars : -1);
+  for (int i = 0; scalar_values && i < nscalars; i++) {
+    const pj_scalar_t *v = &scalar_values[i];
+    pj_key_int(k, v->dtype);
+    pj_key_int(k, v->i);
+    pj_key_put(k, &v->f, sizeof v->f);
+    pj_key_put(k, &v->imag, sizeof v->imag);
   }
   return !k->failed;
 }
@@ -272,7 +301,7 @@ static pj_status_t *flush_locked(void) {
   pj_runtime_t *rt;
   st = pj_runtime_get(&rt);
   if (st) goto done;
-  if (!pj_graph_key(&g, live, pj_runtime_identity(rt), &k)) {
+  if (!pj_graph_key(&g, live, NULL, 0, pj_runtime_identity(rt), &k)) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
     goto done;
   }
@@ -283,7 +312,7 @@ static pj_status_t *flush_locked(void) {
   }
   char what[64];
   snprintf(what, sizeof what, "a fused run of %d ops", g.nops);
-  pj_graph_build_t fb = {&g, live};
+  pj_graph_build_t fb = {&g, live, NULL};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
   st = pj_program_for_key(k.p, k.len, pj_graph_build, &fb, what, &prog);

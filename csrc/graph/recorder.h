@@ -44,20 +44,31 @@ typedef struct {
 void pj_graph_clear(graph_t *g);
 
 /* Context of pj_graph_build: live[i] says whether graph storage i is a result of the program
- * (results in storage order; a result whose storage is also a parameter aliases it). */
+ * (results in storage order; a result whose storage is also a parameter aliases it).
+ * scalar_values: NULL, every op's scalars are program arguments (one program serves every
+ * value: the eager modes); else their values in op order, emitted as constants (a captured
+ * graph, whose scalars are constants of the graph). */
 typedef struct {
   const graph_t *g;
   const bool *live;
+  const pj_scalar_t *scalar_values;
 } pj_graph_build_t;
 
 /* Builds the StableHLO text of the whole graph (a pj_program_for_key build callback, ctx is a
- * pj_graph_build_t): parameters are the storages read before written (storage order), then
- * every op's scalars (op order). Reads only the ops and each storage's dtype, numel and role. */
+ * pj_graph_build_t): parameters are the storages read before written (storage order), then,
+ * unless they are constants, every op's scalars (op order). Reads only the ops and each
+ * storage's dtype, numel and role. */
 pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len);
 
+/* Whether a scalar can be emitted as a program constant (complex values with an imaginary part
+ * cannot: they stay arguments). */
+bool pj_graph_scalar_is_constant(const pj_scalar_t *v);
+
 /* Structural key of the graph: identity, every recorded call key with its storage wiring, and
- * each storage's role. Scalar values and storage identities are not part of it. */
-bool pj_graph_key(const graph_t *g, const bool *live, const char *identity, pj_keybuf_t *k);
+ * each storage's role; with scalar_values (as in pj_graph_build_t, nscalars of them) also the
+ * scalar values. Storage identities are never part of it. */
+bool pj_graph_key(const graph_t *g, const bool *live, const pj_scalar_t *scalar_values,
+                  int nscalars, const char *identity, pj_keybuf_t *k);
 
 /* Runs the graph's ops one by one, each as its own program (what Strict would have done), after
  * its fused program could not be built or compiled (`why`, consumed): every op before a

@@ -10,6 +10,8 @@
  *    defer_and_fuse would run them, and pj_capture_end gives no plan.
  *  - Parameters of a plan are the storages the graph reads before writing: each is one of the
  *    inputs, or a constant the plan keeps (a storage no input holds, e.g. a graph constant).
+ *  - The graph's scalars (Python numbers in its ops) are constants of the program: the caller
+ *    keys plans on everything that varies between calls.
  *  - Results are written into: inputs the graph writes (mutations, installed in place; their
  *    old buffers are donated), the given output storages, and constants the graph writes.
  *    Storages only the graph itself used are never materialized.
@@ -57,7 +59,8 @@ int pj_plan_params(const pj_plan_t *p, int *src, int cap);
  * place), PJ_PLAN_CONSTANT, or -2 - j for output j. Returns the count. */
 int pj_plan_results(const pj_plan_t *p, int *dst, int cap);
 /* The plan's scalar arguments (values recorded at capture, in argument order). Returns the
- * count. */
+ * count: 0 when the graph's scalars are program constants (always, unless one is a complex
+ * value with an imaginary part). */
 int pj_plan_scalars(const pj_plan_t *p, pj_scalar_t *out, int cap);
 /* Number of recorded ops in the plan, and of its parameters, results and scalar arguments. */
 void pj_plan_stats(const pj_plan_t *p, int *nops, int *nparams, int *nresults, int *nscalars);
