@@ -2,8 +2,6 @@
  * and the flush that builds, caches and runs one program per recorded run of ops. */
 #include "torch_pjrt/defer.h"
 
-#include "torch_pjrt/capture.h"
-
 #include <pthread.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -11,6 +9,7 @@
 #include <string.h>
 
 #include "recorder.h"
+#include "torch_pjrt/capture.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/transfer.h"
@@ -118,7 +117,6 @@ void pj_graph_clear(graph_t *g) {
   free(g->index);
   memset(g, 0, sizeof *g);
 }
-
 
 /* ---- the fused program ---- */
 
