@@ -41,9 +41,9 @@ def _signature(args) -> tuple | None:
         if isinstance(a, torch.Tensor):
             if a.device.type != "tpu":
                 return None
-            ptr = a.untyped_storage().data_ptr()
-            sig.append((a.dtype, a.device.index, tuple(a.shape), a.stride(), a.storage_offset(),
-                        a.untyped_storage().nbytes(), storages.setdefault(ptr, i)))
+            st = a.untyped_storage()  # (one call: this runs for every input of every call)
+            sig.append((a.dtype, a.device.index, a.shape, a.stride(), a.storage_offset(),
+                        st.nbytes(), storages.setdefault(st.data_ptr(), i)))
         elif a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device)):
             sig.append((type(a), a))
         else:
