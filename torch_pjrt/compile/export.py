@@ -24,9 +24,10 @@ What the text is (both modes produce the same text; the capture machinery decide
   compiles it). Its arguments are, in this order: (1) every storage the
   graph reads before writing it, as a FLAT 1-D tensor of the storage's element count
   (``tensor<2048xf32>`` for a 64x32 weight), in the order the graph first touches the storages
-  (not the ExportedProgram's input order); (2) every recorded op's runtime scalar arguments
-  (``tensor<i64>``, ``tensor<f64>``, ``tensor<i1>``: Python numbers such as ``addmm``'s
-  alpha/beta, ``mul``'s 0.5, fill values), in op order. ``StableHLOModule.inputs`` says which
+  (not the ExportedProgram's input order); (2) scalar arguments: normally none, since a
+  captured graph's Python numbers (``addmm``'s alpha/beta, ``mul``'s 0.5, fill values) are
+  ``stablehlo.constant`` values in the text; only a complex scalar with an imaginary part stays
+  an argument (``tensor<complex<f64>>``), in op order. ``StableHLOModule.inputs`` says which
   argument is which; it is read from the captured plan itself (``params()``: the plan input or
   plan constant behind each storage argument; ``results()``: where each result goes;
   ``scalars()``: the scalar arguments' values), so programs of any size are described.
@@ -39,7 +40,7 @@ What the text is (both modes produce the same text; the capture machinery decide
 - Results: flat 1-D storages, in graph-storage order: the outputs' storages (several outputs
   may be views of one result) and the written capture constants. ``StableHLOModule.outputs``
   gives each output's shape, strides and offset within its result.
-- The scalar arguments' values are recorded at capture and passed by the plan at every run;
+- Scalar arguments, if any, are recorded at capture and passed by the plan at every run;
   each scalar ``ProgramInput`` carries its ``value``, so the text, ``inputs`` and the weights
   (``StableHLOModule.weights``, by ``target``) describe every argument but the capture
   constants: the plan holds their storages and does not expose their contents. A fill writes
