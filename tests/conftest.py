@@ -6,6 +6,7 @@
 - ``fallbacks``: a fixture measuring CPU fallbacks during a test. It never skips anything; a test
   that claims "no fallback" calls ``fallbacks.assert_none()``, whose message names the ops that
   fell back (from the runtime's per-op counts).
+- ``mode``: a fixture running a test once per eager mode (process default).
 - ``grad_mismatches``: every parameter's gradient of a tpu model against its CPU twin (training
   tests compare gradients, not only losses: a loss can match while a gradient is wrong).
 - ``run_python``: code in a fresh interpreter (registration, autoload and device counts are once
@@ -103,26 +104,40 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     )
 
 
+def tie_groups(model: torch.nn.Module) -> list[list[str]]:
+    """The names under which each shared parameter of `model` appears (groups of 2 or more)."""
+    groups = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        groups.setdefault(id(p), []).append(name)
+    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
+
+
+EAGER_MODES = ("strict", "debug", "defer_and_fuse")
+
+
+@pytest.fixture(params=EAGER_MODES)
+def mode(request):
+    """Runs the test once per eager mode, set as the process default (so autograd's worker
+    thread runs the backward pass in it too); strict again afterwards."""
+    torch.tpu.set_eager_mode(request.param)
+    try:
+        yield request.param
+    finally:
+        torch.tpu.set_eager_mode("strict")
+
+
 def grad_mismatches(cpu_model: torch.nn.Module, tpu_model: torch.nn.Module,
                     rtol: float, atol: float) -> list[str]:
     """Every parameter's gradient of `tpu_model` against `cpu_model`'s, matched by name (tied
     parameters under each of their names): a gradient present on one side only, or one that
     differs, is a problem. Also checks that the two models share parameters alike (a tie that
     one side lost makes gradients differ, but saying so names the cause)."""
-    def params(m):
-        return list(m.named_parameters(remove_duplicate=False))
-
-    def tie_groups(named):
-        groups = {}
-        for name, p in named:
-            groups.setdefault(id(p), []).append(name)
-        return sorted(sorted(g) for g in groups.values() if len(g) > 1)
-
-    cpu_params, tpu_params = params(cpu_model), params(tpu_model)
+    cpu_params = list(cpu_model.named_parameters(remove_duplicate=False))
+    tpu_params = list(tpu_model.named_parameters(remove_duplicate=False))
     problems = []
-    if tie_groups(cpu_params) != tie_groups(tpu_params):
-        problems.append(f"tied parameters differ: cpu {tie_groups(cpu_params)}, "
-                        f"tpu {tie_groups(tpu_params)}")
+    if tie_groups(cpu_model) != tie_groups(tpu_model):
+        problems.append(f"tied parameters differ: cpu {tie_groups(cpu_model)}, "
+                        f"tpu {tie_groups(tpu_model)}")
     tpu_by_name = dict(tpu_params)
     for name, c in cpu_params:
         t = tpu_by_name.get(name)

@@ -15,13 +15,12 @@ import copy
 import pytest
 import torch
 
-from conftest import grad_mismatches, run_python
+from conftest import grad_mismatches, run_python, tie_groups
 
 transformers = pytest.importorskip("transformers")
 
 TPU = torch.device("tpu")
 VOCAB = 96
-MODES = ("strict", "debug", "defer_and_fuse")
 
 
 def _no_dropout(cfg):
@@ -64,30 +63,14 @@ def _gemma():
 MODELS = {"gpt2": _gpt2, "bert": _bert, "t5": _t5, "bart": _bart, "gemma": _gemma}
 
 
-def _tie_groups(model):
-    groups = {}
-    for name, p in model.named_parameters(remove_duplicate=False):
-        groups.setdefault(id(p), []).append(name)
-    return sorted(sorted(g) for g in groups.values() if len(g) > 1)
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    torch.tpu.set_eager_mode(request.param)
-    try:
-        yield request.param
-    finally:
-        torch.tpu.set_eager_mode("strict")
-
-
 @pytest.mark.parametrize("name", list(MODELS))
 def test_train_three_steps_every_gradient(name, mode, fallbacks):
     torch.manual_seed(0)
     cpu = MODELS[name]()
-    ties = _tie_groups(cpu)
+    ties = tie_groups(cpu)
     assert ties, f"{name}: the test needs a model with tied weights"
     tpu = copy.deepcopy(cpu).to(TPU)
-    assert _tie_groups(tpu) == ties
+    assert tie_groups(tpu) == ties
     opts = {m: torch.optim.AdamW(m.parameters(), lr=1e-2) for m in (cpu, tpu)}
     g = torch.Generator().manual_seed(1)
     problems = []

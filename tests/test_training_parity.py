@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import copy
 
-import pytest
 import torch
 import torch.nn.functional as F
 
@@ -21,18 +20,6 @@ from conftest import grad_mismatches
 from torch_pjrt import _models
 
 TPU = torch.device("tpu")
-MODES = ("strict", "debug", "defer_and_fuse")
-
-
-@pytest.fixture(params=MODES)
-def mode(request):
-    torch.tpu.set_eager_mode(request.param)
-    try:
-        yield request.param
-    finally:
-        torch.tpu.set_eager_mode("strict")
-
-
 def _compare_losses(cpu, tpu):
     bad = []
     for i, (c, t) in enumerate(zip(cpu, tpu)):
