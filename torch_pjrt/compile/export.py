@@ -249,15 +249,7 @@ class StableHLOModule:
         else:
             plan_inputs = [full[p] for p in self._user_positions
                            if self._const_user[p] is _NO_CONST]
-        bases = [torch.empty(n, dtype=dt, device=self.device) for n, dt in self._out_storages]
-        self._plan.run(plan_inputs, bases)
-        outs = []
-        for kind, where, meta in self._layout:
-            if kind == "value":
-                outs.append(where)
-            else:
-                src = bases[where] if kind == "out" else full[where]
-                outs.append(src.as_strided(*meta))
+        outs = self._entry.run(full, plan_inputs)
         user = []
         for o, spec_o in zip(outs, self._output_specs):
             if spec_o.kind == OutputKind.BUFFER_MUTATION:
@@ -412,6 +404,7 @@ def _capture(gm: torch.fx.GraphModule, held: list, plan_inputs: list[torch.Tenso
             "the recorded ops to run during the capture (a read to the host, a CPU fallback, a "
             "data-dependent shape, an op on another device, or a storage used with two element "
             "types). torch_pjrt.modes.pending_graph() and torch.tpu.fallback_ops() help find it.")
+    entry.plan = plan
     return outs, entry, reps, plan
 
 
@@ -607,15 +600,13 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
         exported_program=ep,
         stats=stats,
         weights={specs[p].target: held[p] for p in weight_positions},
-        _plan=plan,
+        _entry=entry,
         _held=held,
         _input_specs=specs,
         _output_specs=list(sig.output_specs),
         _user_positions=user_positions,
         _weight_positions=weight_positions,
         _const_user=const_user,
-        _layout=entry.layout,
-        _out_storages=entry.out_storages,
         _in_spec=ep.call_spec.in_spec,
         _out_spec=ep.call_spec.out_spec,
         _position_of_target={specs[p].target: p for p in weight_positions},

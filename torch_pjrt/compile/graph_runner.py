@@ -56,10 +56,13 @@ class _Capture:
 
     __slots__ = ("plan", "out_storages", "layout", "sequence_type", "device")
 
-    def run(self, args):
-        tensors = [a for a in args if isinstance(a, torch.Tensor)]
+    def run(self, args, plan_inputs=None):
+        """Runs the plan over `plan_inputs` (default: the tensors among `args`, as captured) and
+        returns the outputs; outputs that alias an input are views of ``args[i]``."""
+        if plan_inputs is None:
+            plan_inputs = [a for a in args if isinstance(a, torch.Tensor)]
         bases = [torch.empty(n, dtype=dt, device=self.device) for n, dt in self.out_storages]
-        self.plan.run(tensors, bases)
+        self.plan.run(plan_inputs, bases)
         out = []
         for kind, where, meta in self.layout:
             if kind == "value":
