@@ -229,7 +229,14 @@ def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:
+    """The dtypes torch.autocast("tpu", dtype=...) accepts (its default is float16, as CUDA's)."""
     return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Like torch.cuda.is_bf16_supported: bfloat16 works on every PJRT device (XLA emulates it
+    where the hardware lacks it)."""
+    return True
 
 
 # --- random numbers ----------------------------------------------------------------------------

@@ -1,7 +1,8 @@
 /* Optimizer lowerings: the fused in-place steps torch.optim uses with fused=True
  * (_fused_adam_, _fused_adamw_, _fused_sgd_, float or Tensor lr), one program for all
- * parameters. (The _foreach_* ops are CompositeExplicitAutograd in PyTorch: their per-tensor
- * loops reach the elementwise lowerings and never this file.)
+ * parameters, and torch.amp.GradScaler's two ops (_amp_foreach_non_finite_check_and_unscale_,
+ * _amp_update_scale_). (The _foreach_* ops are CompositeExplicitAutograd in PyTorch: their
+ * per-tensor loops reach the elementwise lowerings and never this file.)
  *
  * Destinations are the mutated list arguments in schema order, element by element, skipping
  * empty tensors (the bridge writes nothing for them): for _fused_adamw_ that is self, grads,
@@ -224,7 +225,100 @@ static pj_status_t *lower_fused_sgd(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- GradScaler ---- */
+
+/* A 1-element tensor argument of dtype dt, checked as CPU checks it (RuntimeError); `shown`
+ * is the name CPU's message uses. */
+static bool check_one(pj_lower_t *L, const char *name, const char *shown, pj_dtype_t dt,
+                      const char *dtname) {
+  const pj_tensor_desc_t *d = pj_tensor_desc(L, name);
+  if (!d || desc_numel(d) != 1) {
+    pj_fail(L, PJ_ERR_RUNTIME, "%s must be a 1-element tensor.", shown);
+    return false;
+  }
+  if (d->dtype != dt) {
+    pj_fail(L, PJ_ERR_RUNTIME, "%s must be %s tensor.", shown, dtname);
+    return false;
+  }
+  return true;
+}
+
+/* _amp_foreach_non_finite_check_and_unscale_(self[], found_inf, inv_scale): each tensor times
+ * inv_scale in the op-math type; found_inf becomes 1 if any element of any tensor is inf or
+ * NaN, else keeps its value (zeroing it is the caller's job). Destinations: self's elements,
+ * then found_inf. An empty list changes nothing and checks nothing, as on CPU. */
+static pj_status_t *lower_amp_unscale(pj_lower_t *L) {
+  int n = pj_list_len(L, "self");
+  if (pj_nout(L) != n + 1) {
+    pj_fail(L, PJ_ERR_RUNTIME, "internal: aten::%s has %d destinations, expected %d", L->c->op,
+            pj_nout(L), n + 1);
+    return NULL;
+  }
+  pj_val_t found0 = pj_tensor(L, "found_inf");
+  if (n == 0) {
+    pj_set_result(L, 0, found0);
+    return NULL;
+  }
+  if (!check_one(L, "inv_scale", "inv_scale", PJ_F32, "a float") ||
+      !check_one(L, "found_inf", "found_inf", PJ_F32, "a float"))
+    return NULL;
+  const pj_arg_t *self = pj_arg(L, "self");
+  pj_val_t inv = scalar_tensor(L, "inv_scale", PJ_F32);
+  pj_val_t any = pj_const(H, PJ_BOOL, 0);
+  for (int i = 0; i < n && pj_hlo_ok(H); i++) {
+    const pj_tensor_desc_t *d = &L->c->tensors[self->first + i];
+    if (!pj_dtype_is_float(d->dtype)) {
+      pj_fail(L, PJ_ERR_UNIMPLEMENTED, "_amp_foreach_non_finite_check_and_unscale_ is not "
+              "implemented for %s", pj_dtype_info(d->dtype)->name);
+      return NULL;
+    }
+    if (desc_numel(d) == 0) continue; /* nothing to write, nothing to check */
+    pj_val_t g0 = pj_tensor_at(L, "self", i);
+    pj_dtype_t ot = opmath(g0.t.dtype);
+    pj_val_t g = pj_convert(H, g0, ot);
+    pj_val_t fin = pj_hlo_op(H, "stablehlo.is_finite", &g, 1, NULL,
+                             pj_type_with_dtype(g.t, PJ_BOOL));
+    int64_t dims[PJ_MAX_RANK];
+    for (int k = 0; k < g.t.rank; k++) dims[k] = k;
+    any = OR(any, U("not", pj_reduce(H, fin, dims, g.t.rank, "and")));
+    pj_set_result(L, i, MUL(g, bc(L, pj_convert(H, inv, ot), g)));
+  }
+  pj_val_t found = pj_reshape(H, found0, 0, NULL);
+  pj_set_result(L, n, SEL(any, pj_const(H, PJ_F32, 1), found));
+  return NULL;
+}
+
+/* _amp_update_scale_(self=scale, growth_tracker, found_inf, growth_factor, backoff_factor,
+ * growth_interval): found_inf != 0 backs the scale off and zeroes the tracker; otherwise the
+ * tracker counts the step, and at growth_interval the scale grows (unless that overflows
+ * float) and the tracker restarts. Factors multiply in double, as on CPU. Destinations: scale,
+ * growth_tracker. */
+static pj_status_t *lower_amp_update_scale(pj_lower_t *L) {
+  if (!check_one(L, "growth_tracker", "growth_tracker", PJ_I32, "an int") ||
+      !check_one(L, "self", "current_scale", PJ_F32, "a float") ||
+      !check_one(L, "found_inf", "found_inf", PJ_F32, "a float"))
+    return NULL;
+  pj_val_t s = scalar_tensor(L, "self", PJ_F32);
+  pj_val_t t = scalar_tensor(L, "growth_tracker", PJ_I64);
+  pj_val_t found = CMP("NE", scalar_tensor(L, "found_inf", PJ_F32), pj_const(H, PJ_F32, 0));
+  pj_val_t sd = pj_convert(H, s, PJ_F64);
+  pj_val_t backoff = pj_const(H, PJ_F64, pj_float(L, "scale_backoff_factor", 0.5));
+  pj_val_t growth = pj_const(H, PJ_F64, pj_float(L, "scale_growth_factor", 2.0));
+  pj_val_t backed = pj_convert(H, MUL(sd, backoff), PJ_F32);
+  pj_val_t grown = pj_convert(H, MUL(sd, growth), PJ_F32);
+  grown = SEL(pj_hlo_op(H, "stablehlo.is_finite", &grown, 1, NULL,
+                        pj_type_with_dtype(grown.t, PJ_BOOL)), grown, s);
+  pj_val_t succ = ADD(t, pj_const_i(H, PJ_I64, 1));
+  pj_val_t grow = CMP("EQ", succ, pj_const_i(H, PJ_I64, pj_int(L, "growth_interval", 0)));
+  pj_val_t zero = pj_const_i(H, PJ_I64, 0);
+  pj_set_result(L, 0, SEL(found, backed, SEL(grow, grown, s)));
+  pj_set_result(L, 1, pj_convert(H, SEL(found, zero, SEL(grow, zero, succ)), PJ_I32));
+  return NULL;
+}
+
 const pj_lowering_entry_t pj_lowerings_optim[] = {
+    {"_amp_foreach_non_finite_check_and_unscale", lower_amp_unscale},
+    {"_amp_update_scale", lower_amp_update_scale},
     {"_fused_adam", lower_fused_adam},
     {"_fused_adamw", lower_fused_adam},
     {"_fused_sgd", lower_fused_sgd},

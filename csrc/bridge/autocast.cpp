@@ -1,0 +1,84 @@
+// Autocast for the tpu device: kernels for DispatchKey::AutocastPrivateUse1, so that
+// torch.autocast("tpu") casts op inputs the way torch.autocast("cuda") does (eager mode; under
+// torch.compile the same kernels run while AOTAutograd traces, so graphs get the casts).
+// Also GradScaler's unscale op in chunks (end of file).
+//
+// The op lists and cast policies are CUDA's: ATen's autocast_mode.h exports them as AT_FORALL_*
+// tables meant for reuse by backends, and CUDA registers exactly these tables (plus cudnn-only
+// convolutions) with binary_cross_entropy refused. Expanding the same tables here keeps the tpu
+// policy equal to CUDA's for whichever torch version the extension is built against.
+// Every other op falls through to the next dispatch key unchanged.
+#include <ATen/autocast_mode.h>
+#include <torch/library.h>
+
+#include <algorithm>
+
+namespace torch_pjrt {
+void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // dispatch.cpp
+}
+
+namespace {
+
+// the names AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE's signatures use unqualified
+using at::IntArrayRef;
+using at::Scalar;
+using at::ScalarType;
+using at::Tensor;
+
+// Same refusal (and exception type) as CUDA autocast: BCE on probabilities is unsafe in half.
+at::Tensor binary_cross_entropy_refused(const at::Tensor&, const at::Tensor&,
+                                        const std::optional<at::Tensor>&, int64_t) {
+  TORCH_CHECK(false,
+              "torch.nn.functional.binary_cross_entropy and torch.nn.BCELoss are unsafe to "
+              "autocast (tpu autocast refuses them, as CUDA's does). Fold the preceding sigmoid "
+              "into the loss: use torch.nn.functional.binary_cross_entropy_with_logits or "
+              "torch.nn.BCEWithLogitsLoss, which autocast runs in float32.");
+}
+
+TORCH_LIBRARY_IMPL(_, AutocastPrivateUse1, m) {
+  m.fallback(torch::CppFunction::makeFallthrough());
+}
+
+// policy            ops
+// lower_precision_fp  conv*, matmul/mm/bmm/addmm/baddbmm/addbmm/linear, rnn cells, sdpa, ...
+// fp32                pointwise transcendental ops, norms, losses, upsampling, ...
+// fp32_set_opt_dtype  softmax, log_softmax, sum, prod, cumsum, cumprod, vector/matrix norms
+// fp32_append_dtype   norm.Scalar, norm.ScalarOpt_dim
+// promote             addcdiv, addcmul, atan2, bilinear, cross, dot, vdot, index_put, ...
+#define TPU_LOWER_PRECISION_FP(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, lower_precision_fp)
+#define TPU_FP32(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32)
+#define TPU_FP32_SET_OPT_DTYPE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, fp32_set_opt_dtype)
+#define TPU_PROMOTE(...) KERNEL_PRIVATEUSEONE(__VA_ARGS__, promote)
+
+TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
+  AT_FORALL_LOWER_PRECISION_FP(TPU_LOWER_PRECISION_FP)
+  AT_FORALL_FP32(TPU_FP32)
+  AT_FORALL_FP32_SET_OPT_DTYPE(TPU_FP32_SET_OPT_DTYPE)
+  AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
+  AT_FORALL_PROMOTE(TPU_PROMOTE)
+  m.impl("binary_cross_entropy", TORCH_FN(binary_cross_entropy_refused));
+}
+
+// torch.amp.GradScaler unscales all gradients of one dtype in one call, but one lowered call
+// holds at most PJ_CALL_MAX_TENSORS tensors: longer lists run in chunks (each its own program,
+// all updating the same found_inf), so large models keep working.
+void unscale_in_chunks(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  constexpr size_t kChunk = 256;
+  const size_t nargs = op.schema().arguments().size();  // self[], found_inf, inv_scale
+  const c10::List<at::Tensor> grads = (*stack)[stack->size() - nargs].toTensorList();
+  if (grads.size() <= kChunk) return torch_pjrt::lowered_kernel(op, stack);
+  for (size_t i = 0; i < grads.size(); i += kChunk) {
+    c10::List<at::Tensor> part;
+    for (size_t j = i; j < std::min(grads.size(), i + kChunk); j++) part.push_back(grads[j]);
+    torch::jit::Stack chunk{part, (*stack)[stack->size() - 2], (*stack)[stack->size() - 1]};
+    torch_pjrt::lowered_kernel(op, &chunk);
+  }
+  torch::jit::drop(*stack, nargs);
+}
+
+TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
+  m.impl("_amp_foreach_non_finite_check_and_unscale_",
+         torch::CppFunction::makeFromBoxedFunction<&unscale_in_chunks>());
+}
+
+}  // namespace
