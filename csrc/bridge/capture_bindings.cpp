@@ -1,10 +1,21 @@
 // Python bindings of whole-graph capture (torch_pjrt/capture.h) for the torch.compile backend
-// (torch_pjrt/compile/): begin/end a capture over tensors, and a Plan object that runs the
-// captured program over new tensors.
+// (torch_pjrt/compile/): begin/end a capture over tensors, a Plan object that runs the captured
+// program over new tensors, and the per-call path of a compiled graph (_GraphEntry: run a plan
+// and rebuild the graph's outputs around its results; _GraphCache: find the entry for a call's
+// arguments). The per-call path is here, not in Python, because it runs on every call of every
+// compiled graph: in Python it cost more host time than the program launch itself.
+#include <torch/csrc/Device.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
 
 #include <complex>
+#include <cstring>
 #include <memory>
+#include <optional>
+#include <string>
+#include <unordered_map>
+#include <utility>
 #include <vector>
 
 #include "bridge.h"
@@ -36,10 +47,171 @@ struct Plan {
   Plan& operator=(const Plan&) = delete;
 };
 
+namespace py = pybind11;
+
+// How a graph's output is rebuilt after a run: a Python value recorded at capture, or a view
+// (sizes, strides, offset) of a result storage of the run or of an argument's storage.
+struct OutputSpec {
+  enum Kind { kValue, kResult, kArgument } kind;
+  int where = 0;  // result storage index (kResult) or argument index (kArgument)
+  py::object value;
+  std::vector<int64_t> sizes, strides;
+  int64_t offset = 0;
+};
+
+// A captured graph for one argument signature: its plan, the result storages each run
+// allocates (numel, dtype), and its outputs' layout.
+struct GraphEntry {
+  std::shared_ptr<Plan> plan;
+  std::vector<std::pair<int64_t, at::ScalarType>> results;
+  std::vector<OutputSpec> outputs;
+  bool as_tuple = true;
+  std::optional<at::Device> device;
+
+  // Runs the plan over `plan_inputs` (None: the tensors among `args`, in order) and returns the
+  // outputs; outputs that alias an argument are views of that argument.
+  py::object run(const py::sequence& args, const py::object& plan_inputs) const {
+    py::tuple argt = py::tuple(args);  // no copy when args is a tuple
+    std::vector<pj_storage_t*> in;
+    if (plan_inputs.is_none()) {
+      in.reserve(argt.size());
+      for (const auto& a : argt)
+        if (THPVariable_Check(a.ptr())) in.push_back(input_storage(THPVariable_Unpack(a.ptr())));
+    } else {
+      for (const auto& a : plan_inputs) in.push_back(input_storage(py::cast<at::Tensor>(a)));
+    }
+    std::vector<at::Tensor> bases;
+    std::vector<pj_storage_t*> out;
+    bases.reserve(results.size());
+    out.reserve(results.size());
+    for (const auto& [numel, dtype] : results) {
+      bases.push_back(at::empty({numel}, at::TensorOptions().dtype(dtype).device(*device)));
+      out.push_back(storage_of(bases.back()));
+    }
+    pj_status_t* st;
+    {
+      py::gil_scoped_release nogil;
+      st = pj_plan_run(plan->p, in.data(), static_cast<int>(in.size()), out.data(),
+                       static_cast<int>(out.size()));
+    }
+    check(st);
+    py::list outs(outputs.size());
+    for (size_t i = 0; i < outputs.size(); i++) {
+      const OutputSpec& o = outputs[i];
+      if (o.kind == OutputSpec::kValue) {
+        outs[i] = o.value;
+        continue;
+      }
+      const at::Tensor& src = o.kind == OutputSpec::kResult
+                                  ? bases[static_cast<size_t>(o.where)]
+                                  : THPVariable_Unpack(argt[static_cast<size_t>(o.where)].ptr());
+      outs[i] = py::reinterpret_steal<py::object>(
+          THPVariable_Wrap(src.as_strided(o.sizes, o.strides, o.offset)));
+    }
+    if (as_tuple) return py::tuple(outs);
+    return std::move(outs);
+  }
+
+  static pj_storage_t* input_storage(const at::Tensor& t) {
+    pj_storage_t* s = storage_of(t);
+    TORCH_CHECK(s != nullptr, "compiled graph: input tensor on ", t.device(),
+                " is not a tpu tensor");
+    return s;
+  }
+};
+
+template <typename T>
+void append(std::string& sig, const T& v) {
+  sig.append(reinterpret_cast<const char*>(&v), sizeof v);
+}
+
+// Everything a plan depends on, as bytes: per tensor argument its dtype, device, sizes,
+// strides, offset, storage size and which earlier argument shares its storage; per other
+// argument its type and value. nullopt when the call cannot use a plan (a tensor on another
+// device, an argument of another type).
+std::optional<std::string> signature(const py::tuple& args) {
+  std::string sig;
+  sig.reserve(args.size() * 64);
+  std::vector<const c10::StorageImpl*> seen;
+  seen.reserve(args.size());
+  for (size_t i = 0; i < args.size(); i++) {
+    PyObject* a = args[i].ptr();
+    if (THPVariable_Check(a)) {
+      const at::Tensor& t = THPVariable_Unpack(a);
+      if (t.device().type() != c10::DeviceType::PrivateUse1) return std::nullopt;
+      const c10::StorageImpl* impl = t.storage().unsafeGetStorageImpl();
+      int64_t first = static_cast<int64_t>(i);
+      for (size_t j = 0; j < seen.size(); j++)
+        if (seen[j] == impl) {
+          first = static_cast<int64_t>(j);
+          break;
+        }
+      seen.push_back(impl);
+      sig.push_back('T');
+      append(sig, static_cast<int16_t>(t.scalar_type()));
+      append(sig, static_cast<int16_t>(t.device().index()));
+      append(sig, static_cast<int64_t>(t.dim()));
+      for (int64_t d : t.sizes()) append(sig, d);
+      for (int64_t d : t.strides()) append(sig, d);
+      append(sig, t.storage_offset());
+      append(sig, static_cast<int64_t>(t.storage().nbytes()));
+      append(sig, first);
+      continue;
+    }
+    seen.push_back(nullptr);
+    if (a == Py_None) {
+      sig.push_back('N');
+    } else if (PyBool_Check(a)) {
+      sig.push_back(a == Py_True ? 'Y' : 'n');
+    } else if (PyLong_CheckExact(a)) {
+      int overflow = 0;
+      long long v = PyLong_AsLongLongAndOverflow(a, &overflow);
+      if (overflow) return std::nullopt;
+      sig.push_back('I');
+      append(sig, v);
+    } else if (PyFloat_CheckExact(a)) {
+      double v = PyFloat_AS_DOUBLE(a);
+      sig.push_back('F');
+      append(sig, v);  // bit pattern: 0.0 and -0.0 (and NaN payloads) stay distinct
+    } else if (PyUnicode_CheckExact(a)) {
+      Py_ssize_t n = 0;
+      const char* u = PyUnicode_AsUTF8AndSize(a, &n);
+      if (!u) throw py::error_already_set();
+      sig.push_back('S');
+      append(sig, static_cast<int64_t>(n));
+      sig.append(u, static_cast<size_t>(n));
+    } else if (THPDtype_Check(a)) {
+      sig.push_back('D');
+      append(sig, static_cast<int16_t>(reinterpret_cast<THPDtype*>(a)->scalar_type));
+    } else if (THPDevice_Check(a)) {
+      const at::Device& d = reinterpret_cast<THPDevice*>(a)->device;
+      sig.push_back('V');
+      append(sig, static_cast<int16_t>(d.type()));
+      append(sig, static_cast<int16_t>(d.index()));
+    } else {
+      return std::nullopt;  // SymInts and other objects: not specialized here
+    }
+  }
+  return sig;
+}
+
+// The captured entries of one graph, by argument signature.
+struct GraphCache {
+  std::unordered_map<std::string, std::shared_ptr<GraphEntry>> entries;
+
+  // The outputs of running the entry for these arguments, or None when there is none.
+  py::object run(const py::tuple& args) const {
+    auto sig = signature(args);
+    if (!sig) return py::none();
+    auto it = entries.find(*sig);
+    if (it == entries.end()) return py::none();
+    return it->second->run(args, py::none());
+  }
+};
+
 }  // namespace
 
 void bind_capture(pybind11::module_& m) {
-  namespace py = pybind11;
   py::class_<Plan, std::shared_ptr<Plan>>(m, "_Plan")
       .def("run", [](Plan& self, const std::vector<at::Tensor>& inputs,
                      const std::vector<at::Tensor>& outputs) {
@@ -100,6 +272,63 @@ void bind_capture(pybind11::module_& m) {
         return py::dict(py::arg("ops") = ops, py::arg("params") = params,
                         py::arg("results") = results, py::arg("scalars") = scalars);
       });
+  py::class_<GraphEntry, std::shared_ptr<GraphEntry>>(m, "_GraphEntry")
+      .def(py::init([](std::shared_ptr<Plan> plan, const py::list& results,
+                       const py::list& layout, bool as_tuple, std::optional<at::Device> device) {
+             auto e = std::make_shared<GraphEntry>();
+             e->plan = std::move(plan);
+             e->as_tuple = as_tuple;
+             e->device = device;
+             for (const auto& r : results) {
+               auto t = r.cast<std::pair<int64_t, at::ScalarType>>();
+               e->results.push_back(t);
+             }
+             for (const auto& item : layout) {
+               auto t = item.cast<py::tuple>();
+               OutputSpec o;
+               auto kind = t[0].cast<std::string>();
+               if (kind == "value") {
+                 o.kind = OutputSpec::kValue;
+                 o.value = t[1];
+               } else {
+                 TORCH_CHECK(kind == "out" || kind == "input", "_GraphEntry: bad kind ", kind);
+                 o.kind = kind == "out" ? OutputSpec::kResult : OutputSpec::kArgument;
+                 o.where = t[1].cast<int>();
+                 auto meta = t[2].cast<py::tuple>();
+                 o.sizes = meta[0].cast<std::vector<int64_t>>();
+                 o.strides = meta[1].cast<std::vector<int64_t>>();
+                 o.offset = meta[2].cast<int64_t>();
+               }
+               e->outputs.push_back(std::move(o));
+             }
+             TORCH_CHECK(e->results.empty() || e->device.has_value(),
+                         "_GraphEntry: result storages need a device");
+             return e;
+           }),
+           py::arg("plan"), py::arg("results"), py::arg("layout"), py::arg("as_tuple"),
+           py::arg("device"),
+           "results: (numel, dtype) of each storage a run allocates; layout: per output "
+           "('value', v, None), ('out', result index, (sizes, strides, offset)) or ('input', "
+           "argument index, (sizes, strides, offset)).")
+      .def_property_readonly("plan", [](const GraphEntry& e) { return e.plan; })
+      .def("run", &GraphEntry::run, py::arg("args"), py::arg("plan_inputs") = py::none(),
+           "Runs the plan over plan_inputs (default: the tensors among args, as captured) and "
+           "returns the outputs.");
+  py::class_<GraphCache, std::shared_ptr<GraphCache>>(m, "_GraphCache")
+      .def(py::init<>())
+      .def("signature", [](const GraphCache&, const py::tuple& args) -> py::object {
+             auto sig = signature(args);
+             if (!sig) return py::none();
+             return py::bytes(*sig);
+           },
+           "The bytes a plan for these arguments is keyed on, or None when no plan can serve "
+           "them.")
+      .def("run", &GraphCache::run,
+           "The outputs of the entry for these arguments, or None when there is none.")
+      .def("add", [](GraphCache& c, const py::bytes& sig, std::shared_ptr<GraphEntry> e) {
+        c.entries[std::string(sig)] = std::move(e);
+      })
+      .def("__len__", [](const GraphCache& c) { return c.entries.size(); });
   m.def("_capture_begin", [] { check(pj_capture_begin()); },
         "Starts recording every lowered op into one graph (see capture.h).");
   m.def("_capture_active", [] { return pj_capture_active(); });

@@ -3,6 +3,7 @@
  * storage's role and runs the program. */
 #include "torch_pjrt/capture.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -134,6 +135,11 @@ static pj_status_t *plan_new(graph_t *g, pj_storage_t *const *inputs, int nin,
   return NULL;
 }
 
+static int compare_ptr(const void *a, const void *b) {
+  uintptr_t x = (uintptr_t) * (pj_storage_t *const *)a, y = (uintptr_t) * (pj_storage_t *const *)b;
+  return (x > y) - (x < y);
+}
+
 /* Runs the plan; the caller checked the argument counts and flushed the recorder. */
 static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
                              pj_storage_t *const *outputs) {
@@ -149,6 +155,7 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
   }
   /* Every storage must be the size and on the device of the capture, and distinct storages at
    * capture must be distinct now (a donated buffer must not also be read as another one). */
+  int nseen = 0;
   for (int i = 0; i < g->nst && !st; i++) {
     if (p->role[i] == ROLE_INTERNAL) continue;
     pj_storage_t *s = storage_for(p, i, inputs, outputs);
@@ -156,10 +163,14 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
     if (!s || s->device != g->device || s->nbytes != need)
       st = pj_status_new(PJ_ERR_RUNTIME, "compiled graph: storage %d is not the %zu-byte storage "
                          "on device %d the graph was captured with", i, need, g->device);
-    for (int j = 0; j < i && !st; j++)
-      if (seen[j] == s) st = pj_status_new(PJ_ERR_RUNTIME, "compiled graph: inputs alias each "
-                                           "other differently than at capture");
-    seen[i] = s;
+    seen[nseen++] = s;
+  }
+  if (!st) { /* sorted, a repeated storage is next to itself: O(n log n) on every run */
+    qsort(seen, (size_t)nseen, sizeof *seen, compare_ptr);
+    for (int j = 1; j < nseen && !st; j++)
+      if (seen[j] == seen[j - 1])
+        st = pj_status_new(PJ_ERR_RUNTIME, "compiled graph: inputs alias each other "
+                           "differently than at capture");
   }
   /* ... and inputs that were one storage at capture must be one storage now */
   for (int k = 0; k < p->nin && !st; k++)

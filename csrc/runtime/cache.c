@@ -41,16 +41,33 @@ static size_t cache_max(void) {
   return max;
 }
 
+/* 64-bit multiply-mix finalizer (splitmix64's): every input bit affects every output bit. */
+static uint64_t mix64(uint64_t x) {
+  x ^= x >> 30;
+  x *= 0xbf58476d1ce4e5b9ull;
+  x ^= x >> 27;
+  x *= 0x94d049bb133111ebull;
+  return x ^ (x >> 31);
+}
+
 uint64_t pj_hash_bytes(const void *data, size_t len, uint64_t seed) {
-  /* FNV-1a, 64-bit: fast enough for keys of a few hundred bytes, and deterministic across
-   * processes (the persistent cache relies on that). */
+  /* Eight bytes per step (a compiled graph's key is tens of kilobytes and is hashed on every
+   * run; a byte-wise hash cost more than the rest of the run's host work). Deterministic across
+   * processes and hosts of either endianness reading the same bytes little-endian, which the
+   * persistent cache's file names rely on; the full key stored with each entry settles
+   * collisions. */
   const unsigned char *p = data;
-  uint64_t h = 1469598103934665603ull ^ seed;
-  for (size_t i = 0; i < len; i++) {
-    h ^= p[i];
-    h *= 1099511628211ull;
+  uint64_t h = mix64(seed ^ ((uint64_t)len * 0x9e3779b97f4a7c15ull));
+  size_t i = 0;
+  for (; i + 8 <= len; i += 8) {
+    uint64_t w = 0;
+    for (int b = 0; b < 8; b++) w |= (uint64_t)p[i + (size_t)b] << (8 * b);
+    h = (h ^ (w * 0xff51afd7ed558ccdull)) * 0xc4ceb9fe1a85ec53ull;
+    h ^= h >> 29;
   }
-  return h;
+  uint64_t tail = 0;
+  for (int b = 0; i < len; i++, b++) tail |= (uint64_t)p[i] << (8 * b);
+  return mix64(h ^ (tail * 0xff51afd7ed558ccdull));
 }
 
 static entry_t *find(uint64_t h, const void *key, size_t keylen) {

@@ -82,7 +82,7 @@ from torch.export.graph_signature import InputKind, OutputKind
 
 from .. import modes
 from ..device import _C
-from .graph_runner import GraphRunner
+from .graph_runner import GraphRunner, _entry
 
 __all__ = ["export_stablehlo", "StableHLOModule", "ProgramInput", "ProgramOutput"]
 
@@ -382,7 +382,8 @@ def _tensor_type(mlir_type: str):
 
 def _capture(gm: torch.fx.GraphModule, held: list, plan_inputs: list[torch.Tensor]):
     """Runs ``gm`` on ``held`` once under a capture ended with ``plan_inputs`` as the plan's
-    inputs: (outputs, output layout, output storage tensors, plan)."""
+    inputs: (outputs, the graph's per-call entry, its output layout (see GraphRunner._describe),
+    output storage tensors, plan)."""
     with torch.no_grad(), modes.eager_mode("defer_and_fuse"):
         _C._capture_begin()
         try:
@@ -390,8 +391,8 @@ def _capture(gm: torch.fx.GraphModule, held: list, plan_inputs: list[torch.Tenso
         except BaseException:
             _C._capture_abort()
             raise
-        entry, reps = GraphRunner._describe(outs, held, plan_inputs)
-        if entry is None:
+        desc, reps = GraphRunner._describe(outs, held, plan_inputs)
+        if desc is None:
             _C._capture_abort()
             raise NotImplementedError(
                 "export_stablehlo: the program's outputs cannot be rebuilt from one program's "
@@ -404,8 +405,7 @@ def _capture(gm: torch.fx.GraphModule, held: list, plan_inputs: list[torch.Tenso
             "the recorded ops to run during the capture (a read to the host, a CPU fallback, a "
             "data-dependent shape, an op on another device, or a storage used with two element "
             "types). torch_pjrt.modes.pending_graph() and torch.tpu.fallback_ops() help find it.")
-    entry.plan = plan
-    return outs, entry, reps, plan
+    return outs, _entry(plan, *desc), desc[0], reps, plan
 
 
 # ---- export --------------------------------------------------------------------------------
@@ -507,7 +507,7 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
     tensors = [held[p] for p in tensor_pos]
     # every tensor an input of the plan: params() names the ExportedProgram input behind each
     # storage argument (-1: a capture constant)
-    outs, entry, reps, plan = _capture(gm, held, tensors)
+    outs, entry, layout, reps, plan = _capture(gm, held, tensors)
     text = plan.text()
     sources = [tensor_pos[k] if k >= 0 else None for k in plan.params()]
     if weights == "constants" and weight_positions:
@@ -515,7 +515,7 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
         user = {p: k for k, p in enumerate(p for p in user_positions
                                             if const_user[p] is _NO_CONST)}
         del outs, reps, plan
-        outs, entry, reps, plan = _capture(gm, held, [held[p] for p in user])
+        outs, entry, layout, reps, plan = _capture(gm, held, [held[p] for p in user])
         expect = [user.get(p, -1) for p in sources]
         if plan.text() != text or plan.params() != expect:
             raise RuntimeError("export_stablehlo: capturing the graph with the weights as plan "
@@ -575,7 +575,7 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
         raise RuntimeError(f"export_stablehlo: the plan's results {results} do not account for "
                            f"the {len(reps)} output storages")
     outputs: list[ProgramOutput] = []
-    for i, ((kind, where, meta), spec) in enumerate(zip(entry.layout, sig.output_specs)):
+    for i, ((kind, where, meta), spec) in enumerate(zip(layout, sig.output_specs)):
         okind = {OutputKind.USER_OUTPUT: "user_output", OutputKind.LOSS_OUTPUT: "loss_output",
                  OutputKind.BUFFER_MUTATION: "buffer_mutation",
                  OutputKind.USER_INPUT_MUTATION: "user_input_mutation"}[spec.kind]

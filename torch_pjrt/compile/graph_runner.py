@@ -33,44 +33,9 @@ def _has_random_ops(gm: torch.fx.GraphModule) -> bool:
     return False
 
 
-def _signature(args) -> tuple | None:
-    """Everything a plan depends on, or None when the call cannot use one."""
-    sig = []
-    storages: dict[int, int] = {}
-    for i, a in enumerate(args):
-        if isinstance(a, torch.Tensor):
-            if a.device.type != "tpu":
-                return None
-            st = a.untyped_storage()  # (one call: this runs for every input of every call)
-            sig.append((a.dtype, a.device.index, a.shape, a.stride(), a.storage_offset(),
-                        st.nbytes(), storages.setdefault(st.data_ptr(), i)))
-        elif a is None or isinstance(a, (bool, int, float, str, torch.dtype, torch.device)):
-            sig.append((type(a), a))
-        else:
-            return None  # SymInts and other objects: not specialized here
-    return tuple(sig)
-
-
-class _Capture:
-    """A plan and how to rebuild the graph's outputs around its result storages."""
-
-    __slots__ = ("plan", "out_storages", "layout", "sequence_type", "device")
-
-    def run(self, args, plan_inputs=None):
-        """Runs the plan over `plan_inputs` (default: the tensors among `args`, as captured) and
-        returns the outputs; outputs that alias an input are views of ``args[i]``."""
-        if plan_inputs is None:
-            plan_inputs = [a for a in args if isinstance(a, torch.Tensor)]
-        bases = [torch.empty(n, dtype=dt, device=self.device) for n, dt in self.out_storages]
-        self.plan.run(plan_inputs, bases)
-        out = []
-        for kind, where, meta in self.layout:
-            if kind == "value":
-                out.append(where)
-            else:
-                src = bases[where] if kind == "out" else args[where]
-                out.append(src.as_strided(*meta))
-        return self.sequence_type(out)
+def _entry(plan, layout, out_storages, sequence_type, device):
+    """The per-call object of a captured graph (C++: runs the plan and rebuilds the outputs)."""
+    return _C._GraphEntry(plan, out_storages, layout, sequence_type is tuple, device)
 
 
 class GraphRunner:
@@ -81,19 +46,20 @@ class GraphRunner:
         self.name = name
         self.debug_dir = opts["debug_dir"]
         self.capture = opts["capture"] and not _has_random_ops(gm)
-        self.plans: dict[tuple, _Capture] = {}
-        self.uncapturable: set[tuple] = set()
+        # signature (bytes, _C._GraphCache.signature) -> _C._GraphEntry
+        self.plans = _C._GraphCache()
+        self.uncapturable: set[bytes] = set()
         if self.debug_dir:
             with open(os.path.join(self.debug_dir, f"{name}.fx.py"), "w") as f:
                 f.write(gm.code)
 
     def __call__(self, *args):
-        sig = _signature(args) if self.capture else None
-        if sig is not None:
-            entry = self.plans.get(sig)
-            if entry is not None:
-                return entry.run(args)
-            if sig not in self.uncapturable:
+        if self.capture:
+            outs = self.plans.run(args)  # None: no plan for these arguments yet
+            if outs is not None:
+                return outs
+            sig = self.plans.signature(args)
+            if sig is not None and sig not in self.uncapturable:
                 return self._capture(sig, args)
         return self._run_recorded(args)
 
@@ -110,8 +76,8 @@ class GraphRunner:
             except BaseException:
                 _C._capture_abort()
                 raise
-            entry, out_storage_tensors = self._describe(outs, args, tensors)
-            if entry is None:
+            layout, out_storage_tensors = self._describe(outs, args, tensors)
+            if layout is None:
                 _C._capture_abort()
                 self.uncapturable.add(sig)
                 return outs
@@ -119,8 +85,7 @@ class GraphRunner:
         if plan is None:
             self.uncapturable.add(sig)
             return outs
-        entry.plan = plan
-        self.plans[sig] = entry
+        self.plans.add(sig, _entry(plan, *layout))
         if self.debug_dir:
             suffix = f"_{len(self.plans) - 1}" if len(self.plans) > 1 else ""
             with open(os.path.join(self.debug_dir, f"{self.name}{suffix}.stablehlo.mlir"), "w") as f:
@@ -129,43 +94,42 @@ class GraphRunner:
 
     @staticmethod
     def _describe(outs, args, tensors):
-        """The outputs' layout relative to the inputs and to new storages, or (None, None) when
-        some output cannot be rebuilt from a plan's results."""
+        """How to rebuild the outputs around a plan's results: ((layout, result storages,
+        sequence type, device) for `_entry`, one output tensor per result storage), or
+        (None, None) when some output cannot be rebuilt from a plan's results."""
         if not isinstance(outs, (list, tuple)):
             return None, None
         input_storage = {}
         for i, a in enumerate(args):
             if isinstance(a, torch.Tensor):
                 input_storage.setdefault(a.untyped_storage().data_ptr(), i)
-        entry = _Capture()
-        entry.sequence_type = type(outs)
-        entry.device = tensors[0].device if tensors else None
-        entry.layout, entry.out_storages = [], []
+        device = tensors[0].device if tensors else None
+        layout, out_storages = [], []
         new_storage: dict[int, int] = {}
         reps = []
         for o in outs:
             if not isinstance(o, torch.Tensor):
                 if o is not None and not isinstance(o, (bool, int, float)):
                     return None, None
-                entry.layout.append(("value", o, None))
+                layout.append(("value", o, None))
                 continue
             if o.device.type != "tpu":
                 return None, None
-            entry.device = o.device
+            device = o.device
             meta = (tuple(o.shape), o.stride(), o.storage_offset())
             ptr = o.untyped_storage().data_ptr()
             if ptr in input_storage:
-                entry.layout.append(("input", input_storage[ptr], meta))
+                layout.append(("input", input_storage[ptr], meta))
                 continue
             j = new_storage.get(ptr)
             if j is None:
                 nbytes = o.untyped_storage().nbytes()
                 if nbytes % o.element_size():
                     return None, None
-                j = new_storage[ptr] = len(entry.out_storages)
-                entry.out_storages.append((nbytes // o.element_size(), o.dtype))
+                j = new_storage[ptr] = len(out_storages)
+                out_storages.append((nbytes // o.element_size(), o.dtype))
                 reps.append(o)
-            elif entry.out_storages[j][1] != o.dtype:
+            elif out_storages[j][1] != o.dtype:
                 return None, None  # one storage read as two element types
-            entry.layout.append(("out", j, meta))
-        return entry, reps
+            layout.append(("out", j, meta))
+        return (layout, out_storages, type(outs), device), reps
