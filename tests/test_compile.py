@@ -203,8 +203,7 @@ def test_input_mutation_updates_in_place():
 
 
 def test_no_grad_and_checkpoint():
-    # (torch.autocast("tpu") is not supported yet, eager or compiled: no AutocastPrivateUse1
-    # kernels are registered; see the README's known gaps)
+    # (autocast regions, eager and compiled: tests/test_autocast.py)
     m = _models.init_weights(_models.MLP(), seed=6)
     mt = copy.deepcopy(m).to(TPU)
     x = torch.randn(8, 32)
