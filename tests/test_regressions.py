@@ -46,10 +46,49 @@ def test_triangle_indices_including_empty_results(fn, rco):
     assert got.shape == want.shape and torch.equal(got.cpu(), want)
 
 
-@pytest.mark.parametrize("n", [65, 150])
+@pytest.mark.parametrize("n", [65, 150, 600])
 def test_ops_with_many_operands(n):
     # the builder printed at most 64 operand types per op (cat/stack of more tensors failed)
     xs = [torch.randn(3, generator=torch.Generator().manual_seed(i)) for i in range(n)]
     tx = [x.to(TPU) for x in xs]
     assert torch.equal(torch.cat(tx).cpu(), torch.cat(xs))
     assert torch.equal(torch.stack(tx, 1).cpu(), torch.stack(xs, 1))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_list_ops_longer_than_one_call(mode, fallbacks):
+    # one lowered call holds at most 512 tensors; longer lists used to raise "too many tensor
+    # arguments" (cat/stack of 600 tensors, _foreach_* and fused optimizers of 600 parameters)
+    n = 600
+    xs = [torch.randn(2, 3, generator=torch.Generator().manual_seed(i)) for i in range(n)]
+    ys = [x * 0.5 for x in xs]
+    fallbacks.reset()
+    torch.tpu.set_eager_mode(mode)
+    try:
+        tx, ty = [x.to(TPU) for x in xs], [y.to(TPU) for y in ys]
+        out = torch.empty(0, device=TPU)
+        torch.cat(tx, 0, out=out)
+        assert torch.equal(out.cpu(), torch.cat(xs, 0))
+        got = torch._foreach_mul(tx, ty)
+        assert len(got) == n and all(torch.equal(g.cpu(), x * y) for g, x, y in zip(got, xs, ys))
+        scal = [float(i) for i in range(n)]
+        got = torch._foreach_add(tx, scal)
+        assert all(torch.equal(g.cpu(), x + s) for g, x, s in zip(got, xs, scal))
+        torch._foreach_add_(tx, ty, alpha=2)
+        assert all(torch.equal(t.cpu(), x + 2 * y) for t, x, y in zip(tx, xs, ys))
+        # fused AdamW over 600 parameters (6 lists of 600 in one call) against CPU's
+        params = [torch.nn.Parameter(x.clone()) for x in xs]
+        tparams = [torch.nn.Parameter(x.to(TPU)) for x in xs]
+        for ps in (params, tparams):
+            for p, y in zip(ps, ys):
+                p.grad = y.to(p.device)
+        cpu_opt = torch.optim.AdamW(params, lr=0.1, fused=True)
+        tpu_opt = torch.optim.AdamW(tparams, lr=0.1, fused=True)
+        for _ in range(2):
+            cpu_opt.step()
+            tpu_opt.step()
+        for p, t in zip(params, tparams):
+            torch.testing.assert_close(t.detach().cpu(), p.detach(), rtol=1e-5, atol=1e-6)
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    fallbacks.assert_none("list ops over 600 tensors")

@@ -1,7 +1,6 @@
 // Autocast for the tpu device: kernels for DispatchKey::AutocastPrivateUse1, so that
 // torch.autocast("tpu") casts op inputs the way torch.autocast("cuda") does (eager mode; under
 // torch.compile the same kernels run while AOTAutograd traces, so graphs get the casts).
-// Also GradScaler's unscale op in chunks (end of file).
 //
 // The op lists and cast policies are CUDA's: ATen's autocast_mode.h exports them as AT_FORALL_*
 // tables meant for reuse by backends, and CUDA registers exactly these tables (plus cudnn-only
@@ -57,28 +56,6 @@ TORCH_LIBRARY_IMPL(aten, AutocastPrivateUse1, m) {
   AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE(KERNEL_DIFFERENT_REDISPATCH_SIGNATURE_PRIVATEUSEONE)
   AT_FORALL_PROMOTE(TPU_PROMOTE)
   m.impl("binary_cross_entropy", TORCH_FN(binary_cross_entropy_refused));
-}
-
-// torch.amp.GradScaler unscales all gradients of one dtype in one call, but one lowered call
-// holds at most PJ_CALL_MAX_TENSORS tensors: longer lists run in chunks (each its own program,
-// all updating the same found_inf), so large models keep working.
-void unscale_in_chunks(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  constexpr size_t kChunk = 256;
-  const size_t nargs = op.schema().arguments().size();  // self[], found_inf, inv_scale
-  const c10::List<at::Tensor> grads = (*stack)[stack->size() - nargs].toTensorList();
-  if (grads.size() <= kChunk) return torch_pjrt::lowered_kernel(op, stack);
-  for (size_t i = 0; i < grads.size(); i += kChunk) {
-    c10::List<at::Tensor> part;
-    for (size_t j = i; j < std::min(grads.size(), i + kChunk); j++) part.push_back(grads[j]);
-    torch::jit::Stack chunk{part, (*stack)[stack->size() - 2], (*stack)[stack->size() - 1]};
-    torch_pjrt::lowered_kernel(op, &chunk);
-  }
-  torch::jit::drop(*stack, nargs);
-}
-
-TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
-  m.impl("_amp_foreach_non_finite_check_and_unscale_",
-         torch::CppFunction::makeFromBoxedFunction<&unscale_in_chunks>());
 }
 
 }  // namespace

@@ -9,6 +9,7 @@
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
+#include <algorithm>
 #include <cstring>
 #include <mutex>
 #include <sstream>
@@ -543,10 +544,95 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   for (auto& r : returns) stack->push_back(std::move(r));
 }
 
+// One lowered call holds at most PJ_CALL_MAX_TENSORS tensors (inputs and outputs). Calls over
+// longer lists run in parts: list-elementwise ops (_foreach_*, _amp_foreach_*, _fused_*) over
+// chunks of their full-length lists taken in lockstep (other arguments as given), cat and stack
+// (and their out= forms, which functional cat reaches as) as a cat of the parts' results.
+// Returns false when the call fits (or is of another kind).
+bool run_in_parts(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                  const std::string& base) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  size_t longest = 0, tensors = 0;
+  for (const c10::IValue& v : torch::jit::last(*stack, nargs)) {
+    if (v.isList()) {  // Tensor[] (or Tensor?[]) arrives as a generic list when boxed
+      const auto& l = v.toListRef();
+      if (std::any_of(l.begin(), l.end(), [](const c10::IValue& e) { return e.isTensor(); })) {
+        longest = std::max(longest, l.size());
+        tensors += l.size();
+      }
+    } else if (v.isTensor()) {
+      tensors++;
+    }
+  }
+  size_t list_returns = 0;
+  for (const auto& r : schema.returns())
+    list_returns += r.type()->kind() == c10::TypeKind::ListType;
+  if (tensors + longest * list_returns <= PJ_CALL_MAX_TENSORS) return false;
+  const std::string& overload = schema.overload_name();
+  if ((base == "cat" || base == "stack") && (overload.empty() || overload == "out")) {
+    const std::vector<at::Tensor> ts = tensors_of((*stack)[stack->size() - nargs]);
+    const int64_t dim = (*stack)[stack->size() - nargs + 1].toInt();
+    constexpr size_t kPart = PJ_CALL_MAX_TENSORS / 2;
+    std::vector<at::Tensor> parts;
+    for (size_t i = 0; i < ts.size(); i += kPart) {
+      std::vector<at::Tensor> part(ts.begin() + static_cast<std::ptrdiff_t>(i),
+                                   ts.begin() + static_cast<std::ptrdiff_t>(
+                                                    std::min(ts.size(), i + kPart)));
+      parts.push_back(base == "cat" ? at::cat(part, dim) : at::stack(part, dim));
+    }
+    // stack's dim indexes the parts' rank too
+    at::Tensor result = overload.empty()
+                            ? at::cat(parts, dim)
+                            : at::cat_out((*stack)[stack->size() - 1].toTensor(), parts, dim);
+    torch::jit::drop(*stack, nargs);
+    stack->push_back(std::move(result));
+    return true;
+  }
+  const bool elementwise = base.rfind("_foreach_", 0) == 0 ||
+                           base.rfind("_amp_foreach_", 0) == 0 || base.rfind("_fused_", 0) == 0;
+  if (!elementwise) return false;
+  size_t long_lists = list_returns;
+  for (const c10::IValue& v : torch::jit::last(*stack, nargs))
+    long_lists += v.isList() && v.toListRef().size() == longest;
+  const size_t chunk = std::max<size_t>(1, (PJ_CALL_MAX_TENSORS / 2) / long_lists);
+  const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(nargs),
+                                      stack->end());
+  torch::jit::drop(*stack, nargs);
+  std::vector<c10::IValue> returns;
+  for (size_t i = 0; i < longest; i += chunk) {
+    const size_t end = std::min(longest, i + chunk);
+    torch::jit::Stack part;
+    for (const c10::IValue& v : args) {
+      if (v.isList() && v.toListRef().size() == longest) {
+        const c10::impl::GenericList whole = v.toList();
+        c10::impl::GenericList piece(whole.elementType());
+        for (size_t j = i; j < end; j++) piece.push_back(whole.get(j));
+        part.emplace_back(std::move(piece));
+      } else {
+        part.push_back(v);
+      }
+    }
+    lowered_call(op, &part, base);
+    if (returns.empty()) {
+      returns = std::move(part);
+      continue;
+    }
+    for (size_t r = 0; r < returns.size(); r++)  // list returns: the parts' lists, in order
+      if (returns[r].isList()) {
+        c10::impl::GenericList acc = returns[r].toList();
+        for (const c10::IValue& x : part[r].toListRef()) acc.push_back(x);
+      }
+  }
+  for (auto& r : returns) stack->push_back(std::move(r));
+  return true;
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string base = base_name(op.schema());
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
+  if (run_in_parts(op, stack, base)) return;
   lowered_call(op, stack, base);
 }
 
