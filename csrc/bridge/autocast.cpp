@@ -10,12 +10,6 @@
 #include <ATen/autocast_mode.h>
 #include <torch/library.h>
 
-#include <algorithm>
-
-namespace torch_pjrt {
-void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack);  // dispatch.cpp
-}
-
 namespace {
 
 // the names AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE's signatures use unqualified
