@@ -451,8 +451,14 @@ static pj_status_t *cached_scalar_buffer(int device, const pj_scalar_t *s,
 pj_status_t *pj_program_for_key(const unsigned char *key, size_t len,
                                 pj_status_t *(*build)(void *ctx, char **text, size_t *len),
                                 void *ctx, const char *what, pj_program_t **out) {
+  return pj_program_for_hashed_key(pj_hash_bytes(key, len, 0), key, len, build, ctx, what, out);
+}
+
+pj_status_t *pj_program_for_hashed_key(uint64_t hash, const unsigned char *key, size_t len,
+                                       pj_status_t *(*build)(void *ctx, char **text, size_t *len),
+                                       void *ctx, const char *what, pj_program_t **out) {
   /* Memory cache, then the persistent cache, then compile (and persist). */
-  pj_program_t *p = pj_cache_lookup(key, len);
+  pj_program_t *p = pj_cache_lookup_hashed(hash, key, len);
   if (p) {
     *out = p;
     return NULL;

@@ -47,6 +47,10 @@ extern pthread_mutex_t pj_run_lock;
 pj_status_t *pj_program_for_key(const unsigned char *key, size_t len,
                                 pj_status_t *(*build)(void *ctx, char **text, size_t *len),
                                 void *ctx, const char *what, pj_program_t **out);
+/* The same for a key whose hash (pj_hash_bytes(key, len, 0)) the caller keeps. */
+pj_status_t *pj_program_for_hashed_key(uint64_t hash, const unsigned char *key, size_t len,
+                                       pj_status_t *(*build)(void *ctx, char **text, size_t *len),
+                                       void *ctx, const char *what, pj_program_t **out);
 
 /* Executes prog (caller holds pj_run_lock): arguments are bufs[0..nbufs) (donate[i] says
  * whether bufs[i] is donated) followed by a 0-d buffer per scalar. outs gets nouts buffers. */

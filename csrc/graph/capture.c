@@ -26,6 +26,7 @@ struct pj_plan {
   bool *live;  /* per graph storage: a result of the program */
   unsigned char *key;
   size_t keylen;
+  uint64_t keyhash; /* pj_hash_bytes(key, keylen, 0), once: the key is tens of kilobytes */
   int *same_as; /* per input: the first input that was the same storage at capture */
   pj_scalar_t *scalars; /* every op's scalars, in op order (values recorded at capture) */
   int nscalars, nparams, nresults, nin, nout;
@@ -128,6 +129,7 @@ static pj_status_t *plan_new(graph_t *g, pj_storage_t *const *inputs, int nin,
   }
   p->key = k.p;
   p->keylen = k.len;
+  p->keyhash = pj_hash_bytes(k.p, k.len, 0);
   p->g = *g;
   memset(g, 0, sizeof *g);
   *out = p;
@@ -183,7 +185,8 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
   pj_graph_build_t build = {g, p->live, p->const_scalars ? p->scalars : NULL};
   char what[64];
   snprintf(what, sizeof what, "a compiled graph of %d ops", g->nops);
-  st = pj_program_for_key(p->key, p->keylen, pj_graph_build, &build, what, &prog);
+  st = pj_program_for_hashed_key(p->keyhash, p->key, p->keylen, pj_graph_build, &build, what,
+                                 &prog);
   int nbufs = 0;
   for (int i = 0; i < g->nst && !st; i++) {
     if (!g->st[i].param) continue;

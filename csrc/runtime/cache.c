@@ -78,7 +78,10 @@ static entry_t *find(uint64_t h, const void *key, size_t keylen) {
 }
 
 pj_program_t *pj_cache_lookup(const void *key, size_t keylen) {
-  uint64_t h = pj_hash_bytes(key, keylen, 0);
+  return pj_cache_lookup_hashed(pj_hash_bytes(key, keylen, 0), key, keylen);
+}
+
+pj_program_t *pj_cache_lookup_hashed(uint64_t h, const void *key, size_t keylen) {
   pthread_mutex_lock(&lock);
   entry_t *e = find(h, key, keylen);
   if (e) e->last_use = ++use_clock;

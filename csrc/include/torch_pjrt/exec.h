@@ -30,6 +30,9 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, struct PJRT_Buffer 
  * compared). The cache owns stored programs. Thread-safe. */
 uint64_t pj_hash_bytes(const void *data, size_t len, uint64_t seed);
 pj_program_t *pj_cache_lookup(const void *key, size_t keylen);
+/* The same with the key's hash given: hash must be pj_hash_bytes(key, keylen, 0). For callers
+ * that look one long key up again and again (a compiled graph's plan on every run). */
+pj_program_t *pj_cache_lookup_hashed(uint64_t hash, const void *key, size_t keylen);
 /* Inserts (takes ownership of p). If the key is already present, frees p and returns the
  * existing one. */
 pj_program_t *pj_cache_insert(const void *key, size_t keylen, pj_program_t *p);
