@@ -220,11 +220,16 @@ def test_no_grad_and_checkpoint():
 
 
 def test_random_ops_follow_the_tpu_generator():
+    # (captured random graphs in detail, training with dropout: tests/test_compile_rng.py)
     drop = torch.nn.Dropout(0.5)
     cd = torch.compile(lambda t: drop(t) + 0, backend="tpu")
     t = torch.ones(64, 64, device=TPU)
     torch.manual_seed(1)
-    r1, r2 = cd(t).cpu(), cd(t).cpu()
+    r1 = cd(t).cpu()
+    before = metrics()
+    r2 = cd(t).cpu()
+    d = delta(before, metrics())
+    assert d.get("graph_runs") == 1 and d.get("executions") == 1, d  # captured, not recorded
     torch.manual_seed(1)
     r3 = cd(t).cpu()
     assert torch.equal(r1, r3), "torch.manual_seed does not reproduce a compiled random op"
@@ -232,6 +237,7 @@ def test_random_ops_follow_the_tpu_generator():
     assert set(r1.unique().tolist()) == {0.0, 2.0}
     torch.manual_seed(1)
     assert torch.equal(drop(t).cpu(), r1), "compiled and eager draws differ"
+    assert torch.equal(drop(t).cpu(), r2), "compiled and eager draws differ"
 
 
 # ---- dynamic shapes and the persistent cache ----

@@ -38,6 +38,19 @@ std::vector<pj_storage_t*> storages(const std::vector<at::Tensor>& ts, const cha
   return out;
 }
 
+// The generator state a run of plan `p` draws from (nullptr when the captured graph draws no
+// random numbers): taken from the default generator of the plan's device, which advances as far
+// as the graph's random ops advanced it at capture. Every run thus draws what the same ops run
+// eagerly would draw next, and eager ops after it continue the same stream.
+const pj_plan_rng_t* take_rng(pj_plan_t* p, pj_plan_rng_t* state) {
+  int device = 0;
+  uint64_t increment = 0;
+  if (pj_plan_draws(p, &device, &increment) == 0) return nullptr;
+  auto [seed, offset] = rng_next(std::nullopt, device, increment);
+  *state = pj_plan_rng_t{seed, offset};
+  return state;
+}
+
 // Owns a pj_plan_t; Python holds it through a shared_ptr.
 struct Plan {
   pj_plan_t* p;
@@ -88,11 +101,13 @@ struct GraphEntry {
       bases.push_back(at::empty({numel}, at::TensorOptions().dtype(dtype).device(*device)));
       out.push_back(storage_of(bases.back()));
     }
+    pj_plan_rng_t state;
+    const pj_plan_rng_t* rng = take_rng(plan->p, &state);
     pj_status_t* st;
     {
       py::gil_scoped_release nogil;
       st = pj_plan_run(plan->p, in.data(), static_cast<int>(in.size()), out.data(),
-                       static_cast<int>(out.size()));
+                       static_cast<int>(out.size()), rng);
     }
     check(st);
     py::list outs(outputs.size());
@@ -217,15 +232,18 @@ void bind_capture(pybind11::module_& m) {
                      const std::vector<at::Tensor>& outputs) {
              auto in = storages(inputs, "input");
              auto out = storages(outputs, "output");
+             pj_plan_rng_t state;
+             const pj_plan_rng_t* rng = take_rng(self.p, &state);
              pj_status_t* st;
              {
                py::gil_scoped_release nogil;
                st = pj_plan_run(self.p, in.data(), static_cast<int>(in.size()), out.data(),
-                                static_cast<int>(out.size()));
+                                static_cast<int>(out.size()), rng);
              }
              check(st);
            },
-           "Runs the captured program: inputs as at capture, outputs fresh tpu storages.")
+           "Runs the captured program: inputs as at capture, outputs fresh tpu storages; its "
+           "random ops draw from the device's default tpu generator.")
       .def("text", [](Plan& self) {
              char* t = nullptr;
              check(pj_plan_text(self.p, &t));
@@ -267,11 +285,20 @@ void bind_capture(pybind11::module_& m) {
            },
            "Values of the program's scalar arguments (after the parameters), as recorded.")
       .def("stats", [](Plan& self) {
-        int ops, params, results, scalars;
-        pj_plan_stats(self.p, &ops, &params, &results, &scalars);
-        return py::dict(py::arg("ops") = ops, py::arg("params") = params,
-                        py::arg("results") = results, py::arg("scalars") = scalars);
-      });
+             int ops, params, results, scalars;
+             pj_plan_stats(self.p, &ops, &params, &results, &scalars);
+             return py::dict(py::arg("ops") = ops, py::arg("params") = params,
+                             py::arg("results") = results, py::arg("scalars") = scalars);
+           })
+      .def("draws", [](Plan& self) {
+             int device = 0;
+             uint64_t increment = 0;
+             int n = pj_plan_draws(self.p, &device, &increment);
+             return py::make_tuple(n, n ? py::object(py::int_(device)) : py::object(py::none()),
+                                   py::int_(n ? increment : 0));
+           },
+           "(draws, device, increment): how many generator draws a run makes, from which "
+           "device's default tpu generator, advancing it by how much in total.");
   py::class_<GraphEntry, std::shared_ptr<GraphEntry>>(m, "_GraphEntry")
       .def(py::init([](std::shared_ptr<Plan> plan, const py::list& results,
                        const py::list& layout, bool as_tuple, std::optional<at::Device> device) {

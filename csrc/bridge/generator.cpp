@@ -7,6 +7,9 @@
 // offset, each a little-endian uint64.
 #include "bridge.h"
 
+extern "C" {
+#include "torch_pjrt/capture.h"
+}
 
 #include <array>
 #include <cstring>
@@ -121,8 +124,20 @@ std::pair<uint64_t, uint64_t> rng_next(const std::optional<at::Generator>& gen, 
   const at::Generator& g =
       gen.has_value() && gen->defined() ? *gen : default_generator(device);
   auto* impl = at::check_generator<PjrtGenerator>(g);
-  std::lock_guard<std::mutex> lock(impl->mutex_);
-  return impl->take(increment);
+  std::pair<uint64_t, uint64_t> drawn;
+  {
+    std::lock_guard<std::mutex> lock(impl->mutex_);
+    drawn = impl->take(increment);
+  }
+  // A capture (capture.h) learns every draw, so that its plan draws anew on each run; it can
+  // replay draws from a device's default generator only, so it is told which generator it was.
+  if (pj_capture_active()) {
+    const int index = impl->device().index();
+    const bool is_default = default_generator(index).unsafeGetGeneratorImpl() == impl;
+    pj_capture_note_draw(is_default ? index : PJ_GENERATOR_OTHER, drawn.first, drawn.second,
+                         increment);
+  }
+  return drawn;
 }
 
 }  // namespace torch_pjrt

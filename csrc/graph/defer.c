@@ -40,6 +40,10 @@ static graph_t G;
  * a sync, a device change), and any such flush breaks the capture. Guarded by mu. */
 static atomic_bool capturing;
 static bool capture_broken;
+/* The generator draws reported while capturing, in the order they were made (a plan replays
+ * them, capture.c). Guarded by mu; emptied when a capture begins. */
+static pj_draw_t *draws;
+static int ndraws, cap_draws;
 static detector_t D;
 static atomic_int pending_ops;
 /* Default size bound. Small on purpose: a graph that reaches it runs asynchronously while the
@@ -93,7 +97,7 @@ static int add_store(graph_t *g, pj_storage_t *s, pj_dtype_t dt, int64_t numel, 
   if ((g->nst + 1) * 2 > g->index_cap && !index_rebuild(g, g->index_cap ? g->index_cap * 2 : 256))
     return -1;
   int i = g->nst++;
-  g->st[i] = (gstore_t){.s = s, .dtype = dt, .numel = numel, .param = param};
+  g->st[i] = (gstore_t){.s = s, .dtype = dt, .numel = numel, .param = param, .fresh = !s->buf};
   pj_storage_retain(s);
   size_t b = ptr_hash(s) & (size_t)(g->index_cap - 1);
   while (g->index[b] >= 0) b = (b + 1) & (size_t)(g->index_cap - 1);
@@ -155,15 +159,26 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a fused program");
     goto done;
   }
-  /* Parameters: storages read before being written (graph order), then every op's scalars. */
+  /* Parameters: storages read before being written (graph order), then the generator's seed
+   * and base offset if some scalar is bound to them, then the scalars passed as arguments. */
   int nparam = 0;
   for (int i = 0; i < g->nst; i++) {
     param_of[i] = -1;
     vals[i].id = -1;
-    if (g->st[i].param) {
+    if (g->st[i].param && fb->zeros && fb->zeros[i]) {
+      vals[i] = pj_full(h, pj_type(g->st[i].dtype, 1, &g->st[i].numel), 0);
+    } else if (g->st[i].param) {
       vals[i] = pj_hlo_param(h, pj_type(g->st[i].dtype, 1, &g->st[i].numel));
       param_of[i] = nparam++;
     }
+  }
+  bool draws = false;
+  for (int i = 0; fb->bind && i < total_scalars; i++)
+    draws = draws || fb->bind[i].use == PJ_SCALAR_SEED || fb->bind[i].use == PJ_SCALAR_OFFSET;
+  pj_val_t seed = {.id = -1}, base = {.id = -1};
+  if (draws) {
+    seed = pj_hlo_param(h, pj_type_scalar(PJ_I64));
+    base = pj_hlo_param(h, pj_type_scalar(PJ_I64));
   }
   int first_scalar = 0;
   for (int k = 0; k < g->nops && !st; k++) {
@@ -172,11 +187,24 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
       st = pj_status_new(PJ_ERR_RUNTIME, "internal: a recorded call could not be decoded");
       break;
     }
-    for (int i = 0; i < c->nscalars; i++)
-      scalars[first_scalar + i] =
-          fb->scalar_values
-              ? scalar_constant(h, c->scalars[i].dtype, &fb->scalar_values[first_scalar + i])
-              : pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
+    for (int i = 0; i < c->nscalars && !st; i++) {
+      const pj_scalar_bind_t *b = fb->bind ? &fb->bind[first_scalar + i] : NULL;
+      pj_val_t *v = &scalars[first_scalar + i];
+      if (!b || b->use == PJ_SCALAR_ARGUMENT) {
+        *v = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
+      } else if (b->use == PJ_SCALAR_CONSTANT) {
+        *v = scalar_constant(h, c->scalars[i].dtype, &fb->scalar_values[first_scalar + i]);
+      } else if (c->scalars[i].dtype != PJ_I64) {
+        st = pj_status_new(PJ_ERR_RUNTIME, "internal: a generator scalar of aten::%s is not "
+                           "int64", c->op);
+      } else if (b->use == PJ_SCALAR_SEED) {
+        *v = seed;
+      } else {
+        /* wraps modulo 2^64 like the generator's own offset arithmetic */
+        *v = pj_binary(h, "stablehlo.add", base, pj_const_i(h, PJ_I64, (int64_t)b->rel));
+      }
+    }
+    if (st) break;
     pj_lower_fn fn = pj_lowering_find(c->op);
     if (!fn) {
       st = pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
@@ -208,8 +236,9 @@ done:
   return st;
 }
 
-bool pj_graph_key(const graph_t *g, const bool *live, const pj_scalar_t *scalar_values,
-                  int nscalars, const char *identity, pj_keybuf_t *k) {
+bool pj_graph_key(const graph_t *g, const bool *live, const bool *zeros,
+                  const pj_scalar_t *scalar_values, const pj_scalar_bind_t *bind, int nscalars,
+                  const char *identity, pj_keybuf_t *k) {
   pj_key_str(k, identity);
   pj_key_str(k, "defer_and_fuse");
   pj_key_int(k, g->nops);
@@ -224,11 +253,16 @@ bool pj_graph_key(const graph_t *g, const bool *live, const pj_scalar_t *scalar_
     const gstore_t *s = &g->st[i];
     pj_key_int(k, s->dtype);
     pj_key_int(k, s->numel);
-    pj_key_int(k, (int64_t)s->param | (int64_t)s->written << 1 | (int64_t)live[i] << 2);
+    pj_key_int(k, (int64_t)s->param | (int64_t)s->written << 1 | (int64_t)live[i] << 2 |
+                      (int64_t)(zeros && zeros[i]) << 3);
   }
-  /* constants are part of the program: their exact bits are part of its key */
-  pj_key_int(k, scalar_values ? nscalars : -1);
-  for (int i = 0; scalar_values && i < nscalars; i++) {
+  /* constants are part of the program: their exact bits are part of its key; so are the
+   * offsets' distances, which are constants too. Argument values never are. */
+  pj_key_int(k, bind ? nscalars : -1);
+  for (int i = 0; bind && i < nscalars; i++) {
+    pj_key_int(k, bind[i].use);
+    if (bind[i].use == PJ_SCALAR_OFFSET) pj_key_int(k, (int64_t)bind[i].rel);
+    if (bind[i].use != PJ_SCALAR_CONSTANT) continue;
     const pj_scalar_t *v = &scalar_values[i];
     pj_key_int(k, v->dtype);
     pj_key_int(k, v->i);
@@ -299,7 +333,7 @@ static pj_status_t *flush_locked(void) {
   pj_runtime_t *rt;
   st = pj_runtime_get(&rt);
   if (st) goto done;
-  if (!pj_graph_key(&g, live, NULL, 0, pj_runtime_identity(rt), &k)) {
+  if (!pj_graph_key(&g, live, NULL, NULL, NULL, 0, pj_runtime_identity(rt), &k)) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
     goto done;
   }
@@ -310,7 +344,7 @@ static pj_status_t *flush_locked(void) {
   }
   char what[64];
   snprintf(what, sizeof what, "a fused run of %d ops", g.nops);
-  pj_graph_build_t fb = {&g, live, NULL};
+  pj_graph_build_t fb = {&g, live, NULL, NULL, NULL};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
   st = pj_program_for_key(k.p, k.len, pj_graph_build, &fb, what, &prog);
@@ -530,6 +564,7 @@ pj_status_t *pj_capture_begin(void) {
                         : flush_locked();
   if (!st) {
     capture_broken = false;
+    ndraws = 0;
     atomic_store(&capturing, true);
   }
   pthread_mutex_unlock(&mu);
@@ -537,6 +572,25 @@ pj_status_t *pj_capture_begin(void) {
 }
 
 bool pj_capture_active(void) { return atomic_load(&capturing); }
+
+void pj_capture_note_draw(int generator, uint64_t seed, uint64_t offset, uint64_t increment) {
+  if (!atomic_load(&capturing)) return;
+  pthread_mutex_lock(&mu);
+  if (atomic_load(&capturing) && !capture_broken) {
+    if (ndraws == cap_draws) {
+      int cap = cap_draws ? cap_draws * 2 : 16;
+      pj_draw_t *p = realloc(draws, sizeof *p * (size_t)cap);
+      if (p) {
+        draws = p;
+        cap_draws = cap;
+      }
+    }
+    /* a draw the plan would not know of would replay the capture's numbers: no plan then */
+    if (ndraws < cap_draws) draws[ndraws++] = (pj_draw_t){generator, seed, offset, increment};
+    else capture_broken = true;
+  }
+  pthread_mutex_unlock(&mu);
+}
 
 pj_status_t *pj_capture_abort(void) {
   pthread_mutex_lock(&mu);
@@ -564,8 +618,15 @@ pj_status_t *pj_capture_end(pj_storage_t *const *inputs, int nin, pj_storage_t *
   graph_t g = G;
   memset(&G, 0, sizeof G);
   atomic_store(&pending_ops, 0);
+  /* the capture's draws go with its graph (the next capture starts a log of its own) */
+  pj_draw_t *d = draws;
+  int nd = ndraws;
+  draws = NULL;
+  ndraws = cap_draws = 0;
   pthread_mutex_unlock(&mu);
-  return pj_plan_capture(&g, inputs, nin, outputs, nout, plan);
+  pj_status_t *st = pj_plan_capture(&g, d, nd, inputs, nin, outputs, nout, plan);
+  free(d);
+  return st;
 }
 
 void pj_defer_set_max_ops(int n) {

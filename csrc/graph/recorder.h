@@ -6,6 +6,7 @@
 #include <stdint.h>
 
 #include "call_internal.h"
+#include "torch_pjrt/capture.h"
 
 /* A recorded call: its key (pj_call_key with an empty identity) is the whole description the
  * program build needs; slots are mapped to graph storages; scalar values are kept because they
@@ -27,6 +28,8 @@ typedef struct {
   int64_t numel;
   bool param;   /* its contents before the graph are read: a program parameter */
   bool written; /* some recorded op writes it */
+  bool fresh;   /* it had no buffer when the graph first touched it: its contents before the
+                 * graph are zeros (what pj_storage_materialize gives a never-written storage) */
 } gstore_t;
 
 typedef struct {
@@ -43,21 +46,40 @@ typedef struct {
  * not pending) and leaves it empty. */
 void pj_graph_clear(graph_t *g);
 
+/* How a recorded scalar reaches a captured graph's program (a plan's binding, capture.c). The
+ * eager modes pass every scalar as an argument of its own (a NULL binding). */
+typedef enum {
+  PJ_SCALAR_CONSTANT = 0, /* a constant of the program: its value is part of the key */
+  PJ_SCALAR_ARGUMENT,     /* an argument of its own (a complex value with an imaginary part) */
+  PJ_SCALAR_SEED,         /* a random op's "__seed": the program's seed argument */
+  PJ_SCALAR_OFFSET        /* a random op's "__offset": the program's offset argument plus rel */
+} pj_scalar_use_t;
+
+typedef struct {
+  pj_scalar_use_t use;
+  uint64_t rel; /* PJ_SCALAR_OFFSET: its draw's distance from the first draw (part of the key) */
+} pj_scalar_bind_t;
+
 /* Context of pj_graph_build: live[i] says whether graph storage i is a result of the program
  * (results in storage order; a result whose storage is also a parameter aliases it).
- * scalar_values: NULL, every op's scalars are program arguments (one program serves every
- * value: the eager modes); else their values in op order, emitted as constants (a captured
- * graph, whose scalars are constants of the graph). */
+ * zeros: NULL, or per storage whether one the graph reads before writing starts as zeros made
+ * by the program instead of being a parameter (a captured graph's fresh output storage).
+ * bind: NULL, every op's scalars are program arguments in op order (one program serves every
+ * value: the eager modes); else bind[i] says how scalar i (op order) is passed, and
+ * scalar_values[i] is the value of each PJ_SCALAR_CONSTANT one (a captured graph). */
 typedef struct {
   const graph_t *g;
   const bool *live;
+  const bool *zeros;
   const pj_scalar_t *scalar_values;
+  const pj_scalar_bind_t *bind;
 } pj_graph_build_t;
 
 /* Builds the StableHLO text of the whole graph (a pj_program_for_key build callback, ctx is a
- * pj_graph_build_t): parameters are the storages read before written (storage order), then,
- * unless they are constants, every op's scalars (op order). Reads only the ops and each
- * storage's dtype, numel and role. */
+ * pj_graph_build_t): parameters are the storages read before written (storage order; not those
+ * that start as zeros), then, when some scalar is PJ_SCALAR_SEED or PJ_SCALAR_OFFSET, the 0-d
+ * int64 seed and base offset, then every scalar passed as an argument of its own (op order).
+ * Reads only the ops and each storage's dtype, numel and role. */
 pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len);
 
 /* Whether a scalar can be emitted as a program constant (complex values with an imaginary part
@@ -65,10 +87,13 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len);
 bool pj_graph_scalar_is_constant(const pj_scalar_t *v);
 
 /* Structural key of the graph: identity, every recorded call key with its storage wiring, and
- * each storage's role; with scalar_values (as in pj_graph_build_t, nscalars of them) also the
- * scalar values. Storage identities are never part of it. */
-bool pj_graph_key(const graph_t *g, const bool *live, const pj_scalar_t *scalar_values,
-                  int nscalars, const char *identity, pj_keybuf_t *k);
+ * each storage's role (zeros as in pj_graph_build_t, may be NULL); with a binding (bind and
+ * scalar_values as in pj_graph_build_t, nscalars of them) also how each scalar is passed, the
+ * values of the constants and the rel of the offsets. Storage identities and argument values
+ * are never part of it. */
+bool pj_graph_key(const graph_t *g, const bool *live, const bool *zeros,
+                  const pj_scalar_t *scalar_values, const pj_scalar_bind_t *bind, int nscalars,
+                  const char *identity, pj_keybuf_t *k);
 
 /* Runs the graph's ops one by one, each as its own program (what Strict would have done), after
  * its fused program could not be built or compiled (`why`, consumed): every op before a
@@ -76,11 +101,19 @@ bool pj_graph_key(const graph_t *g, const bool *live, const pj_scalar_t *scalar_
  * detached from the recorder, so pj_call_run's own flush finds nothing to do. */
 pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why);
 
+/* A draw from a tpu generator made while capturing (pj_capture_note_draw's arguments). */
+typedef struct {
+  int generator; /* the device whose default generator it came from, or PJ_GENERATOR_OTHER */
+  uint64_t seed, offset, increment;
+} pj_draw_t;
+
 /* Turns a detached, captured graph (consumed: cleared in every case) into a plan and runs it
- * once over the capture's own storages (capture.c; the arguments are pj_capture_end's). Sets
- * *plan to NULL when the graph cannot be a plan (it then runs as a defer_and_fuse flush would). */
+ * once over the capture's own storages (capture.c; the arguments are pj_capture_end's, draws
+ * the capture's generator draws in the order they were made, borrowed). Sets *plan to NULL
+ * when the graph cannot be a plan (it then runs as a defer_and_fuse flush would). */
 struct pj_plan;
-pj_status_t *pj_plan_capture(graph_t *g, pj_storage_t *const *inputs, int nin,
-                             pj_storage_t *const *outputs, int nout, struct pj_plan **plan);
+pj_status_t *pj_plan_capture(graph_t *g, const pj_draw_t *draws, int ndraws,
+                             pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
+                             int nout, struct pj_plan **plan);
 
 #endif

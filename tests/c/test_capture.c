@@ -4,7 +4,9 @@
  * writes the outputs and updates mutated inputs in place, never materializing intermediates;
  * a flush in the middle of a capture breaks it (no plan, the ops still take effect); an aborted
  * capture runs what was recorded; a plan refuses storages of other sizes, or inputs that alias
- * where they did not at capture, and leaves them intact; a plan's constants live with it. */
+ * where they did not at capture, and leaves them intact; a plan's constants live with it; a
+ * plan's random ops draw from the generator state each run is given, exactly as the same ops
+ * run on their own would, and draws a run cannot replay give no plan. */
 #include <string.h>
 
 #include "ctest_device.h"
@@ -212,7 +214,7 @@ static void test_capture_and_run(void) {
     const int64_t live1 = pj_storage_live_count();
     const int64_t e1 = pj_metric_get(PJ_METRIC_EXECUTIONS), r1 = pj_metric_get(PJ_METRIC_PLAN_RUNS);
     pj_storage_t *ins2[2] = {a2, b2}, *outs2[1] = {o2};
-    OK(pj_plan_run(plan, ins2, 2, outs2, 1));
+    OK(pj_plan_run(plan, ins2, 2, outs2, 1, NULL));
     EXPECT(pj_metric_get(PJ_METRIC_EXECUTIONS) == e1 + 1);
     EXPECT(pj_metric_get(PJ_METRIC_PLAN_RUNS) == r1 + 1);
     EXPECT(pj_metric_get(PJ_METRIC_COMPILES) == compiles0);
@@ -237,7 +239,7 @@ static void test_capture_and_run(void) {
     defer(&c);
     EXPECT(pj_defer_pending_ops() == 1);
     pj_storage_t *ins3[2] = {x, b3}, *outs3[1] = {o3};
-    OK(pj_plan_run(plan, ins3, 2, outs3, 1));
+    OK(pj_plan_run(plan, ins3, 2, outs3, 1, NULL));
     EXPECT(pj_defer_pending_ops() == 0);
     float x2[N];
     for (int i = 0; i < N; i++) x2[i] = 2 * xv[i];
@@ -260,17 +262,17 @@ static void test_capture_and_run(void) {
     const int64_t e1 = pj_metric_get(PJ_METRIC_EXECUTIONS), r1 = pj_metric_get(PJ_METRIC_PLAN_RUNS);
 
     pj_storage_t *one[1] = {x}, *outs_ok[1] = {o}, *outs_big[1] = {o8};
-    expect_error(pj_plan_run(plan, one, 1, outs_ok, 1), "inputs");
+    expect_error(pj_plan_run(plan, one, 1, outs_ok, 1, NULL), "inputs");
     pj_storage_t *wrong_in[2] = {x8, y};
-    expect_error(pj_plan_run(plan, wrong_in, 2, outs_ok, 1), "byte");
+    expect_error(pj_plan_run(plan, wrong_in, 2, outs_ok, 1, NULL), "byte");
     pj_storage_t *wrong_in2[2] = {x, x8};
-    expect_error(pj_plan_run(plan, wrong_in2, 2, outs_ok, 1), "byte");
+    expect_error(pj_plan_run(plan, wrong_in2, 2, outs_ok, 1, NULL), "byte");
     pj_storage_t *good_in[2] = {x, y};
-    expect_error(pj_plan_run(plan, good_in, 2, outs_big, 1), "byte");
+    expect_error(pj_plan_run(plan, good_in, 2, outs_big, 1, NULL), "byte");
     pj_storage_t *aliased[2] = {x, x};
-    expect_error(pj_plan_run(plan, aliased, 2, outs_ok, 1), "alias");
+    expect_error(pj_plan_run(plan, aliased, 2, outs_ok, 1, NULL), "alias");
     pj_storage_t *out_is_input[1] = {x};
-    expect_error(pj_plan_run(plan, good_in, 2, out_is_input, 1), "alias");
+    expect_error(pj_plan_run(plan, good_in, 2, out_is_input, 1, NULL), "alias");
     /* the captured byte size, but int32 elements where the graph reads float32 */
     const int32_t iv[N] = {7, -7, 70, 700};
     int64_t n = N;
@@ -280,7 +282,7 @@ static void test_capture_and_run(void) {
     OK(pj_transfer_to_device(0, iv, PJ_I32, &n, 1, &ibuf));
     pj_storage_swap(xi, ibuf, PJ_I32);
     pj_storage_t *int_in[2] = {xi, y};
-    expect_error(pj_plan_run(plan, int_in, 2, outs_ok, 1), "float32");
+    expect_error(pj_plan_run(plan, int_in, 2, outs_ok, 1, NULL), "float32");
 
     EXPECT(pj_metric_get(PJ_METRIC_EXECUTIONS) == e1);
     EXPECT(pj_metric_get(PJ_METRIC_PLAN_RUNS) == r1);
@@ -295,7 +297,7 @@ static void test_capture_and_run(void) {
     EXPECT(o->buf == NULL && o8->buf == NULL); /* never written */
 
     /* the plan still works after refusing */
-    OK(pj_plan_run(plan, good_in, 2, outs_ok, 1));
+    OK(pj_plan_run(plan, good_in, 2, outs_ok, 1, NULL));
     graph_reference(xv, yv, want_out, want_a);
     expect_values(o, want_out, N);
     expect_values(x, want_a, N);
@@ -416,7 +418,7 @@ static void test_constant(void) {
     pj_storage_t *a2 = ctest_f32_storage(a2v, N), *o2;
     OK(pj_storage_new(0, N * sizeof(float), &o2));
     pj_storage_t *ins2[1] = {a2}, *outs2[1] = {o2};
-    OK(pj_plan_run(plan, ins2, 1, outs2, 1));
+    OK(pj_plan_run(plan, ins2, 1, outs2, 1, NULL));
     for (int i = 0; i < N; i++) want[i] = a2v[i] * kv[i] + 0.5f;
     expect_values(o2, want, N);
     expect_values(a2, a2v, N);
@@ -475,11 +477,11 @@ static void test_run_refuses_split_alias(void) {
     pj_storage_t *p = ctest_f32_storage(pv, N), *q = ctest_f32_storage(qv, N), *o2;
     OK(pj_storage_new(0, N * sizeof(float), &o2));
     pj_storage_t *i2[2] = {p, q}, *o2s[1] = {o2};
-    expect_error(pj_plan_run(plan, i2, 2, o2s, 1), "were one storage at capture");
+    expect_error(pj_plan_run(plan, i2, 2, o2s, 1, NULL), "were one storage at capture");
     expect_values(p, pv, N);
     expect_values(q, qv, N);
     pj_storage_t *i3[2] = {p, p};
-    OK(pj_plan_run(plan, i3, 2, o2s, 1)); /* the captured aliasing still runs */
+    OK(pj_plan_run(plan, i3, 2, o2s, 1, NULL)); /* the captured aliasing still runs */
     const float want_out[N] = {2, 2, 2, 2};
     expect_values(o2, want_out, N);
     pj_storage_release(p);
@@ -491,6 +493,200 @@ static void test_run_refuses_split_alias(void) {
   pj_storage_release(out);
 }
 
+/* out = uniform(0, 1) over N floats with the given generator state (the "__seed"/"__offset"
+ * scalars the bridge appends to a random op), as the bridge describes uniform_: with read_self
+ * the destination is also the op's self tensor (an in-place op reads its target). */
+static void uniform_call(pj_call_t *c, pj_storage_t *out, bool read_self, uint64_t seed,
+                         uint64_t offset) {
+  memset(c, 0, sizeof *c);
+  c->op = "uniform";
+  c->overload = "";
+  int so = slot_of(c, out, read_self);
+  if (read_self) {
+    c->ntensors = 1;
+    c->tensors[0] = vec(so);
+    c->args[c->nargs++] = (pj_arg_t){.name = "self", .kind = PJ_ARG_TENSOR, .first = 0, .count = 1};
+  }
+  c->args[c->nargs++] = (pj_arg_t){.name = "from", .kind = PJ_ARG_FLOAT, .f = 0};
+  c->args[c->nargs++] = (pj_arg_t){.name = "to", .kind = PJ_ARG_FLOAT, .f = 1};
+  c->args[c->nargs++] = (pj_arg_t){.name = "__seed", .kind = PJ_ARG_SCALAR, .first = 0};
+  c->args[c->nargs++] = (pj_arg_t){.name = "__offset", .kind = PJ_ARG_SCALAR, .first = 1};
+  c->nscalars = 2;
+  c->scalars[0] = (pj_scalar_t){.dtype = PJ_I64, .i = (int64_t)seed};
+  c->scalars[1] = (pj_scalar_t){.dtype = PJ_I64, .i = (int64_t)offset};
+  c->nout = 1;
+  c->outs[0] = vec(so);
+}
+
+/* What uniform_call draws when run on its own (one program, as Strict runs it). */
+static void uniform_reference(uint64_t seed, uint64_t offset, float *out) {
+  static pj_call_t c;
+  pj_storage_t *r;
+  OK(pj_storage_new(0, N * sizeof(float), &r));
+  uniform_call(&c, r, false, seed, offset);
+  OK(pj_call_run(&c));
+  read_storage(r, out, N);
+  pj_storage_release(r);
+}
+
+static bool same_floats(const float *x, const float *y) { return !memcmp(x, y, N * sizeof(float)); }
+
+#define SEED 0x123456789abcdefull
+
+/* Records the random test graph g(a): u = uniform (draw 0, a temporary), out = a + u, a draw
+ * whose op records nothing (draw 1: it only advances the generator), o2 = uniform_ in place on
+ * a fresh storage (draw 2). Draws are noted as the bridge notes them, from the default
+ * generator of device 0 starting at `offset` with increments 8, 4, 8 (draw 2 at offset + 12),
+ * except that `generator` is draw 2's generator and `skip` moves its offset further on. */
+static void record_random_graph(pj_storage_t *a, pj_storage_t *out, pj_storage_t *o2,
+                                uint64_t offset, int generator, uint64_t skip, bool note_last) {
+  static pj_call_t c;
+  pj_storage_t *u;
+  OK(pj_storage_new(0, N * sizeof(float), &u));
+  pj_capture_note_draw(0, SEED, offset, 8);
+  uniform_call(&c, u, false, SEED, offset);
+  defer(&c);
+  binary_call(&c, "add", a, u, out);
+  defer(&c);
+  pj_storage_release(u);
+  pj_capture_note_draw(0, SEED, offset + 8, 4);
+  if (note_last) pj_capture_note_draw(generator, SEED, offset + 12 + skip, 8);
+  uniform_call(&c, o2, true, SEED, offset + 12 + skip);
+  defer(&c);
+}
+
+/* A plan's random ops draw from the state each run is given: the capture's own draws at
+ * capture, what the same ops draw on their own for any later state; the generator's seed and
+ * base offset are its only scalar arguments, and a fresh output storage an op reads before
+ * writing is no parameter (each run's output storage is as fresh). */
+static void test_random_draws(void) {
+  const int64_t live0 = pj_storage_live_count();
+  const float av[N] = {10, 20, 30, 40};
+  pj_storage_t *a = ctest_f32_storage(av, N), *out, *o2;
+  OK(pj_storage_new(0, N * sizeof(float), &out));
+  OK(pj_storage_new(0, N * sizeof(float), &o2));
+  pj_capture_note_draw(0, SEED, 1, 8); /* not capturing: ignored */
+  OK(pj_capture_begin());
+  record_random_graph(a, out, o2, 100, 0, 0, true);
+  pj_plan_t *plan = NULL;
+  pj_storage_t *ins[1] = {a}, *outs[2] = {out, o2};
+  OK(pj_capture_end(ins, 1, outs, 2, &plan));
+  EXPECT(plan != NULL);
+  float u0[N], u2[N], got[N], want[N];
+  uniform_reference(SEED, 100, u0);
+  uniform_reference(SEED, 112, u2);
+  EXPECT(!same_floats(u0, u2));
+  for (int i = 0; i < N; i++) want[i] = av[i] + u0[i];
+  expect_values(out, want, N); /* the capture's run drew the capture's numbers */
+  expect_values(o2, u2, N);
+  pj_storage_release(out);
+  pj_storage_release(o2);
+  if (!plan) {
+    pj_storage_release(a);
+    return;
+  }
+  int device = -1;
+  uint64_t increment = 0;
+  EXPECT(pj_plan_draws(plan, &device, &increment) == 3);
+  EXPECT(device == 0 && increment == 20);
+  int nops, nparams, nresults, nscalars;
+  pj_plan_stats(plan, &nops, &nparams, &nresults, &nscalars);
+  EXPECT(nops == 3 && nparams == 1 && nresults == 2);
+  EXPECT(nscalars == 2); /* seed and base offset; the add's alpha stays a constant */
+  pj_scalar_t sc[4];
+  EXPECT(pj_plan_scalars(plan, sc, 4) == 2);
+  EXPECT(sc[0].dtype == PJ_I64 && sc[0].i == (int64_t)SEED && sc[1].i == 100);
+  char *text = NULL;
+  OK(pj_plan_text(plan, &text));
+  EXPECT(text && strstr(text, "tensor<i64>"));
+  free(text);
+
+  /* runs from other states: one execution, no compile, each draw at base + its distance */
+  const int64_t compiles0 = pj_metric_get(PJ_METRIC_COMPILES);
+  const struct { uint64_t seed, offset; } states[3] = {{SEED, 100}, {SEED, 5000}, {SEED + 1, 100}};
+  float first_o2[N] = {0};
+  for (int k = 0; k < 3; k++) {
+    pj_storage_t *r1, *r2;
+    OK(pj_storage_new(0, N * sizeof(float), &r1));
+    OK(pj_storage_new(0, N * sizeof(float), &r2));
+    pj_storage_t *ins2[1] = {a}, *outs2[2] = {r1, r2};
+    const pj_plan_rng_t rng = {states[k].seed, states[k].offset};
+    const int64_t e1 = pj_metric_get(PJ_METRIC_EXECUTIONS);
+    OK(pj_plan_run(plan, ins2, 1, outs2, 2, &rng));
+    EXPECT(pj_metric_get(PJ_METRIC_EXECUTIONS) == e1 + 1);
+    uniform_reference(rng.seed, rng.offset, u0);
+    uniform_reference(rng.seed, rng.offset + 12, u2);
+    for (int i = 0; i < N; i++) want[i] = av[i] + u0[i];
+    expect_values(r1, want, N);
+    expect_values(r2, u2, N);
+    read_storage(r2, got, N);
+    if (k == 0) memcpy(first_o2, got, sizeof got);
+    else EXPECT(!same_floats(got, first_o2)); /* another state, other numbers */
+    pj_storage_release(r1);
+    pj_storage_release(r2);
+  }
+  EXPECT(pj_metric_get(PJ_METRIC_COMPILES) == compiles0);
+
+  /* a drawing plan needs a state */
+  {
+    pj_storage_t *r1, *r2;
+    OK(pj_storage_new(0, N * sizeof(float), &r1));
+    OK(pj_storage_new(0, N * sizeof(float), &r2));
+    pj_storage_t *ins2[1] = {a}, *outs2[2] = {r1, r2};
+    expect_error(pj_plan_run(plan, ins2, 1, outs2, 2, NULL), "random draws");
+    EXPECT(r1->buf == NULL && r2->buf == NULL);
+    pj_storage_release(r1);
+    pj_storage_release(r2);
+  }
+  pj_plan_free(plan);
+
+  /* draws a run cannot replay give no plan, and the ops still take effect with the captured
+   * numbers: a draw from another generator, draws not in a row, an op's pair no draw gave */
+  for (int bad = 0; bad < 3; bad++) {
+    pj_storage_t *r1, *r2;
+    OK(pj_storage_new(0, N * sizeof(float), &r1));
+    OK(pj_storage_new(0, N * sizeof(float), &r2));
+    const int64_t broken0 = pj_metric_get(PJ_METRIC_PLAN_BROKEN);
+    OK(pj_capture_begin());
+    record_random_graph(a, r1, r2, 300, bad == 0 ? PJ_GENERATOR_OTHER : 0, bad == 1 ? 4 : 0,
+                        bad != 2);
+    pj_storage_t *ins2[1] = {a}, *outs2[2] = {r1, r2};
+    pj_plan_t *none = (pj_plan_t *)&none;
+    OK(pj_capture_end(ins2, 1, outs2, 2, &none));
+    EXPECT(none == NULL);
+    EXPECT(pj_metric_get(PJ_METRIC_PLAN_BROKEN) == broken0 + 1);
+    uniform_reference(SEED, 300, u0);
+    uniform_reference(SEED, 312 + (bad == 1 ? 4 : 0), u2);
+    for (int i = 0; i < N; i++) want[i] = av[i] + u0[i];
+    expect_values(r1, want, N);
+    expect_values(r2, u2, N);
+    pj_storage_release(r1);
+    pj_storage_release(r2);
+  }
+
+  /* a plan without draws takes no state */
+  {
+    pj_storage_t *r1;
+    OK(pj_storage_new(0, N * sizeof(float), &r1));
+    static pj_call_t c;
+    OK(pj_capture_begin());
+    binary_call(&c, "add", a, a, r1);
+    defer(&c);
+    pj_storage_t *ins2[1] = {a}, *outs2[1] = {r1};
+    OK(pj_capture_end(ins2, 1, outs2, 1, &plan));
+    EXPECT(plan != NULL);
+    if (plan) {
+      EXPECT(pj_plan_draws(plan, &device, &increment) == 0);
+      const pj_plan_rng_t rng = {SEED, 0};
+      expect_error(pj_plan_run(plan, ins2, 1, outs2, 1, &rng), "random draws");
+      pj_plan_free(plan);
+    }
+    pj_storage_release(r1);
+  }
+  pj_storage_release(a);
+  EXPECT(pj_storage_live_count() == live0);
+}
+
 int main(void) {
   CTEST_REQUIRE_PLUGIN();
   test_capture_and_run();
@@ -499,6 +695,7 @@ int main(void) {
   test_constant();
   test_immediate_op_breaks_capture();
   test_run_refuses_split_alias();
+  test_random_draws();
   EXPECT(pj_storage_live_count() == 0);
   CTEST_DONE();
 }

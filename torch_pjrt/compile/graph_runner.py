@@ -9,11 +9,19 @@ mutated inputs and into fresh output storages. That first call's results come fr
 plan. Every later call with the same signature is one program execution: no FX interpretation,
 no dispatch, no Meta kernels; outputs are views (as recorded) of fresh storages.
 
+Random ops (dropout, rand, bernoulli, ...) are captured too: their generator seed and offset are
+two arguments of the program, not constants (csrc/include/torch_pjrt/capture.h). Every call
+takes them from the device's default tpu generator and advances it as far as the graph's random
+ops did at capture, so a call draws exactly what the same ops run eagerly would draw,
+torch.manual_seed reproduces it, two calls draw different numbers, and eager ops afterwards
+continue the same stream. In a training graph the forward's dropout mask is an output saved for
+the backward graph, which reads it instead of drawing again.
+
 What is not captured runs each call through the defer_and_fuse recorder (same lowerings, fused,
-but dispatched op by op): graphs with random ops (a plan would replay the same random numbers;
-they must draw from the tpu generator on every call), graphs whose run forced a flush (a host
-read, a CPU fallback, a data-dependent shape), inputs on another device, and outputs that are
-not tpu tensors or static values.
+but dispatched op by op): graphs with a random op that draws from a generator other than the
+device's default one (a `generator=` argument; a plan only replays default-generator draws),
+graphs whose run forced a flush (a host read, a CPU fallback, a data-dependent shape), inputs on
+another device, and outputs that are not tpu tensors or static values.
 """
 from __future__ import annotations
 
@@ -23,14 +31,6 @@ import torch
 
 from .. import modes
 from ..device import _C
-
-
-def _has_random_ops(gm: torch.fx.GraphModule) -> bool:
-    for node in gm.graph.nodes:
-        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload):
-            if torch.Tag.nondeterministic_seeded in node.target.tags:
-                return True
-    return False
 
 
 def _entry(plan, layout, out_storages, sequence_type, device):
@@ -45,7 +45,7 @@ class GraphRunner:
         self.gm = gm
         self.name = name
         self.debug_dir = opts["debug_dir"]
-        self.capture = opts["capture"] and not _has_random_ops(gm)
+        self.capture = opts["capture"]
         # signature (bytes, _C._GraphCache.signature) -> _C._GraphEntry
         self.plans = _C._GraphCache()
         self.uncapturable: set[bytes] = set()
