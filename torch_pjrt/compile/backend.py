@@ -55,7 +55,7 @@ def _options(options) -> dict:
 
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mode=None):
     """Dynamo backend entry point (``torch_dynamo_backends``: ``tpu``)."""
-    from functorch.compile import make_boxed_func, min_cut_rematerialization_partition
+    from functorch.compile import min_cut_rematerialization_partition
     from torch._dynamo.backends.common import aot_autograd
 
     opts = _options(options)
@@ -63,7 +63,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mode=Non
 
     def compiler(kind: str):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
-            return make_boxed_func(GraphRunner(graph, f"graph{graph_id}_{kind}", opts))
+            return GraphRunner(graph, f"graph{graph_id}_{kind}", opts)  # boxed (graph_runner.py)
 
         return compile_graph
 

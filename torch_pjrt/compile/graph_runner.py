@@ -22,12 +22,20 @@ but dispatched op by op): graphs with a random op that draws from a generator ot
 device's default one (a `generator=` argument; a plan only replays default-generator draws),
 graphs whose run forced a flush (a host read, a CPU fallback, a data-dependent shape), inputs on
 another device, and outputs that are not tpu tensors or static values.
+
+A GraphRunner is an Inductor ``OutputCode`` (the type AOTAutograd's bundled cache serializes),
+and pickles as its FX graph, name and options; plans are rebuilt on the first call after
+unpickling (the programs come from the persistent cache). That is what makes PyTorch's
+ahead-of-time compilation work with this backend: ``torch.compile(fn, fullgraph=True,
+backend="tpu").aot_compile(...)``, ``save_compiled_function`` and, in another process,
+``torch.compiler.load_compiled_function``, which skips Dynamo and AOTAutograd.
 """
 from __future__ import annotations
 
 import os
 
 import torch
+from torch._inductor.output_code import OutputCode
 
 from .. import modes
 from ..device import _C
@@ -38,10 +46,21 @@ def _entry(plan, layout, out_storages, sequence_type, device):
     return _C._GraphEntry(plan, out_storages, layout, sequence_type is tuple, device)
 
 
-class GraphRunner:
-    """Callable for AOTAutograd (boxed by the backend): runs the graph, captured when it can be."""
+class GraphRunner(OutputCode):
+    """Callable for AOTAutograd: runs the graph, captured when it can be."""
+
+    # OutputCode is a dataclass: its generated __eq__ would make every GraphRunner equal to
+    # every other and unhashable. Identity is what a compiled graph's equality means.
+    __eq__ = object.__eq__
+    __hash__ = object.__hash__
 
     def __init__(self, gm: torch.fx.GraphModule, name: str, opts: dict):
+        # Boxed calling convention (one list of inputs). An instance attribute, not a class
+        # one: wrappers made with functools.wraps (torch._dynamo.disable around a backward
+        # reloaded from a serialized compiled function) copy it, so AOTAutograd keeps calling
+        # the boxed way.
+        self._boxed_call = True
+        self.opts = opts
         self.gm = gm
         self.name = name
         self.debug_dir = opts["debug_dir"]
@@ -53,7 +72,28 @@ class GraphRunner:
             with open(os.path.join(self.debug_dir, f"{name}.fx.py"), "w") as f:
                 f.write(gm.code)
 
+    # ---- OutputCode: what AOTAutograd's bundled cache needs to serialize and reload it ----
+
+    def __getstate__(self):
+        return {"gm": self.gm, "name": self.name, "opts": self.opts}
+
+    def __setstate__(self, state):
+        self.__init__(state["gm"], state["name"], state["opts"])
+
+    def prepare_for_serialization(self):
+        pass  # nothing process-bound is pickled (see __getstate__)
+
+    def post_compile(self, example_inputs, constants, graph_kwargs):
+        pass  # nothing to redo after loading: plans are captured on first call
+
+    def set_triton_bundle(self, triton_bundle):
+        pass  # no Triton kernels
+
     def __call__(self, *args):
+        # Boxed: one list of the graph's inputs (graph inputs are tensors and numbers, never
+        # lists); some AOTAutograd paths (a reloaded backward) pass the inputs positionally.
+        if len(args) == 1 and isinstance(args[0], list):
+            args = tuple(args[0])
         if self.capture:
             outs = self.plans.run(args)  # None: no plan for these arguments yet
             if outs is not None:
