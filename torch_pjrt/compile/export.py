@@ -63,8 +63,9 @@ What the text is (both modes produce the same text; the capture machinery decide
   first with every tensor an input (which names the weight behind each argument), then with
   only the user inputs (the plan that runs); the two programs must be the same text.
 
-Not supported (``NotImplementedError``): random ops (their generator seed and offset are
-scalar arguments the plan fixes at capture, so every run would replay the same numbers), dynamic
+Not supported (``NotImplementedError``): random ops (a captured plan takes their generator seed
+and base offset as two program arguments drawn from the tpu generator on every run, and
+``inputs`` has no kind to describe those two arguments to a caller of the text yet), dynamic
 shapes (the program is static-shaped), custom-object and token inputs, and graphs whose capture
 breaks (a host read, a CPU fallback, a data-dependent shape, an op on another device), which
 cannot be one program.
@@ -445,10 +446,9 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
     if randoms:
         raise NotImplementedError(
             "export_stablehlo: the program has random ops (" + ", ".join(randoms) + "). Their "
-            "generator seed and offset are recorded as scalar arguments whose values the captured "
-            "plan fixes at capture, so every run would replay the same random numbers instead of "
-            "drawing from the tpu generator; export the model in eval mode (dropout is then "
-            "removed) or without random ops.")
+            "generator seed and offset would be two program arguments drawn from the tpu "
+            "generator on every run, which the exported module's inputs cannot describe yet; "
+            "export the model in eval mode (dropout is then removed) or without random ops.")
     sig = ep.graph_signature
     placeholders = [n for n in ep.graph.nodes if n.op == "placeholder"]
     specs = list(sig.input_specs)
