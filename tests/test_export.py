@@ -3,7 +3,12 @@ program, run through the captured plan and compared against CPU eager: the tiny 
 both weight modes (two input batches each), the description of @main's arguments and outputs
 (read from the plan: params/results; Python numbers are program constants), weights replaced
 per call, buffer mutations and keyword inputs, programs with large ops and many inputs (a
-64-way cat, a 40-layer MLP), and what is refused (random ops, dynamic shapes, bad inputs)."""
+64-way cat, a 40-layer MLP), and what is refused (random ops, dynamic shapes, bad inputs).
+weights="inline": the text holds the weights as stablehlo.constant literals (decoded back and
+compared bit for bit with the weights; every dtype's literal through the runtime's parser), its
+arguments are the user inputs and capture constants, and the text itself, compiled and executed
+by the runtime (run_text), matches CPU eager: the tiny GPT, the MLP (f32 and bf16), int64/bool
+buffers with an f16 weight, a mutated buffer that stays an argument."""
 from __future__ import annotations
 
 import copy
@@ -13,7 +18,8 @@ import pytest
 import torch
 
 from torch_pjrt import _models
-from torch_pjrt.compile.export import StableHLOModule, export_stablehlo
+from torch_pjrt.compile.export import (StableHLOModule, _inline_arguments, _TextProgram,
+                                       _TORCH_OF_MLIR, export_stablehlo)
 
 MODES = ("arguments", "constants")
 RTOL = ATOL = 1e-5
@@ -89,7 +95,7 @@ def gpt():
 @pytest.fixture(scope="module")
 def gpt_exports(gpt):
     _, ep, _, _ = gpt
-    return {mode: export_stablehlo(ep, weights=mode) for mode in MODES}
+    return {mode: export_stablehlo(ep, weights=mode) for mode in MODES + ("inline",)}
 
 
 @pytest.mark.parametrize("mode", MODES)
@@ -186,6 +192,10 @@ def test_bad_inputs_are_refused(mlp):
         mod.run(torch.randn(8, 32), torch.randn(8, 32))
     with pytest.raises(ValueError, match="weights must be"):
         export_stablehlo(ep, weights="baked")
+    with pytest.raises(ValueError, match="shape"):
+        mod.run_text(torch.randn(4, 32))
+    with pytest.raises(TypeError):
+        mod.run_text(torch.randn(8, 32), torch.randn(8, 32))
 
 
 # ---- buffers, keyword inputs, several outputs ---------------------------------------------
@@ -331,3 +341,285 @@ def test_dynamic_shapes_are_refused():
 def test_not_an_exported_program():
     with pytest.raises(TypeError, match="torch.export.export"):
         export_stablehlo(torch.nn.Linear(3, 3))
+
+
+# ---- weights="inline": the weights inside the text ----------------------------------------
+
+WEIGHT_KINDS = ("parameter", "buffer", "constant")
+CONSTANT_LINE = re.compile(r'^  (%[\w.$-]+) = "stablehlo\.constant"\(\) \{value = dense<(.*)> : '
+                           r'(tensor<[^{}]*>)\} : \(\) -> (tensor<[^{}]*>)$')
+
+
+def main_argument_names(text: str) -> list[str]:
+    header = text[text.index("func.func @main("):]
+    header = header[:header.index(") ->")]
+    return re.findall(r"(%[\w.]+): tensor<", header)
+
+
+def decode_literal(literal: str, mlir_type: str) -> torch.Tensor:
+    """The flat tensor a dense<...> literal of a flat tensor<NxT> (or 0-d) holds."""
+    et = re.fullmatch(r"tensor<(?:\d+x)?(.*)>", mlir_type).group(1)
+    dtype = _TORCH_OF_MLIR[et]
+    if literal.startswith('"0x'):
+        data = bytearray(bytes.fromhex(literal[3:-1]))
+        return torch.frombuffer(data, dtype=torch.uint8).view(dtype)
+    assert et == "i1", literal
+    if literal in ("true", "false"):  # 0-d
+        return torch.tensor([literal == "true"])
+    items = literal.strip("[]").split(", ")
+    return torch.tensor([{"true": True, "false": False}[v] for v in items])
+
+
+def inlined_constants(text: str) -> dict[str, tuple[torch.Tensor, str]]:
+    """The constant definitions that open @main's body: {ssa name: (value, type)} (the plan's
+    own constants, after them, are scalars: dense<1> : tensor<i64>, not hex or lists)."""
+    body = text[text.index("{\n", text.index("func.func @main(")) + 2:].split("\n")
+    found = {}
+    for line in body:
+        m = CONSTANT_LINE.match(line)
+        if not m or not (m.group(2).startswith(('"0x', "["))
+                         or m.group(3) == "tensor<i1>" and m.group(2) in ("true", "false")):
+            break
+        assert m.group(3) == m.group(4), line
+        found[m.group(1)] = (decode_literal(m.group(2), m.group(3)), m.group(3))
+    return found
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    return a.dtype == b.dtype and torch.equal(a.reshape(-1).view(torch.uint8),
+                                              b.reshape(-1).view(torch.uint8))
+
+
+def check_inline(mod: StableHLOModule, mutated=()) -> None:
+    """The inlined text: arguments exactly the user inputs, capture constants and mutated
+    buffers, each weight a constant holding its bytes, the rest of the text the plan's."""
+    assert mod.weights_mode == "inline"
+    assert [i.mlir_type for i in mod.inputs] == main_argument_types(mod.text)
+    assert [i.index for i in mod.inputs] == list(range(len(mod.inputs)))
+    for i in mod.inputs:
+        if i.kind in WEIGHT_KINDS:
+            assert i.kind == "buffer" and i.target in mutated and i.source == "module", i
+        else:
+            assert i.kind in ("user_input", "capture_constant"), i
+    assert sorted(i.target for i in mod.inputs if i.kind in WEIGHT_KINDS) == sorted(mutated)
+    plan_names = main_argument_names(mod.plan_text)
+    plan_types = main_argument_types(mod.plan_text)
+    stats = mod.stats
+    assert len(plan_names) == stats["params"] + stats["scalars"]
+    assert len(mod.inputs) + len(mod.inlined) == len(plan_names)
+    # every weight the program reads is inlined (or a mutated buffer argument)
+    weight_names = [spec.arg.name for spec in mod.exported_program.graph_signature.input_specs
+                    if spec.kind.name in ("PARAMETER", "BUFFER", "CONSTANT_TENSOR")]
+    assert sorted([i.name for i in mod.inlined if i.kind in WEIGHT_KINDS]
+                  + [i.name for i in mod.inputs if i.kind in WEIGHT_KINDS]
+                  + [n for n in mod.unused if n in weight_names]) == sorted(weight_names)
+    consts = inlined_constants(mod.text)
+    assert len(consts) == len(mod.inlined)
+    for i in mod.inlined:
+        assert i.source == "text" and i.kind in WEIGHT_KINDS + ("scalar",)
+        name = plan_names[i.index]
+        assert plan_types[i.index] == i.mlir_type
+        value, mlir_type = consts[name]
+        assert mlir_type == i.mlir_type
+        if i.kind == "scalar":
+            assert value.item() == i.value
+        else:  # the weight's bytes, as the plan passes them
+            assert same_bits(value, mod.weights[i.target].cpu()), i.target
+        assert name not in main_argument_names(mod.text)
+    kept = [n for k, n in enumerate(plan_names) if k not in {i.index for i in mod.inlined}]
+    assert main_argument_names(mod.text) == kept
+    # everything after the signature and the constants is the plan's text
+    body = mod.text[mod.text.index("{\n", mod.text.index("func.func @main(")) + 2:]
+    body = body.split("\n", len(consts))[-1]
+    plan_body = mod.plan_text[mod.plan_text.index("{\n",
+                                                  mod.plan_text.index("func.func @main(")) + 2:]
+    assert body == plan_body
+    assert mod.plan_text[mod.plan_text.index(") ->"):mod.plan_text.index("{\n")] == \
+        mod.text[mod.text.index(") ->"):mod.text.index("{\n")]  # the same results
+
+
+def test_tiny_gpt_inline(gpt, gpt_exports):
+    model, ep, batches, vocab = gpt
+    mod = gpt_exports["inline"]
+    check_inline(mod)
+    args = gpt_exports["arguments"]
+    assert mod.plan_text == args.text
+    (user,) = mod.user_inputs
+    assert (user.index, user.name, user.shape, user.dtype) == (0, "idx", (4, 32), torch.int64)
+    assert {i.kind for i in mod.inputs[1:]} == {"capture_constant"}
+    assert [i.aliased_result for i in mod.inputs[1:]] == [
+        i.aliased_result for i in args.inputs if i.kind == "capture_constant"]
+    assert [(i.target, i.mlir_type) for i in mod.inlined] == [
+        (i.target, i.mlir_type) for i in args.weight_inputs]
+    assert mod.unused == args.unused and mod.outputs == args.outputs
+    # the tied embedding / head weight (one placeholder is read, the other unused): its literal
+    # decodes to its bytes
+    (emb,) = [i for i in mod.inlined if i.shape == (vocab, 64)]
+    assert emb.target in ("tok.weight", "head.weight")
+    name = main_argument_names(mod.plan_text)[emb.index]
+    literal = re.search(re.escape(name) + r' = "stablehlo.constant"\(\) \{value = dense<"0x(\w+)">',
+                        mod.text).group(1)
+    assert bytes.fromhex(literal) == model.tok.weight.detach().numpy().tobytes()
+    with torch.no_grad():
+        for x in batches:
+            want = model(x)
+            got = mod.run_text(x)  # the inlined text, compiled and executed by the runtime
+            assert got.device.type == "cpu"
+            torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+            close(mod.run(x), want)  # the plan (weights as its constants)
+    with pytest.raises(ValueError, match="constants"):
+        mod.run(batches[0], weights={emb.target: model.tok.weight})
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_tiny_gpt_run_text_in_argument_modes(gpt, gpt_exports, mode):
+    # run_text executes the module's own text with the held weights as its arguments
+    model, _, batches, _ = gpt
+    with torch.no_grad():
+        torch.testing.assert_close(gpt_exports[mode].run_text(batches[2]), model(batches[2]),
+                                   rtol=RTOL, atol=ATOL)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_mlp_inline(mlp, dtype):
+    model, _, batches = mlp
+    model = copy.deepcopy(model).to(dtype)
+    batches = [x.to(dtype) for x in batches]
+    ep = torch.export.export(model, (batches[0],))
+    mod = export_stablehlo(ep, weights="inline")
+    check_inline(mod)
+    assert [(i.kind, i.name, i.mlir_type) for i in mod.inputs] == [
+        ("user_input", "x", "tensor<256x" + {torch.float32: "f32", torch.bfloat16: "bf16"}[dtype]
+         + ">")]
+    assert {i.target for i in mod.inlined} == set(dict(model.named_parameters()))
+    tol = {} if dtype == torch.float32 else {"rtol": 2e-2, "atol": 2e-2}
+    with torch.no_grad():
+        for x in batches:
+            want = model(x)
+            got = mod.run_text(x)
+            assert got.dtype == dtype
+            if dtype == torch.float32:
+                torch.testing.assert_close(got, want, rtol=RTOL, atol=ATOL)
+            else:
+                torch.testing.assert_close(got, want, **tol)
+            torch.testing.assert_close(got, mod.run(x).cpu(), rtol=RTOL, atol=ATOL)
+
+
+def test_inline_text_is_what_runs(mlp):
+    # editing one literal of the text changes what run_text computes: the weights come from
+    # the text, not from the module
+    model, ep, batches = mlp
+    mod = export_stablehlo(ep, weights="inline")
+    (bias,) = [i for i in mod.inlined if i.target == "net.4.bias"]
+    name = main_argument_names(mod.plan_text)[bias.index]
+    old = model.net[4].bias.detach()
+    new = old + torch.arange(10.0)
+    hex_old, hex_new = (t.numpy().tobytes().hex().upper() for t in (old, new))
+    line = f'{name} = "stablehlo.constant"() {{value = dense<"0x{hex_old}">'
+    assert mod.text.count(line) == 1
+    mod.text = mod.text.replace(line, line.replace(hex_old, hex_new))
+    other = copy.deepcopy(model)
+    with torch.no_grad():
+        other.net[4].bias.copy_(new)
+        x = batches[1]
+        torch.testing.assert_close(mod.run_text(x), other(x), rtol=RTOL, atol=ATOL)
+        close(mod.run(x), model(x))  # the plan is unchanged
+
+
+class Buffers(torch.nn.Module):
+    """int64 and bool buffers (values needing all 8 bytes) and an f16 parameter."""
+
+    def __init__(self):
+        super().__init__()
+        self.emb = torch.nn.Embedding(16, 4)
+        self.register_buffer("ids", torch.tensor([3, 1, 4, 1, 5, 9, 2, 6]) + 2 ** 40)
+        self.register_buffer("keep", torch.tensor([True, False, True, True, False, True, False,
+                                                   True]))
+        self.scale16 = torch.nn.Parameter(torch.randn(8, 4).half())
+
+    def forward(self, x):
+        e = self.emb(self.ids - 2 ** 40)
+        y = torch.where(self.keep[:, None], e * x, -x)
+        return y + self.scale16.float(), self.ids * 3 - 2 ** 62
+
+
+def test_inline_int64_bool_f16_weights():
+    torch.manual_seed(0)
+    model = Buffers().eval()
+    gen = torch.Generator().manual_seed(5)
+    batches = [torch.randn(8, 4, generator=gen) for _ in range(2)]
+    mod = export_stablehlo(torch.export.export(model, (batches[0],)), weights="inline")
+    check_inline(mod)
+    assert [i.kind for i in mod.inputs] == ["user_input"]
+    types = {i.target: i.mlir_type for i in mod.inlined}
+    assert types == {"ids": "tensor<8xi64>", "keep": "tensor<8xi1>", "emb.weight": "tensor<64xf32>",
+                     "scale16": "tensor<32xf16>"}
+    assert "dense<[true, false, true, true, false, true, false, true]> : tensor<8xi1>" in mod.text
+    with torch.no_grad():
+        for x in batches:
+            y, ids = mod.run_text(x)
+            ry, rids = model(x)
+            torch.testing.assert_close(y, ry, rtol=RTOL, atol=ATOL)
+            assert ids.dtype == torch.int64 and torch.equal(ids, rids)
+
+
+def test_inline_mutated_buffer_stays_an_argument():
+    torch.manual_seed(0)
+    model = Counter()
+    scale = torch.tensor(2.0)
+    ep = torch.export.export(copy.deepcopy(model), (torch.randn(2, 3),), {"scale": scale})
+    mod = export_stablehlo(ep, weights="inline")
+    check_inline(mod, mutated=("count",))
+    assert sorted((i.kind, i.name) for i in mod.inputs) == [
+        ("buffer", "b_count"), ("user_input", "scale"), ("user_input", "x")]
+    assert {i.target for i in mod.inlined} == {"lin.weight", "lin.bias"}
+    gen = torch.Generator().manual_seed(2)
+    with torch.no_grad():
+        for step in range(4):  # the text and the plan share the module's buffer
+            x = torch.randn(2, 3, generator=gen)
+            run = mod.run_text if step % 2 == 0 else mod.run
+            y, s = run(x, scale=scale)
+            ry, rs = model(x, scale=scale)
+            torch.testing.assert_close(y.cpu(), ry, rtol=RTOL, atol=ATOL)
+            torch.testing.assert_close(s.cpu(), rs, rtol=RTOL, atol=ATOL)
+            torch.testing.assert_close(mod.weights["count"].cpu(), model.count)
+
+
+def literal_value(dtype: torch.dtype) -> torch.Tensor:
+    gen = torch.Generator().manual_seed(6)
+    if dtype.is_complex:
+        return torch.randn(6, generator=gen, dtype=dtype)
+    if dtype.is_floating_point:
+        v = torch.randn(6, generator=gen, dtype=torch.float64).to(dtype)
+        v[4], v[5] = float("inf"), -0.0
+        return v
+    if dtype == torch.bool:
+        return torch.tensor([True, False, False, True, True, False])
+    info = torch.iinfo(dtype)
+    return torch.tensor([info.min, info.max, 0, 1, 2, info.max // 3], dtype=dtype)
+
+
+@pytest.mark.parametrize("et", list(_TORCH_OF_MLIR))
+def test_dense_literals_round_trip_through_the_runtime(et):
+    # every dtype's literal as the runtime's StableHLO parser reads it, 1-D and 0-d: a text
+    # returning one inlined argument gives back its exact bytes
+    value = literal_value(_TORCH_OF_MLIR[et])
+    for v, ty in ((value, f"tensor<{value.numel()}x{et}>"), (value[1], f"tensor<{et}>")):
+        text = (f"func.func @main(%v0: {ty}, %v1: tensor<2xf32>) -> ({ty}) {{\n"
+                f'  "func.return"(%v0) : ({ty}) -> ()\n}}\n')
+        inlined = _inline_arguments(text, {0: v})
+        assert main_argument_types(inlined) == ["tensor<2xf32>"]
+        (out,) = _TextProgram(inlined, torch.tpu.current_device())([torch.zeros(2)])
+        assert same_bits(out, v.reshape(-1)), (ty, out, v)
+        (lit,) = inlined_constants(inlined).values()
+        assert same_bits(lit[0], v.reshape(-1))
+
+
+def test_inline_refuses_what_it_cannot_inline():
+    text = ("func.func @main(%v0: tensor<2xf32> {tf.aliasing_output = 0 : i32}) -> "
+            '(tensor<2xf32>) {\n  "func.return"(%v0) : (tensor<2xf32>) -> ()\n}\n')
+    with pytest.raises(RuntimeError, match="written back"):
+        _inline_arguments(text, {0: torch.zeros(2)})
+    with pytest.raises(RuntimeError, match="not a tensor<2xf32>"):
+        _inline_arguments(text.replace(" {tf.aliasing_output = 0 : i32}", ""),
+                          {0: torch.zeros(3)})

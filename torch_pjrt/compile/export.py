@@ -9,6 +9,8 @@ graph_runner.py), over tpu copies of the weights (parameters, buffers, lifted co
 and zero-filled tpu placeholders of the user inputs -> the captured plan is the exported
 program: its text is ``StableHLOModule.text`` and ``StableHLOModule.run`` executes it through
 the PJRT runtime (one program execution per call, nothing dispatched or lowered again).
+``StableHLOModule.run_text`` compiles the text itself (``text``, not the plan) with the runtime and
+executes it on host copies of the arguments, which shows the text alone computes the program.
 
 Why ``run_decompositions()``: ``torch.export.export`` returns the non-functional training IR
 (composite ops such as ``linear``, and in-place mutations of buffers and inputs written as
@@ -18,7 +20,8 @@ functional core-ATen graph, in which every buffer or input mutation is an explic
 writes its inputs: weights stay read-only parameters and every result is a fresh output. A
 program that is already core ATen is decomposed again at no semantic cost.
 
-What the text is (both modes produce the same text; the capture machinery decides it):
+What the plan's text is (the capture machinery decides it; it is ``text`` in the
+``"arguments"`` and ``"constants"`` modes, and ``plan_text`` in every mode):
 
 - ``func.func @main(...)``, one function (bare: no ``module {}`` around it, as the runtime
   compiles it). Its arguments are, in this order: (1) every storage the
@@ -55,13 +58,40 @@ What the text is (both modes produce the same text; the capture machinery decide
 - ``"constants"``: the plan holds the weights as its own constants (the capture is ended with
   only the user inputs as inputs, so every other storage the graph reads becomes a constant of
   the plan) and passes them implicitly; ``run`` takes only the user inputs. The weights are NOT
-  baked into the text as ``stablehlo.constant`` values: the capture machinery makes every
-  storage a program read an argument of the program, so the text still has one argument per
+  baked into the text as ``stablehlo.constant`` values (``"inline"`` does that, from this same
+  plan's text): the capture machinery makes every storage a program reads an argument of the
+  program, so the text still has one argument per
   weight the graph reads, exactly as in ``"arguments"`` mode (``inputs[i].source == "plan"``
   for them). Only the plan's calling convention differs. A plan reports its constants only as
   constants (``params()`` gives -1, not which weight), so this mode captures the graph twice:
   first with every tensor an input (which names the weight behind each argument), then with
   only the user inputs (the plan that runs); the two programs must be the same text.
+- ``"inline"``: a self-contained text. The plan is captured as in ``"constants"`` mode (the
+  weights are its constants; ``run`` takes only the user inputs; the exception below is a plan
+  input), and ``text`` is its text with every weight argument (and every scalar argument)
+  removed from ``@main``'s signature and defined, under the same SSA name, at the top of the
+  body as a constant holding the exact bytes the plan passes (the weights' CPU
+  values): ``%v0 = "stablehlo.constant"() {value = dense<"0x0000803F..."> : tensor<64xf32>} :
+  () -> tensor<64xf32>``. The hex literal is the flat storage's little-endian element bytes
+  (``f32``, ``bf16``, ``f16``, ``i64``, ``ui8``, complex: real then imaginary part ...); an
+  ``i1`` storage is written as ``dense<[true, false, ...]>`` instead, because MLIR versions
+  disagree on the hex layout of ``i1`` (bit-packed in older ones, one byte per element in
+  newer). ``text``'s arguments are then only the user inputs and the capture constants (the
+  remaining arguments keep their attributes: ``tf.aliasing_output`` names a result, and the
+  results are unchanged), plus one exception: a buffer the program mutates
+  (``OutputKind.BUFFER_MUTATION``) stays an argument (``source == "module"``; it is a plan
+  input too), since a constant could not see its updates. ``inputs`` describes ``text``'s
+  arguments (renumbered), ``inlined`` the removed ones (``source == "text"``, ``index`` their
+  position in ``plan_text``), ``outputs`` is unchanged. ``stats`` counts the plan's arguments.
+
+Running the text (``run_text``, every mode): ``text`` is compiled once (cached on the module)
+with the runtime's ``pj_program_compile`` and executed with ``pj_program_execute`` on buffers
+uploaded from host copies of: the user inputs, the held weights that are still arguments, and
+zeros for the capture constants (refused, ``NotImplementedError``, if the text reads one: its
+contents are the plan's); the results are downloaded and the outputs rebuilt from ``outputs``
+as CPU tensors. Buffer and user-input mutations are written back as ``run`` does. The runtime
+entry points are the C ABI of the extension library (``torch_pjrt._C``), called with ``ctypes``:
+the Python bindings have no text-compiling function.
 
 Not supported (``NotImplementedError``): random ops (a captured plan takes their generator seed
 and base offset as two program arguments drawn from the tpu generator on every run, and
@@ -73,8 +103,10 @@ cannot be one program.
 from __future__ import annotations
 
 import copy
+import ctypes
 import dataclasses
 import re
+import sys
 from typing import Any, Mapping, Optional
 
 import torch
@@ -87,7 +119,7 @@ from .graph_runner import GraphRunner, _entry
 
 __all__ = ["export_stablehlo", "StableHLOModule", "ProgramInput", "ProgramOutput"]
 
-WEIGHT_MODES = ("arguments", "constants")
+WEIGHT_MODES = ("arguments", "constants", "inline")
 
 _WEIGHT_KINDS = {
     InputKind.PARAMETER: "parameter",
@@ -113,8 +145,10 @@ class ProgramInput:
     one created inside the graph by an in-place fill, see the module docstring) or
     ``"scalar"`` (a recorded op's runtime scalar).
     source: who supplies it at run time: ``"caller"`` (``run``'s arguments), ``"module"`` (the
-    weights a ``weights="arguments"`` module holds and passes) or ``"plan"`` (held by the
-    captured plan and passed implicitly).
+    weights a ``weights="arguments"`` module holds and passes, and in ``weights="inline"``
+    the buffers the program mutates), ``"plan"`` (held by the captured plan and passed
+    implicitly) or ``"text"`` (``StableHLOModule.inlined`` only: a constant of ``text``, no
+    longer an argument).
     name/target: the ExportedProgram's placeholder name and state-dict / constant key (None
     where there is none). shape: the PyTorch shape (None for capture constants); the argument
     itself is the flat storage (``mlir_type``). aliased_result: the ``@main`` result the
@@ -170,7 +204,10 @@ class StableHLOModule:
     the module's buffers as updated by runs), ``stats`` (the plan's op, parameter, result and
     scalar counts), ``exported_program`` (the decomposed ExportedProgram that was captured).
     ``scalars`` lists the scalar arguments' values in argument order (``inputs[i].value`` of the
-    ``"scalar"`` inputs).
+    ``"scalar"`` inputs). ``plan_text``: the captured plan's own text (the same as ``text``
+    except in ``weights="inline"``, where ``text`` has the weights inlined as constants and
+    ``inlined`` describes the ``plan_text`` arguments that became constants; ``[]`` otherwise).
+    ``run`` executes the plan, ``run_text`` the text.
     """
 
     def __init__(self, **kw):
@@ -215,8 +252,9 @@ class StableHLOModule:
             raise TypeError(f"run(): the inputs are structured as {spec}, the exported program "
                             f"takes {self._in_spec}")
         if weights and self.weights_mode != "arguments":
-            raise ValueError("run(weights=...) needs weights='arguments': with weights='constants' "
-                             "the weights are constants of the captured plan")
+            raise ValueError("run(weights=...) needs weights='arguments': with weights="
+                             f"{self.weights_mode!r} the weights are constants of the captured "
+                             "plan")
         full = list(self._held)        # per ExportedProgram input (spec order), tpu tensors
         originals = list(self._held)   # what a mutation is written back into
         seen: set[int] = set()
@@ -245,11 +283,7 @@ class StableHLOModule:
             if ptr in seen:
                 full[pos] = full[pos].clone()
             seen.add(ptr)
-        if self.weights_mode == "arguments":
-            plan_inputs = [t for t in full if isinstance(t, torch.Tensor)]
-        else:
-            plan_inputs = [full[p] for p in self._user_positions
-                           if self._const_user[p] is _NO_CONST]
+        plan_inputs = [full[p] for p in self._plan_positions]
         outs = self._entry.run(full, plan_inputs)
         user = []
         for o, spec_o in zip(outs, self._output_specs):
@@ -267,9 +301,73 @@ class StableHLOModule:
 
     __call__ = run
 
-    def _prepare(self, value, pos, seen, what):
-        """``value`` as a tpu tensor with its own exactly-sized storage (the plan checks every
-        storage's size and that distinct storages at capture are distinct now)."""
+    def run_text(self, *args, **kwargs):
+        """Executes ``text`` itself (not the captured plan): the text is compiled once by the
+        PJRT runtime (cached on the module) and run on buffers uploaded from host copies of its
+        arguments, as ``inputs`` describes them: the user inputs (given as for ``run``), the
+        held weights that are arguments (``source == "module"`` / ``"plan"``), zeros for the
+        capture constants (``NotImplementedError`` if the text reads one) and the recorded
+        scalars. Returns the user outputs as CPU tensors, structured as ``run`` returns them;
+        buffer mutations are written into the module's buffers, user-input mutations into the
+        caller's tensors, as ``run`` does."""
+        flat, spec = pytree.tree_flatten((tuple(args), dict(kwargs)))
+        if spec != self._in_spec:
+            raise TypeError(f"run_text(): the inputs are structured as {spec}, the exported "
+                            f"program takes {self._in_spec}")
+        given: dict[int, torch.Tensor] = {}
+        for pos, value in zip(self._user_positions, flat):
+            what = f"input {self._input_specs[pos].arg.name!r}"
+            if self._const_user[pos] is not _NO_CONST:
+                if value != self._const_user[pos]:
+                    raise ValueError(f"run_text(): {what} was exported as the constant "
+                                     f"{self._const_user[pos]!r}, got {value!r}")
+                continue
+            self._check(value, pos, what)
+            given[pos] = value
+        host = {pos: _host_flat(t) for pos, t in given.items()}
+        for pos in self._weight_positions:
+            host[pos] = _host_flat(self._held[pos])
+        names = [s.arg.name for s in self._input_specs]
+        program = self._text_program()
+        arguments = []
+        for i in self.inputs:
+            _, count = _tensor_type(i.mlir_type)
+            if i.kind == "capture_constant":
+                if program.reads(i.index):
+                    raise NotImplementedError(
+                        f"run_text(): the text reads @main argument {i.index}, a capture "
+                        "constant whose contents only the captured plan holds; use run()")
+                arguments.append(torch.zeros(1 if count is None else count, dtype=i.dtype))
+            elif i.kind == "scalar":
+                arguments.append(torch.tensor(i.value, dtype=i.dtype))
+            else:
+                arguments.append(host[names.index(i.name)])
+        results = program(arguments)
+        user = []
+        for o, spec_o in zip(self.outputs, self._output_specs):
+            if o.result is not None:
+                value = results[o.result].as_strided(o.shape, o.stride, o.storage_offset)
+            elif o.aliases_input is not None:
+                base = host[names.index(o.aliases_input)]
+                value = base.as_strided(o.shape, o.stride, o.storage_offset)
+            else:
+                value = o.value
+            if spec_o.kind == OutputKind.BUFFER_MUTATION:
+                with torch.no_grad():
+                    self._held[self._position_of_target[spec_o.target]].copy_(value)
+            elif spec_o.kind == OutputKind.USER_INPUT_MUTATION:
+                with torch.no_grad():
+                    given[self._position_of_name[spec_o.target]].copy_(value)
+            else:
+                user.append(value)
+        return pytree.tree_unflatten(user, self._out_spec)
+
+    def _text_program(self) -> "_TextProgram":
+        if self._text_compiled is None or self._text_compiled.text is not self.text:
+            self._text_compiled = _TextProgram(self.text, self.device.index)
+        return self._text_compiled
+
+    def _check(self, value, pos, what):
         want = self._held[pos]
         if not isinstance(value, torch.Tensor):
             raise TypeError(f"run(): {what} must be a tensor, got {type(value).__name__}")
@@ -277,6 +375,11 @@ class StableHLOModule:
             raise ValueError(f"run(): {what} has shape {tuple(value.shape)} and dtype "
                              f"{value.dtype}; the program was exported for shape "
                              f"{tuple(want.shape)} and dtype {want.dtype}")
+
+    def _prepare(self, value, pos, seen, what):
+        """``value`` as a tpu tensor with its own exactly-sized storage (the plan checks every
+        storage's size and that distinct storages at capture are distinct now)."""
+        self._check(value, pos, what)
         t = value.detach().to(self.device)
         if not _exact(t) or t.untyped_storage().data_ptr() in seen:
             t = t.clone(memory_format=torch.contiguous_format)
@@ -335,8 +438,17 @@ def _split_top(s: str) -> list[str]:
     return parts
 
 
-def _main_signature(text: str):
-    """``@main``'s arguments [(mlir_type, aliased result or None)] and result types."""
+@dataclasses.dataclass(frozen=True)
+class _Argument:
+    name: str               # SSA name, "%v0"
+    mlir_type: str
+    alias: Optional[int]    # tf.aliasing_output
+    source: str             # the argument's text in the signature
+
+
+def _main_parts(text: str):
+    """@main's signature: (offset of its argument list, offset of the ``)`` closing it, the
+    arguments [_Argument], the result types, offset just past the ``{`` opening the body)."""
     start = text.find("func.func @main(")
     if start < 0:
         raise RuntimeError("export_stablehlo: the plan's text has no func.func @main")
@@ -347,24 +459,39 @@ def _main_signature(text: str):
         j += 1
     args = []
     for a in _split_top(text[i:j - 1]):
-        m = re.match(r"%[\w.$-]+\s*:\s*(.*?)\s*(\{(.*)\})?$", a, re.S)
+        m = re.match(r"(%[\w.$-]+)\s*:\s*(.*?)\s*(\{(.*)\})?$", a, re.S)
         if not m:
             raise RuntimeError(f"export_stablehlo: cannot parse @main argument {a!r}")
-        alias = re.search(r"tf\.aliasing_output\s*=\s*(\d+)", m.group(3) or "")
-        args.append((m.group(1).strip(), int(alias.group(1)) if alias else None))
-    rest = text[j:].lstrip()
+        alias = re.search(r"tf\.aliasing_output\s*=\s*(\d+)", m.group(4) or "")
+        args.append(_Argument(m.group(1), m.group(2).strip(),
+                              int(alias.group(1)) if alias else None, a))
+    k = j
+    while text[k].isspace():
+        k += 1
     results: list[str] = []
-    if rest.startswith("->"):
-        rest = rest[2:].lstrip()
-        if rest.startswith("("):
-            k, depth = 1, 1
+    if text.startswith("->", k):
+        k += 2
+        while text[k].isspace():
+            k += 1
+        if text[k] == "(":
+            k0, depth = k + 1, 1
+            k += 1
             while depth:
-                depth += {"(": 1, ")": -1}.get(rest[k], 0)
+                depth += {"(": 1, ")": -1}.get(text[k], 0)
                 k += 1
-            results = _split_top(rest[1:k - 1])
+            results = _split_top(text[k0:k - 1])
         else:
-            results = [rest.split("{", 1)[0].strip()]
-    return args, results
+            k0 = k
+            k = text.index("{", k)
+            results = [text[k0:k].strip()]
+    body = text.index("{", k) + 1
+    return i, j - 1, args, results, body
+
+
+def _main_signature(text: str):
+    """``@main``'s arguments [(mlir_type, aliased result or None)] and result types."""
+    _, _, args, results, _ = _main_parts(text)
+    return [(a.mlir_type, a.alias) for a in args], results
 
 
 def _tensor_type(mlir_type: str):
@@ -379,6 +506,199 @@ def _tensor_type(mlir_type: str):
     for d in shape:
         count *= d
     return dims.group(2), (count if shape else None)
+
+
+def _host_flat(t: torch.Tensor) -> torch.Tensor:
+    """A CPU copy of ``t``'s elements, flat (the storage of an exactly-sized tensor)."""
+    return t.detach().cpu().contiguous().reshape(-1)
+
+
+def _dense_literal(value: torch.Tensor, mlir_type: str) -> str:
+    """The ``dense<...>`` literal of ``mlir_type`` (a flat ``tensor<Nx..>`` or a 0-d
+    ``tensor<..>``) holding ``value``'s elements: hex of their little-endian bytes, or, for
+    ``i1``, a list of true/false (MLIR versions disagree on i1's hex layout)."""
+    et, count = _tensor_type(mlir_type)
+    dtype = _TORCH_OF_MLIR.get(et)
+    if dtype is None:
+        raise NotImplementedError(f"export_stablehlo: cannot write a {mlir_type} constant")
+    numel = 1 if count is None else count
+    flat = _host_flat(value)
+    if flat.numel() * flat.element_size() != numel * dtype.itemsize:
+        raise RuntimeError(f"export_stablehlo: {flat.numel()} elements of {flat.dtype} are not "
+                           f"a {mlir_type} value")
+    raw = flat.view(torch.uint8)
+    if et == "i1":
+        bits = ["true" if b else "false" for b in raw.ne(0).tolist()]
+        return f"dense<{bits[0]}>" if count is None else f"dense<[{', '.join(bits)}]>"
+    if numel == 0:
+        return "dense<[]>"
+    if sys.byteorder != "little":
+        raise NotImplementedError("export_stablehlo: weights='inline' writes little-endian bytes "
+                                  "(MLIR's hex literal layout) and needs a little-endian host")
+    return f'dense<"0x{raw.numpy().tobytes().hex().upper()}">'
+
+
+def _inline_arguments(text: str, values: Mapping[int, torch.Tensor]) -> str:
+    """``text`` with each ``@main`` argument ``a`` in ``values`` removed from the signature and
+    defined, under its SSA name, at the top of the body as a ``stablehlo.constant`` of
+    ``values[a]``. The other arguments keep their text (attributes included)."""
+    i, j, args, _, body = _main_parts(text)
+    if any(not 0 <= a < len(args) for a in values):
+        raise IndexError(f"export_stablehlo: @main has {len(args)} arguments; cannot inline "
+                         f"{sorted(values)}")
+    consts = []
+    for a in sorted(values):
+        arg = args[a]
+        if arg.alias is not None:
+            raise RuntimeError(f"export_stablehlo: @main argument {a} is written back "
+                               f"(tf.aliasing_output = {arg.alias}) and cannot be a constant")
+        ty = arg.mlir_type
+        consts.append(f'  {arg.name} = "stablehlo.constant"() '
+                      f'{{value = {_dense_literal(values[a], ty)} : {ty}}} : () -> {ty}\n')
+    kept = ", ".join(arg.source for a, arg in enumerate(args) if a not in values)
+    nl = text.find("\n", body)
+    nl = len(text) if nl < 0 else nl + 1
+    return text[:i] + kept + text[j:nl] + "".join(consts) + text[nl:]
+
+
+# ---- running a text through the runtime (the extension's C ABI, by ctypes) -----------------
+
+_STATUS_ERRORS = {2: ValueError, 3: TypeError, 4: IndexError, 5: NotImplementedError,
+                  6: torch.OutOfMemoryError}
+
+
+class _DtypeInfo(ctypes.Structure):  # pj_dtype_info_t (csrc/include/torch_pjrt/dtype.h)
+    _fields_ = [("name", ctypes.c_char_p), ("mlir", ctypes.c_char_p),
+                ("itemsize", ctypes.c_size_t), ("pjrt_type", ctypes.c_int),
+                ("is_float", ctypes.c_bool), ("is_complex", ctypes.c_bool),
+                ("is_signed", ctypes.c_bool)]
+
+
+_RUNTIME: list = []  # [(library, {torch dtype: pj_dtype_t})], loaded once
+
+
+def _runtime():
+    """The extension library (already loaded: dlopen returns the same handle, so this is the
+    process's runtime and PJRT client) with the C signatures declared, and the runtime's dtype
+    numbering (read from its own table, checked against ``_TORCH_OF_MLIR``)."""
+    if _RUNTIME:
+        return _RUNTIME[0]
+    lib = ctypes.CDLL(_C.__file__)
+    vp, sz, i64p = ctypes.c_void_p, ctypes.c_size_t, ctypes.POINTER(ctypes.c_int64)
+    for name, res, argtypes in [
+            ("pj_status_message", ctypes.c_char_p, [vp]), ("pj_status_code", ctypes.c_int, [vp]),
+            ("pj_status_free", None, [vp]),
+            ("pj_program_compile", vp, [ctypes.c_char_p, sz, ctypes.POINTER(vp)]),
+            ("pj_program_free", None, [vp]), ("pj_program_num_outputs", sz, [vp]),
+            ("pj_program_execute", vp, [vp, ctypes.c_int, ctypes.POINTER(vp), sz, vp,
+                                        ctypes.POINTER(vp)]),
+            ("pj_transfer_to_device", vp, [ctypes.c_int, vp, ctypes.c_int, i64p, ctypes.c_int,
+                                           ctypes.POINTER(vp)]),
+            ("pj_transfer_to_host", vp, [vp, vp, sz]), ("pj_buffer_nbytes", sz, [vp]),
+            ("pj_buffer_destroy", None, [vp]),
+            ("pj_dtype_info", ctypes.POINTER(_DtypeInfo), [ctypes.c_int])]:
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = res, argtypes
+    codes = {}
+    for code in range(len(_TORCH_OF_MLIR)):  # PJ_NUM_DTYPES entries
+        info = lib.pj_dtype_info(code).contents
+        dtype = _TORCH_OF_MLIR.get(info.mlir.decode())
+        if dtype is None or dtype.itemsize != info.itemsize:
+            raise RuntimeError(f"export_stablehlo: the runtime's dtype {code} "
+                               f"({info.mlir.decode()!r}) is not one this module knows")
+        codes[dtype] = code
+    _RUNTIME.append((lib, codes))
+    return _RUNTIME[0]
+
+
+def _check_status(lib, st, what: str) -> None:
+    if st:
+        code = lib.pj_status_code(st)
+        message = lib.pj_status_message(st).decode(errors="replace")
+        lib.pj_status_free(st)
+        raise _STATUS_ERRORS.get(code, RuntimeError)(f"run_text: {what}: {message}")
+
+
+class _TextProgram:
+    """A StableHLO text (``func.func @main``) compiled by the runtime for one device; called
+    with one host tensor per argument (flat, of the argument's element type), it uploads them,
+    executes the program and returns its results as flat CPU tensors."""
+
+    def __init__(self, text: str, device: int):
+        self._lib, self._codes = _runtime()
+        self._prog = None
+        self.text = text
+        self.device = device
+        _, _, args, results, body = _main_parts(text)
+        self.arguments = args
+        self.result_types = results
+        self._body = text[body:]
+        data = text.encode()
+        prog = ctypes.c_void_p()
+        _check_status(self._lib, self._lib.pj_program_compile(data, len(data), ctypes.byref(prog)),
+                      "compiling the text")
+        self._prog = prog
+        n = self._lib.pj_program_num_outputs(prog)
+        if n != len(results):
+            raise RuntimeError(f"run_text: the compiled text has {n} results, @main declares "
+                               f"{len(results)}")
+
+    def reads(self, index: int) -> bool:
+        """Whether the body uses argument ``index``."""
+        name = re.escape(self.arguments[index].name)
+        return re.search(name + r"(?![\w.$-])", self._body) is not None
+
+    def __call__(self, host_args: list) -> list:
+        lib = self._lib
+        if len(host_args) != len(self.arguments):
+            raise TypeError(f"run_text: @main takes {len(self.arguments)} arguments, got "
+                            f"{len(host_args)}")
+        vp = ctypes.c_void_p
+        bufs = (vp * max(1, len(host_args)))()
+        outs = (vp * max(1, len(self.result_types)))()
+        keep = []
+        try:
+            for k, (arg, t) in enumerate(zip(self.arguments, host_args)):
+                et, count = _tensor_type(arg.mlir_type)
+                dtype = _TORCH_OF_MLIR.get(et)
+                t = t.detach().cpu().contiguous()
+                if t.dtype != dtype or t.numel() != (1 if count is None else count):
+                    raise ValueError(f"run_text: @main argument {k} is {arg.mlir_type}, got "
+                                     f"{t.numel()} elements of {t.dtype}")
+                keep.append(t)
+                dims = (ctypes.c_int64 * 1)(t.numel())
+                buf = vp()
+                _check_status(lib, lib.pj_transfer_to_device(
+                    self.device, t.data_ptr(), self._codes[dtype], dims,
+                    0 if count is None else 1, ctypes.byref(buf)), f"uploading argument {k}")
+                bufs[k] = buf.value
+            _check_status(lib, lib.pj_program_execute(self._prog, self.device, bufs,
+                                                      len(host_args), None, outs),
+                          "executing the text")
+            results = []
+            for r, ty in enumerate(self.result_types):
+                et, count = _tensor_type(ty)
+                dtype = _TORCH_OF_MLIR.get(et)
+                if dtype is None:
+                    raise NotImplementedError(f"run_text: result {r} has the type {ty}")
+                out = torch.empty(() if count is None else (count,), dtype=dtype)
+                nbytes = lib.pj_buffer_nbytes(outs[r])
+                if nbytes != out.numel() * out.element_size():
+                    raise RuntimeError(f"run_text: result {r} ({ty}) has {nbytes} bytes")
+                if nbytes:
+                    _check_status(lib, lib.pj_transfer_to_host(outs[r], out.data_ptr(), nbytes),
+                                  f"downloading result {r}")
+                results.append(out)
+            return results
+        finally:
+            for b in list(bufs) + list(outs):
+                if b:
+                    lib.pj_buffer_destroy(b)
+
+    def __del__(self):
+        if getattr(self, "_prog", None) and _RUNTIME:
+            _RUNTIME[0][0].pj_program_free(self._prog)
+            self._prog = None
 
 
 def _capture(gm: torch.fx.GraphModule, held: list, plan_inputs: list[torch.Tensor]):
@@ -424,8 +744,11 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
     - ``unused``: ExportedProgram inputs the program does not read;
     - ``run(*args, **kwargs)``: executes the program (the captured plan) and returns the outputs.
 
-    ``weights``: ``"arguments"`` or ``"constants"``; the module docstring
-    (torch_pjrt/compile/export.py) says exactly what the text and ``run`` are in each mode. The
+    ``weights``: ``"arguments"``, ``"constants"`` (the plan holds the weights; the text still
+    takes them as arguments) or ``"inline"`` (the text holds them as ``stablehlo.constant``
+    values: its arguments are the user inputs and capture constants); the module docstring
+    (torch_pjrt/compile/export.py) says exactly what the text and ``run`` are in each mode.
+    ``run_text`` executes the text itself through the runtime. The
     weights are copied to the device at export; later changes to the model do not reach the
     exported program.
     """
@@ -505,18 +828,30 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
     gm = _graph_on_device(ep.graph_module, device)
     tensor_pos = [p for p, t in enumerate(held) if isinstance(t, torch.Tensor)]
     tensors = [held[p] for p in tensor_pos]
+    # the plan's inputs: every tensor ("arguments"), the user inputs ("constants"), the user
+    # inputs and the buffers the program mutates ("inline": a constant could not be updated)
+    free_user = [p for p in user_positions if const_user[p] is _NO_CONST]
+    mutated = {s.target for s in sig.output_specs if s.kind == OutputKind.BUFFER_MUTATION}
+    if weights == "arguments":
+        plan_positions = tensor_pos
+    elif weights == "constants":
+        plan_positions = free_user
+    else:
+        plan_positions = sorted(free_user + [p for p in weight_positions
+                                             if specs[p].kind == InputKind.BUFFER
+                                             and specs[p].target in mutated])
     # every tensor an input of the plan: params() names the ExportedProgram input behind each
     # storage argument (-1: a capture constant)
     outs, entry, layout, reps, plan = _capture(gm, held, tensors)
     text = plan.text()
     sources = [tensor_pos[k] if k >= 0 else None for k in plan.params()]
-    if weights == "constants" and weight_positions:
-        # the plan that runs: only the user inputs are inputs, the weights become its constants
-        user = {p: k for k, p in enumerate(p for p in user_positions
-                                            if const_user[p] is _NO_CONST)}
+    if plan_positions != tensor_pos:
+        # the plan that runs: only plan_positions are inputs, the other weights become its
+        # constants
+        index = {p: k for k, p in enumerate(plan_positions)}
         del outs, reps, plan
-        outs, entry, layout, reps, plan = _capture(gm, held, [held[p] for p in user])
-        expect = [user.get(p, -1) for p in sources]
+        outs, entry, layout, reps, plan = _capture(gm, held, [held[p] for p in plan_positions])
+        expect = [index.get(p, -1) for p in sources]
         if plan.text() != text or plan.params() != expect:
             raise RuntimeError("export_stablehlo: capturing the graph with the weights as plan "
                                "constants gave a different program than with the weights as "
@@ -541,8 +876,9 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
         et, count = _tensor_type(mlir_type)
         dtype = _TORCH_OF_MLIR.get(et)
         if a >= nparams:
-            inputs.append(ProgramInput(a, "scalar", "plan", None, None, (), dtype, mlir_type,
-                                       alias, value=scalars[a - nparams]))
+            inputs.append(ProgramInput(a, "scalar", "text" if weights == "inline" else "plan",
+                                       None, None, (), dtype, mlir_type, alias,
+                                       value=scalars[a - nparams]))
             continue
         if alias is not None and (alias >= len(results) or results[alias] != params[a]):
             raise RuntimeError(f"export_stablehlo: @main argument {a} aliases result {alias}, "
@@ -564,11 +900,28 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
             kind, source, target = "user_input", "caller", None
         else:
             kind = _WEIGHT_KINDS[spec.kind]
-            source = "module" if weights == "arguments" else "plan"
+            source = ("module" if pos in plan_positions
+                      else "text" if weights == "inline" else "plan")
             target = spec.target
         inputs.append(ProgramInput(a, kind, source, names[pos], target, tuple(t.shape), t.dtype,
                                    mlir_type, alias))
     unused = [names[p] for p in tensor_pos if p not in used]
+
+    # -- weights="inline": the text with the weight (and scalar) arguments as constants --
+    plan_text, inlined = text, []
+    if weights == "inline":
+        values = {i.index: (torch.tensor(i.value, dtype=i.dtype) if i.kind == "scalar"
+                            else held[sources[i.index]])
+                  for i in inputs if i.source == "text"}
+        text = _inline_arguments(plan_text, values)
+        inlined = [i for i in inputs if i.source == "text"]
+        inputs = [dataclasses.replace(i, index=k)
+                  for k, i in enumerate(i for i in inputs if i.source != "text")]
+        new_args, new_results = _main_signature(text)
+        if (new_args != [(i.mlir_type, i.aliased_result) for i in inputs]
+                or new_results != result_types):
+            raise RuntimeError("export_stablehlo: the inlined text's signature does not match "
+                               "its description")
 
     result_of_rep = {-2 - r: q for q, r in enumerate(results) if r <= -2}
     if sorted(result_of_rep) != list(range(len(reps))):
@@ -592,7 +945,9 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
 
     module = StableHLOModule(
         text=text,
+        plan_text=plan_text,
         inputs=inputs,
+        inlined=inlined,
         outputs=outputs,
         unused=unused,
         weights_mode=weights,
@@ -605,6 +960,8 @@ def export_stablehlo(exported_program: "torch.export.ExportedProgram",
         _input_specs=specs,
         _output_specs=list(sig.output_specs),
         _user_positions=user_positions,
+        _plan_positions=plan_positions,
+        _text_compiled=None,
         _weight_positions=weight_positions,
         _const_user=const_user,
         _in_spec=ep.call_spec.in_spec,
