@@ -24,6 +24,9 @@ import textwrap
 # loads torch_pjrt), so results never depend on what earlier runs left in ~/.cache. Tests of
 # the cache itself use directories of their own.
 os.environ.setdefault("TORCH_PJRT_CACHE_DIR", tempfile.mkdtemp(prefix="torch_pjrt_test_cache_"))
+# The same for PyTorch's compile caches, which torch.compile(backend="tpu") uses for
+# AOTAutograd's entries (torch_pjrt/compile/backend.py, option aot_cache).
+os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", tempfile.mkdtemp(prefix="torch_pjrt_test_inductor_"))
 
 import pytest  # noqa: E402
 import torch  # noqa: E402

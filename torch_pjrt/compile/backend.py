@@ -14,6 +14,14 @@ Options (``torch.compile(m, backend="tpu", options={...})``):
   outputs at the real positions do not depend on the padded ones): a causal model's sequence
   dimension, a batch dimension. Graphs whose results cannot be cut back exactly (an output
   reducing over a padded dim, input mutations, ...) raise ValueError (buckets.py).
+- ``aot_cache`` (bool, default True): AOTAutograd's own persistent cache (the one Inductor uses,
+  in its bundled form: the cache entry holds the forward and backward graphs and the pickled
+  GraphRunners, see graph_runner.py) serves this backend too, so a restarted process does not
+  trace and partition the joint graph again (Dynamo still traces). Entries live in Inductor's
+  cache directory (``TORCHINDUCTOR_CACHE_DIR``) under a key tagged with this backend, its
+  options, the plugin and the code of torch_pjrt (``_aot_cache_tag``), so they are never
+  shared with Inductor's or with another build's. ``torch.compiler.config.force_disable_caches``
+  turns it off as it does Inductor's.
 
 What is specialized: Dynamo's graph stays symbolic (``dynamic=True``, ``mark_dynamic``,
 automatic dynamic shapes; one Dynamo graph per pattern of which dims are dynamic, plus
@@ -27,6 +35,9 @@ largest), so they make at most that many signatures.
 """
 from __future__ import annotations
 
+import contextlib
+import functools
+import hashlib
 import itertools
 import os
 
@@ -35,7 +46,7 @@ import torch
 from . import buckets
 from .graph_runner import GraphRunner
 
-OPTIONS = {"debug_dir": None, "capture": True, "buckets": None}
+OPTIONS = {"debug_dir": None, "capture": True, "buckets": None, "aot_cache": True}
 
 _graph_ids = itertools.count()
 
@@ -53,6 +64,47 @@ def _options(options) -> dict:
     return opts
 
 
+@functools.lru_cache(maxsize=1)
+def _code_tag() -> str:
+    """The plugin, the C code id (``_C.identity()``) and a hash of this package's Python
+    sources: what decides the graphs and GraphRunners an AOTAutograd cache entry holds."""
+    from ..device import _C
+
+    h = hashlib.sha256(_C.identity().encode())
+    here = os.path.dirname(os.path.abspath(__file__))
+    for name in sorted(os.listdir(here)):
+        if name.endswith(".py"):
+            with open(os.path.join(here, name), "rb") as f:
+                h.update(name.encode() + b"\0" + f.read())
+    return h.hexdigest()[:24]
+
+
+def _aot_cache_tag(opts: dict) -> str:
+    return f"torch_pjrt:{_code_tag()}:{sorted((k, repr(v)) for k, v in opts.items())!r}"
+
+
+def _aot_cache(opts: dict):
+    """Context for the aot_autograd call: AOTAutograd's bundled cache on, keyed apart from
+    everyone else's entries (``cache_key_tag`` is part of the key), or nothing."""
+    if not opts["aot_cache"]:
+        return contextlib.nullcontext()
+    import torch._functorch.config as functorch_config
+
+    stack = contextlib.ExitStack()
+    # force: AOTAutograd consults its cache for non-Inductor compilers only when forced;
+    # bundled: the entry holds the compiled graphs themselves (our picklable GraphRunners);
+    # non-lazy backward: a training graph's entry is written once its backward is compiled,
+    # and making a GraphRunner costs nothing (it captures on its first call), so compile it now
+    stack.enter_context(functorch_config.patch(enable_autograd_cache=True,
+                                               bundled_autograd_cache=True,
+                                               force_autograd_cache=True,
+                                               force_non_lazy_backward_lowering=True))
+    user_tag = torch.compiler.config.cache_key_tag
+    stack.enter_context(torch.compiler.config.patch(
+        cache_key_tag=f"{user_tag}|{_aot_cache_tag(opts)}"))
+    return stack
+
+
 def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mode=None):
     """Dynamo backend entry point (``torch_dynamo_backends``: ``tpu``)."""
     from functorch.compile import min_cut_rematerialization_partition
@@ -67,13 +119,14 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mode=Non
 
         return compile_graph
 
-    compiled = aot_autograd(
-        fw_compiler=compiler("forward"),
-        bw_compiler=compiler("backward"),
-        inference_compiler=compiler("inference"),
-        partition_fn=min_cut_rematerialization_partition,
-        keep_inference_input_mutations=True,
-    )(gm, example_inputs)
+    with _aot_cache(opts):
+        compiled = aot_autograd(
+            fw_compiler=compiler("forward"),
+            bw_compiler=compiler("backward"),
+            inference_compiler=compiler("inference"),
+            partition_fn=min_cut_rematerialization_partition,
+            keep_inference_input_mutations=True,
+        )(gm, example_inputs)
     if opts["buckets"] is not None:
         # outside AOTAutograd's function: the padding and the cut-back are eager autograd ops,
         # so the compiled forward and backward both run at the bucket sizes

@@ -74,11 +74,36 @@ class GraphRunner(OutputCode):
 
     # ---- OutputCode: what AOTAutograd's bundled cache needs to serialize and reload it ----
 
+    # The FX graph is pickled node by node (torch.fx's GraphPickler), not through
+    # GraphModule.__reduce__: that one re-creates the graph by symbolically tracing its code,
+    # which runs every op without tensor inputs at load time and bakes its result in as a
+    # constant (a randn would draw once and never again; an arange becomes a tensor constant).
+
     def __getstate__(self):
-        return {"gm": self.gm, "name": self.name, "opts": self.opts}
+        from torch.fx._graph_pickler import GraphPickler
+
+        # without node.meta (tracing values: fake tensors, which would need a fake mode to
+        # load; nothing here reads them), put back afterwards
+        metas = [(node, node.meta) for node in self.gm.graph.nodes]
+        gm_meta = self.gm.meta
+        try:
+            for node, _ in metas:
+                node.meta = {}
+            self.gm.meta = {}
+            graph = GraphPickler.dumps(self.gm)
+        finally:
+            for node, meta in metas:
+                node.meta = meta
+            self.gm.meta = gm_meta
+        return {"graph": graph, "name": self.name, "opts": self.opts}
 
     def __setstate__(self, state):
-        self.__init__(state["gm"], state["name"], state["opts"])
+        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch.fx._graph_pickler import GraphPickler
+
+        gm = GraphPickler.loads(state["graph"], FakeTensorMode())
+        gm.recompile()
+        self.__init__(gm, state["name"], state["opts"])
 
     def prepare_for_serialization(self):
         pass  # nothing process-bound is pickled (see __getstate__)
@@ -116,7 +141,8 @@ class GraphRunner(OutputCode):
             except BaseException:
                 _C._capture_abort()
                 raise
-            layout, out_storage_tensors = self._describe(outs, args, tensors)
+            layout, out_storage_tensors = self._describe(outs, args, tensors,
+                                                         self._constant_storages())
             if layout is None:
                 _C._capture_abort()
                 self.uncapturable.add(sig)
@@ -132,11 +158,29 @@ class GraphRunner(OutputCode):
                 f.write(plan.text())
         return outs
 
+    def _constant_storages(self) -> set[int]:
+        """Storages (data_ptr) of the graph module's own tensors (``get_attr`` nodes: lifted
+        constants such as a causal mask or position ids)."""
+        found = set()
+        for node in self.gm.graph.nodes:
+            if node.op == "get_attr":
+                value = self.gm
+                for part in node.target.split("."):
+                    value = getattr(value, part)
+                if isinstance(value, torch.Tensor) and value.device.type == "tpu":
+                    found.add(value.untyped_storage().data_ptr())
+        return found
+
     @staticmethod
-    def _describe(outs, args, tensors):
+    def _describe(outs, args, tensors, constants=frozenset()):
         """How to rebuild the outputs around a plan's results: ((layout, result storages,
         sequence type, device) for `_entry`, one output tensor per result storage), or
-        (None, None) when some output cannot be rebuilt from a plan's results."""
+        (None, None) when some output cannot be rebuilt from a plan's results.
+
+        An output on a storage of the graph's own constants (`constants`, data_ptrs: e.g. a
+        position-ids tensor returned to be saved for backward) is returned as that very tensor
+        on every call, as running the graph eagerly would: the plan holds the constant's
+        storage (it is not a fresh result, and the graph reads it before any write)."""
         if not isinstance(outs, (list, tuple)):
             return None, None
         input_storage = {}
@@ -160,6 +204,9 @@ class GraphRunner(OutputCode):
             ptr = o.untyped_storage().data_ptr()
             if ptr in input_storage:
                 layout.append(("input", input_storage[ptr], meta))
+                continue
+            if ptr in constants:
+                layout.append(("value", o, None))
                 continue
             j = new_storage.get(ptr)
             if j is None:

@@ -1,0 +1,101 @@
+"""AOTAutograd's persistent cache under torch.compile(backend="tpu") (option ``aot_cache``,
+torch_pjrt/compile/backend.py): a second process with the same caches loads the forward and
+backward graphs instead of tracing and partitioning them again, captures them as programs
+loaded from the persistent cache (nothing compiled), and trains exactly as the first; a changed
+option is another key; ``aot_cache=False`` never touches the cache. The tiny GPT returns a
+lifted constant (its position ids) from the forward graph, which a reloaded graph must hand on
+as that constant (graph_runner.GraphRunner._describe)."""
+from __future__ import annotations
+
+from conftest import run_python
+
+STEP = """
+import os
+import torch
+from torch._dynamo.utils import counters
+from torch_pjrt import _models
+data = _models.CharDataset(_models.zen_corpus(), block=32)
+g = torch.Generator().manual_seed(0)
+batches = [data.batch(8, g) for _ in range(3)]
+model = _models.init_weights(_models.TinyGPT(data.vocab, layers=2), seed=0).to("tpu")
+opt = torch.optim.AdamW(model.parameters(), lr=3e-3, capturable=True)
+options = eval(os.environ["STEP_OPTIONS"])
+@torch.compile(backend="tpu", options=options)
+def step(x, y):
+    opt.zero_grad()
+    loss = model(x, y)
+    loss.backward()
+    opt.step()
+    return loss
+losses = [step(x.to("tpu"), y.to("tpu")).item() for x, y in batches]
+m = torch.tpu.metrics()
+c = counters["aot_autograd"]
+print("RESULT", "hits", c["autograd_cache_hit"], "misses", c["autograd_cache_miss"],
+      "saved", c["autograd_cache_saved"], "compiles", m["compiles"],
+      "captures", m["graph_captures"], "broken", m["graph_captures_broken"])
+print("LOSSES", repr(losses))
+"""
+
+
+def _run(tmp_path, options="{}"):
+    r = run_python(STEP, STEP_OPTIONS=options, TORCH_PJRT_CACHE_DIR=str(tmp_path / "pjrt"),
+                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
+    assert r.returncode == 0, r.stderr[-3000:]
+    lines = r.stdout.splitlines()
+    res = [ln for ln in lines if ln.startswith("RESULT")][-1].split()[1:]
+    losses = eval([ln for ln in lines if ln.startswith("LOSSES")][-1].split(" ", 1)[1])
+    return dict(zip(res[::2], map(int, res[1::2]))), losses
+
+
+def test_second_process_loads_aot_graphs_and_trains_the_same(tmp_path):
+    first, losses1 = _run(tmp_path)
+    assert first["hits"] == 0 and first["saved"] == first["misses"] > 0, first
+    assert first["broken"] == 0, first
+    second, losses2 = _run(tmp_path)
+    # every AOTAutograd graph comes from the cache; each is still captured as one program,
+    # loaded from the persistent program cache
+    assert second["misses"] == 0 and second["hits"] == first["saved"], second
+    assert second["broken"] == 0 and second["captures"] == first["captures"], second
+    assert second["compiles"] < first["compiles"], (first, second)
+    assert losses2 == losses1
+
+
+def test_options_are_part_of_the_key_and_the_cache_can_be_off(tmp_path):
+    _run(tmp_path)
+    other, _ = _run(tmp_path, '{"debug_dir": None, "capture": False}')
+    assert other["hits"] == 0, other  # another option value is another entry
+    off, _ = _run(tmp_path, '{"aot_cache": False}')
+    assert off["hits"] == 0 and off["misses"] == 0 and off["saved"] == 0, off
+
+
+def test_reloaded_graph_keeps_random_ops_without_tensor_inputs():
+    """A graph loaded from the cache draws anew on every call: an op without tensor inputs
+    (randn) must stay an op, not become a constant (GraphModule's own pickling re-traces the
+    code and would bake it in)."""
+    import torch
+    import torch._dynamo
+    import torch.nn.functional as F
+    from torch._dynamo.utils import counters
+    from torch_pjrt import modes
+
+    def draws(t):
+        return F.dropout(t, 0.5, training=True), torch.randn(3, 5, device=t.device) + 1
+
+    t = torch.ones(4, 4, device="tpu")
+    with torch.no_grad():
+        torch._dynamo.reset()
+        torch.compile(draws, backend="tpu")(t)
+        torch._dynamo.reset()
+        hits = counters["aot_autograd"]["autograd_cache_hit"]
+        cf = torch.compile(draws, backend="tpu")
+        torch.manual_seed(5)
+        got = [[o.cpu() for o in cf(t)] for _ in range(3)]
+        assert counters["aot_autograd"]["autograd_cache_hit"] == hits + 1
+        torch.manual_seed(5)
+        with modes.eager_mode("strict"):
+            want = [[o.cpu() for o in draws(t)] for _ in range(3)]
+    torch._dynamo.reset()
+    for k in range(3):
+        for g, w in zip(got[k], want[k]):
+            assert torch.equal(g, w), f"call {k}: a reloaded graph's draws differ from eager"
+    assert not torch.equal(got[0][1], got[1][1]), "a reloaded graph drew the same randn twice"
