@@ -170,7 +170,9 @@ def first_step(layers: int, cache_dir: str, kind: str = "gpt"):
             FIRST_STEP.format(layers=layers, llama=kind == "llama"))
     r = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
                        capture_output=True, text=True, timeout=900,
-                       env={**os.environ, "TORCH_PJRT_CACHE_DIR": cache_dir})
+                       env={**os.environ, "TORCH_PJRT_CACHE_DIR": cache_dir,
+                            # AOTAutograd's cache (option aot_cache) starts empty with ours
+                            "TORCHINDUCTOR_CACHE_DIR": os.path.join(cache_dir, "inductor")})
     line = [ln for ln in r.stdout.splitlines() if ln.startswith("RESULT")]
     if r.returncode != 0 or not line:
         raise RuntimeError(f"first-step run failed:\n{r.stderr[-2000:]}")
@@ -239,7 +241,8 @@ def main(argv=None) -> str:
         "## Time to the first compiled training step in a fresh process",
         "",
         "From interpreter start to the first step's `loss.item()`, one process per run; the warm "
-        "runs reuse the cold run's TORCH_PJRT_CACHE_DIR (median of 3 by total). `first call` is "
+        "runs reuse the cold run's TORCH_PJRT_CACHE_DIR and TORCHINDUCTOR_CACHE_DIR (programs "
+        "and AOTAutograd's graphs; median of 3 by total). `first call` is "
         "the first call of the compiled step alone; within it, `Dynamo` is Dynamo's own tracing "
         "and guard building (its `_compile.compile_inner` time less AOTAutograd's), "
         "`AOTAutograd` is `create_aot_dispatcher_function` (joint-graph tracing and the min-cut "
