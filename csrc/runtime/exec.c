@@ -17,8 +17,12 @@ struct pj_program {
 };
 
 /* xla.CompileOptionsProto with executable_build_options (field 3) { num_replicas (4) = 1,
- * num_partitions (5) = 1 }. Empty options are unsafe: the default replica count is 0. */
-static const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01};
+ * num_partitions (5) = 1 } and compile_portable_executable (field 4) = true. Empty options are
+ * unsafe: the default replica count is 0. Portable: a program compiled once runs on any of the
+ * client's devices (execute_device picks it); without it the executable is bound to device 0
+ * and executing it on tpu:1 fails ("not addressable"). One compile and one cache entry serve
+ * every device, so program keys need not name the device. */
+static const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
 
 static int64_t now_ns(void) {
   struct timespec ts;
@@ -143,6 +147,12 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const 
   PJ_TRY(pj_runtime_get(&rt));
   const PJRT_Api *api = pj_runtime_api(rt);
   PJ_API_SLOT(execute, api, PJRT_LoadedExecutable_Execute);
+  /* A portable program has no device of its own: a NULL execute_device would not mean "the
+   * default device", so an index the client does not have is refused here. */
+  PJRT_Device *dev = pj_runtime_device(rt, device);
+  if (!dev)
+    return pj_status_new(PJ_ERR_INDEX, "execute: no device %d (the client has %d)", device,
+                         pj_runtime_device_count(rt));
   /* Donation is opt-in per argument: everything not marked is listed as non-donatable, so a
    * program compiled with aliasing can still be run without consuming an input. */
   int64_t keep_small[64];
@@ -168,11 +178,12 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const 
       .num_args = nargs,
       .output_lists = out_lists,
       .device_complete_events = done,
-      .execute_device = pj_runtime_device(rt, device)};
+      .execute_device = dev};
   pj_status_t *st = pj_runtime_take_error(rt, execute(&a), "execute");
   if (keep != keep_small) free(keep);
   if (!st) {
     pj_metric_add(PJ_METRIC_EXECUTIONS, 1);
+    pj_device_metric_add(device, PJ_DEVICE_METRIC_EXECUTIONS, 1);
     pj_stream_track(device, done[0]);
   }
   return st;

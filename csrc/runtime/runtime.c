@@ -266,3 +266,8 @@ PJRT_Client *pj_runtime_client(const pj_runtime_t *rt) { return rt->client; }
 PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device) {
   return device >= 0 && device < rt->ndev ? rt->devices[device] : NULL;
 }
+int pj_runtime_device_index(const pj_runtime_t *rt, const PJRT_Device *dev) {
+  for (int i = 0; i < rt->ndev; i++)
+    if (rt->devices[i] == dev) return i;
+  return -1;
+}

@@ -14,13 +14,18 @@
 static _Atomic int64_t bytes_in_use[PJ_MAX_ACCOUNTED_DEVICES];
 static _Atomic int64_t peak_bytes[PJ_MAX_ACCOUNTED_DEVICES];
 static _Atomic int64_t live_count;
+static _Atomic int64_t live_on[PJ_MAX_ACCOUNTED_DEVICES];
 static _Atomic uint64_t next_id = 1;
 /* Fake address space for DataPtrs: starts high and non-zero, grows by each storage's size
  * rounded up to 256 bytes (plus 256 so even empty storages get distinct addresses). */
 static _Atomic uint64_t next_addr = (uint64_t)1 << 44;
 
-static void account(int device, int64_t delta) {
+/* A storage's bytes and its count on its device: added at creation, removed at destruction
+ * (count = +1 / -1). */
+static void account(int device, int64_t delta, int count) {
+  atomic_fetch_add(&live_count, count);
   if (device < 0 || device >= PJ_MAX_ACCOUNTED_DEVICES) return;
+  atomic_fetch_add(&live_on[device], count);
   int64_t now = atomic_fetch_add(&bytes_in_use[device], delta) + delta;
   int64_t peak = atomic_load(&peak_bytes[device]);
   while (now > peak && !atomic_compare_exchange_weak(&peak_bytes[device], &peak, now)) {
@@ -36,8 +41,7 @@ pj_status_t *pj_storage_new(int device, size_t nbytes, pj_storage_t **out) {
   s->dtype = PJ_U8;
   s->id = atomic_fetch_add(&next_id, 1);
   s->addr = (uintptr_t)atomic_fetch_add(&next_addr, ((nbytes + 255) & ~(uint64_t)255) + 256);
-  account(device, (int64_t)nbytes);
-  atomic_fetch_add(&live_count, 1);
+  account(device, (int64_t)nbytes, 1);
   *out = s;
   return NULL;
 }
@@ -48,8 +52,7 @@ void pj_storage_release(pj_storage_t *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   pj_buffer_destroy(s->buf);
-  account(s->device, -(int64_t)s->nbytes);
-  atomic_fetch_sub(&live_count, 1);
+  account(s->device, -(int64_t)s->nbytes, -1);
   free(s);
 }
 
@@ -96,3 +99,6 @@ void pj_storage_reset_peak(int device) {
     atomic_store(&peak_bytes[device], atomic_load(&bytes_in_use[device]));
 }
 int64_t pj_storage_live_count(void) { return atomic_load(&live_count); }
+int64_t pj_storage_live_count_on(int device) {
+  return device >= 0 && device < PJ_MAX_ACCOUNTED_DEVICES ? atomic_load(&live_on[device]) : 0;
+}

@@ -2,8 +2,11 @@
 #include "torch_pjrt/transfer.h"
 
 #include "api_check.h"
+#include <stdlib.h>
+
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
+#include "torch_pjrt/stream.h"
 
 /* Awaits and destroys an event; returns the event's error, if any. */
 static pj_status_t *await_event(const pj_runtime_t *rt, PJRT_Event *ev, const char *what) {
@@ -14,6 +17,19 @@ static pj_status_t *await_event(const pj_runtime_t *rt, PJRT_Event *ev, const ch
   PJRT_Event_Destroy_Args d = {.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE, .event = ev};
   api->PJRT_Event_Destroy(&d);
   return st;
+}
+
+/* The index of the device holding `buf`, -1 when it cannot be told. */
+static int buffer_device(const pj_runtime_t *rt, PJRT_Buffer *buf) {
+  const PJRT_Api *api = pj_runtime_api(rt);
+  if (!PJ_API_HAS(api, PJRT_Buffer_Device)) return -1;
+  PJRT_Buffer_Device_Args a = {.struct_size = PJRT_Buffer_Device_Args_STRUCT_SIZE, .buffer = buf};
+  pj_status_t *st = pj_runtime_take_error(rt, api->PJRT_Buffer_Device(&a), "buffer device");
+  if (st) {
+    pj_status_free(st);
+    return -1;
+  }
+  return pj_runtime_device_index(rt, a.device);
 }
 
 pj_status_t *pj_transfer_to_device(int device, const void *data, pj_dtype_t dt,
@@ -45,6 +61,7 @@ pj_status_t *pj_transfer_to_device(int device, const void *data, pj_dtype_t dt,
   for (int i = 0; i < rank; i++) n *= (size_t)dims[i];
   pj_metric_add(PJ_METRIC_H2D_TRANSFERS, 1);
   pj_metric_add(PJ_METRIC_H2D_BYTES, (int64_t)n);
+  pj_device_metric_add(device, PJ_DEVICE_METRIC_H2D_TRANSFERS, 1);
   *out = a.buffer;
   return NULL;
 }
@@ -67,6 +84,54 @@ pj_status_t *pj_transfer_to_host(PJRT_Buffer *buf, void *dst, size_t nbytes) {
   PJ_TRY(await_event(rt, a.event, "device-to-host copy"));
   pj_metric_add(PJ_METRIC_D2H_TRANSFERS, 1);
   pj_metric_add(PJ_METRIC_D2H_BYTES, (int64_t)nbytes);
+  pj_device_metric_add(buffer_device(rt, buf), PJ_DEVICE_METRIC_D2H_TRANSFERS, 1);
+  return NULL;
+}
+
+/* Through host memory, for plugins without PJRT_Buffer_CopyToDevice: blocks until the source
+ * is computed and the upload has taken the bytes. */
+static pj_status_t *copy_through_host(PJRT_Buffer *src, pj_dtype_t dt, int64_t numel,
+                                      int device, PJRT_Buffer **out) {
+  size_t nbytes = (size_t)numel * pj_dtype_info(dt)->itemsize;
+  void *host = malloc(nbytes ? nbytes : 1);
+  if (!host) return pj_status_new(PJ_ERR_OOM, "out of host memory staging a device copy");
+  pj_status_t *st = pj_transfer_to_host(src, host, nbytes);
+  if (!st) st = pj_transfer_to_device(device, host, dt, &numel, 1, out);
+  free(host);
+  return st;
+}
+
+pj_status_t *pj_transfer_between_devices(PJRT_Buffer *src, pj_dtype_t dt, int64_t numel,
+                                         int device, PJRT_Buffer **out) {
+  pj_runtime_t *rt;
+  PJ_TRY(pj_runtime_get(&rt));
+  const PJRT_Api *api = pj_runtime_api(rt);
+  PJRT_Device *dst = pj_runtime_device(rt, device);
+  if (!dst) return pj_status_new(PJ_ERR_INDEX, "device copy: no device %d", device);
+  const int from = buffer_device(rt, src);
+  if (from == device)
+    return pj_status_new(PJ_ERR_RUNTIME, "device copy: the buffer is already on device %d",
+                         device);
+  if (!PJ_API_HAS(api, PJRT_Buffer_CopyToDevice) || !PJ_API_HAS(api, PJRT_Buffer_ReadyEvent))
+    return copy_through_host(src, dt, numel, device, out);
+  PJRT_Buffer_CopyToDevice_Args a = {.struct_size = PJRT_Buffer_CopyToDevice_Args_STRUCT_SIZE,
+                                     .buffer = src,
+                                     .dst_device = dst};
+  PJ_TRY(pj_runtime_take_error(rt, api->PJRT_Buffer_CopyToDevice(&a), "device-to-device copy"));
+  /* The copy's completion is tracked like an execution on the destination device. */
+  PJRT_Buffer_ReadyEvent_Args r = {.struct_size = PJRT_Buffer_ReadyEvent_Args_STRUCT_SIZE,
+                                   .buffer = a.dst_buffer};
+  pj_status_t *st = pj_runtime_take_error(rt, api->PJRT_Buffer_ReadyEvent(&r), "ready event");
+  if (st) {
+    pj_buffer_destroy(a.dst_buffer);
+    return st;
+  }
+  pj_stream_track(device, r.event);
+  pj_metric_add(PJ_METRIC_D2D_TRANSFERS, 1);
+  pj_metric_add(PJ_METRIC_D2D_BYTES, numel * (int64_t)pj_dtype_info(dt)->itemsize);
+  pj_device_metric_add(from, PJ_DEVICE_METRIC_D2D_OUT, 1);
+  pj_device_metric_add(device, PJ_DEVICE_METRIC_D2D_IN, 1);
+  *out = a.dst_buffer;
   return NULL;
 }
 

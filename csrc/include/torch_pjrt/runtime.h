@@ -42,6 +42,8 @@ struct PJRT_Error;
 const struct PJRT_Api *pj_runtime_api(const pj_runtime_t *rt);
 struct PJRT_Client *pj_runtime_client(const pj_runtime_t *rt);
 struct PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device);
+/* The index of an addressable device, or -1 when `dev` is not one of them. */
+int pj_runtime_device_index(const pj_runtime_t *rt, const struct PJRT_Device *dev);
 /* Converts (and destroys) a PJRT_Error into a status; NULL stays NULL. */
 pj_status_t *pj_runtime_take_error(const pj_runtime_t *rt, struct PJRT_Error *err, const char *what);
 

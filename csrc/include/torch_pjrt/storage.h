@@ -43,7 +43,9 @@ pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt);
 int64_t pj_storage_bytes_in_use(int device);
 int64_t pj_storage_peak_bytes(int device);
 void pj_storage_reset_peak(int device);
+/* Live storages in the process, and on one device (0 for an index out of range). */
 int64_t pj_storage_live_count(void);
+int64_t pj_storage_live_count_on(int device);
 
 #ifdef __cplusplus
 }

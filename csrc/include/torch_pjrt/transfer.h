@@ -17,6 +17,15 @@ pj_status_t *pj_transfer_to_device(int device, const void *data, pj_dtype_t dt,
                                    const int64_t *dims, int rank, struct PJRT_Buffer **out);
 /* Copies a whole device buffer into host memory of `nbytes` (must equal the buffer's size). */
 pj_status_t *pj_transfer_to_host(struct PJRT_Buffer *buf, void *dst, size_t nbytes);
+/* Copies a whole 1-D buffer of `numel` elements of type dt onto another device of the client
+ * (`device` must differ from the buffer's). Asynchronous where the plugin copies between
+ * devices itself (PJRT_Buffer_CopyToDevice): the new buffer becomes ready when the copy, which
+ * first waits for the source's contents, completes; that completion is tracked on `device`
+ * (stream.h), so synchronize(device) and events there cover it. A plugin without the slot gets
+ * a blocking copy through host memory. The source buffer stays owned by the caller and may be
+ * destroyed at once: PJRT keeps it alive until the copy has read it. */
+pj_status_t *pj_transfer_between_devices(struct PJRT_Buffer *src, pj_dtype_t dt, int64_t numel,
+                                         int device, struct PJRT_Buffer **out);
 /* Waits until the buffer's contents are computed; surfaces any device error. */
 pj_status_t *pj_buffer_await(struct PJRT_Buffer *buf);
 /* Non-blocking: 1 if ready, 0 if still pending. */
