@@ -175,16 +175,20 @@ def test_current_device_and_context():
 
 
 def test_bad_device_index_raises():
+    # As CUDA: a missing device is torch.AcceleratorError (a RuntimeError, CUDA's "invalid
+    # device ordinal"), get_device_properties/get_device_name assert "Invalid device id"
     n = torch.tpu.device_count()
-    with pytest.raises(IndexError, match=f"tpu device index {n} out of range"):
+    with pytest.raises(torch.AcceleratorError, match=f"tpu device index {n} out of range"):
         torch.tpu.set_device(n)
-    with pytest.raises(IndexError):
+    with pytest.raises(AssertionError, match="Invalid device id"):
         torch.tpu.get_device_name(n + 3)
-    with pytest.raises(IndexError):
+    with pytest.raises(torch.AcceleratorError):
         with torch.tpu.device(n):
             pass
-    with pytest.raises((IndexError, RuntimeError)):
+    with pytest.raises(torch.AcceleratorError):
         torch.empty(1, device=f"tpu:{n}")
+    with pytest.raises(RuntimeError, match="Invalid device argument"):
+        torch.tpu.memory_allocated(n)
     with pytest.raises(ValueError, match="expected a tpu device"):
         torch.tpu.set_device("cpu")
     assert torch.tpu.current_device() == 0  # failed calls changed nothing

@@ -150,7 +150,9 @@ def current_device() -> int:
 
 
 def set_device(device: _DeviceLike) -> None:
-    """Makes `device` the calling thread's current device; raises IndexError when out of range."""
+    """Makes `device` the calling thread's current device. As with CUDA, a negative index
+    changes nothing and an index the runtime does not have raises torch.AcceleratorError (a
+    RuntimeError)."""
     index = _index(device)
     if index < 0:
         return  # like torch.cuda.set_device(-1): no change
@@ -190,10 +192,19 @@ def synchronize(device: _DeviceLike = None) -> None:
     _C.synchronize(_index(device))
 
 
+def _property_index(device: _DeviceLike) -> int:
+    """The index for get_device_properties/get_device_name; like torch.cuda's, an index out of
+    range raises AssertionError("Invalid device id")."""
+    _lazy_init()
+    index = _index(device)
+    if index < 0 or index >= device_count():
+        raise AssertionError("Invalid device id")
+    return index
+
+
 def get_device_name(device: _DeviceLike = None) -> str:
     """The plugin's device kind, e.g. "cpu" or "TPU v4"."""
-    _lazy_init()
-    return _C.get_device_name(_index(device))
+    return _C.get_device_name(_property_index(device))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -215,8 +226,7 @@ class _DeviceProperties:
 
 
 def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
-    _lazy_init()
-    index = _index(device)
+    index = _property_index(device)
     return _DeviceProperties(
         name=_C.get_device_name(index),
         index=index,
@@ -329,6 +339,8 @@ def set_rng_state_all(new_states: list[torch.Tensor]) -> None:
 
 # --- memory ------------------------------------------------------------------------------------
 # Storages are exact-size device buffers with no cache, so allocated == reserved == active.
+# Counters are per device. As torch.cuda's, they answer 0 before the runtime starts, and once
+# it runs an index it does not have raises RuntimeError (from _C).
 
 
 def memory_allocated(device: _DeviceLike = None) -> int:
@@ -361,7 +373,7 @@ def memory_stats(device: _DeviceLike = None) -> collections.OrderedDict:
     for kind in ("allocated_bytes", "reserved_bytes", "active_bytes", "requested_bytes"):
         stats[f"{kind}.all.current"] = current
         stats[f"{kind}.all.peak"] = peak
-    stats["num_live_storages"] = _C.live_storages() if _C is not None else 0
+    stats["num_live_storages"] = _C.live_storages(index) if _C is not None else 0
     return collections.OrderedDict(sorted(stats.items()))
 
 
@@ -377,7 +389,9 @@ class Stream(torch.Stream):
         if "stream_id" in kwargs:  # the (stream_id, device_index, device_type) form
             return super().__new__(cls, priority=priority, **kwargs)
         _lazy_init()
-        return super().__new__(cls, device=torch.device("tpu", _index(device)), priority=priority)
+        index = _index(device)
+        _C.check_device(index)  # as torch.cuda.Stream(device=n): a missing device raises
+        return super().__new__(cls, device=torch.device("tpu", index), priority=priority)
 
 
 class Event(torch.Event):
@@ -442,9 +456,17 @@ def pending_executions(device: _DeviceLike = None) -> int:
 # --- observability -----------------------------------------------------------------------------
 
 
-def metrics() -> dict[str, int]:
-    """Process-wide counters: compiles, cache hits/misses, executions, transfers, fallbacks."""
-    return _C.metrics() if _C is not None else {}
+def metrics(device: _DeviceLike = None) -> dict[str, int]:
+    """Without an argument, the process-wide counters: compiles, cache hits/misses,
+    executions, transfers (host to device, device to host, device to device), fallbacks.
+    With a device (an index, "tpu:1", a torch.device), that device's own counters: the
+    programs it executed and the copies into and out of it (``transfers_to_device``,
+    ``transfers_to_host``, ``transfers_from_other_devices``, ``transfers_to_other_devices``)."""
+    if _C is None:
+        return {}
+    if device is None:
+        return _C.metrics()
+    return _C.device_metrics(_index(device))
 
 
 def fallback_ops() -> dict[str, int]:

@@ -42,6 +42,7 @@ class PjrtAllocator final : public c10::DeviceAllocator {
   void recordStream(const c10::DataPtr&, c10::Stream) override {}
 
   c10::CachingDeviceAllocator::DeviceStats getDeviceStats(c10::DeviceIndex device) override {
+    check_stats_device(device);
     // Storages are exact-size device buffers: allocated, reserved, active and requested bytes
     // are all the same number, the runtime's per-device live storage bytes.
     const int64_t in_use = pj_storage_bytes_in_use(device);
@@ -57,9 +58,23 @@ class PjrtAllocator final : public c10::DeviceAllocator {
   }
 
   // No accumulated (allocated/freed totals) statistics are kept.
-  void resetAccumulatedStats(c10::DeviceIndex) override {}
+  void resetAccumulatedStats(c10::DeviceIndex device) override { check_stats_device(device); }
 
-  void resetPeakStats(c10::DeviceIndex device) override { pj_storage_reset_peak(device); }
+  void resetPeakStats(c10::DeviceIndex device) override {
+    check_stats_device(device);
+    pj_storage_reset_peak(device);
+  }
+
+ private:
+  // Statistics of a device the client does not have are an error, as with CUDA's allocator
+  // (RuntimeError "Invalid device argument"), not zeros that would hide a wrong index. A
+  // negative index is the current device's (torch.accelerator passes it through).
+  static void check_stats_device(c10::DeviceIndex& device) {
+    if (device < 0) device = current_device();
+    const int count = device_count();
+    TORCH_CHECK(device < count, "Invalid device argument ", int(device), ": the tpu runtime has ",
+                count, " device(s)");
+  }
 };
 
 PjrtAllocator g_allocator;
@@ -70,7 +85,7 @@ REGISTER_ALLOCATOR(c10::DeviceType::PrivateUse1, &g_allocator)
 c10::DeviceAllocator* device_allocator() { return &g_allocator; }
 
 c10::DataPtr allocate_storage(int device, size_t nbytes) {
-  TORCH_CHECK_INDEX(device >= 0, "tpu device index ", device, " is negative");
+  TORCH_CHECK(device >= 0, "tpu device index ", device, " is negative");
   checked_device(device);
   // Zero-byte storages get a storage object too: every tpu DataPtr then has a context and a
   // distinct address, so no code path needs a "no storage" case.

@@ -1,4 +1,4 @@
-// Copies between host and device and within the device, and storage growth. A device copy into
+// Copies between host and device, within a device and between devices, and storage growth. A device copy into
 // a view is the "_pj_copy" lowering with the view as destination (dtype conversion and
 // broadcasting included), so copy_ into slices, transposes or diagonals updates the base.
 #include <ATen/MemoryOverlap.h>
@@ -64,6 +64,32 @@ void from_host(const at::Tensor& src, const at::Tensor& dst) {
   device_copy(staging, dst);
 }
 
+// src and dst on two different tpu devices (any views, any dtypes). src's values travel as one
+// whole buffer in src's element type, device to device (asynchronous: nothing here waits for
+// the device); a destination that is not exactly its whole storage in that type gets them
+// through a staging tensor on its own device and a device copy there, which also converts the
+// dtype and writes into views.
+void cross_device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  at::Tensor dev = src;
+  if (!is_whole_storage(dev)) {
+    dev = at::empty(src.sizes(), src.options().memory_format(c10::MemoryFormat::Contiguous));
+    device_copy(src, dev);
+  }
+  const pj_dtype_t dt = to_pj_dtype(dev.scalar_type());
+  pj_storage_t* s = storage_of(dev);
+  // The source's recorded ops (defer_and_fuse) must have run, and recorded writes to the
+  // destination's storage must come before the buffer replacing its contents.
+  check(pj_defer_flush());
+  check(pj_storage_materialize(s, dt));
+  PJRT_Buffer* moved = nullptr;
+  check(pj_transfer_between_devices(s->buf, dt, dev.numel(), dst.device().index(), &moved));
+  at::Tensor target = dst;
+  if (!(is_whole_storage(dst) && dst.scalar_type() == dev.scalar_type()))
+    target = at::empty(dev.sizes(), dev.options().device(dst.device()));
+  pj_storage_swap(storage_of(target), moved, dt);
+  if (!target.is_same(dst)) device_copy(target, dst);
+}
+
 }  // namespace
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
@@ -74,7 +100,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
       at::assert_no_partial_overlap(dst, self);
       device_copy(self, dst);
     } else {
-      from_host(to_host(self), dst);
+      cross_device_copy(self, dst);
     }
   } else if (is_tpu(dst)) {
     from_host(self, dst);

@@ -80,7 +80,7 @@ class GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     TORCH_CHECK(stream.device_type() == kType, "expected a tpu stream, got ", stream);
     pj_marker_t* m = nullptr;
     check(pj_defer_flush());  // an event covers the ops recorded before it
-    check(pj_marker_record(index_or_current(stream.device_index()), &m));
+    check(pj_marker_record(checked_device(stream.device_index()), &m));
     pj_marker_free(as_marker(*event));
     *event = m;
   }
@@ -113,14 +113,17 @@ class GuardImpl final : public c10::impl::DeviceGuardImplInterface {
            pj_stream_pending(index_or_current(s.device_index())) == 0;
   }
 
+  // A device the runtime lacks raises (checked_device), as CUDA's device guard does here.
   void synchronizeStream(const c10::Stream& s) const override {
+    const int index = checked_device(s.device_index());
     check(pj_defer_flush());
-    check(pj_stream_synchronize(index_or_current(s.device_index())));
+    check(pj_stream_synchronize(index));
   }
 
   void synchronizeDevice(const c10::DeviceIndex index) const override {
+    const int checked = checked_device(index);
     check(pj_defer_flush());
-    check(pj_stream_synchronize(index_or_current(index)));
+    check(pj_stream_synchronize(checked));
   }
 };
 
@@ -131,7 +134,9 @@ C10_REGISTER_GUARD_IMPL(PrivateUse1, GuardImpl)
 c10::DeviceIndex current_device() { return t_current_device; }
 
 void set_device(c10::DeviceIndex index) {
-  TORCH_CHECK_INDEX(index >= 0, "tpu device index ", int(index), " is negative");
+  // As c10::cuda::SetDevice: a negative index here is a caller's bug (Python's set_device(-1)
+  // is a no-op before it gets here).
+  TORCH_CHECK(index >= 0, "tpu device index ", int(index), " is negative");
   t_current_device = static_cast<c10::DeviceIndex>(checked_device(index));
 }
 
@@ -139,8 +144,14 @@ int checked_device(int index) {
   if (index < 0) index = t_current_device;
   const int count = device_count();
   if (count == 0) runtime();  // throws the reason there are no devices
-  TORCH_CHECK_INDEX(index < count, "tpu device index ", index, " out of range (", count,
-                    " device(s))");
+  // CUDA reports an index it does not have as torch.AcceleratorError ("invalid device
+  // ordinal"), a RuntimeError: code written for CUDA catches that, so it is raised here too.
+  // The error code is not a CUDA one; 0 says "no backend code".
+  if (index >= count)
+    throw c10::AcceleratorError(
+        {__func__, __FILE__, static_cast<uint32_t>(__LINE__)}, 0,
+        c10::str("invalid device ordinal: tpu device index ", index, " out of range (", count,
+                 " device(s))"));
   return index;
 }
 

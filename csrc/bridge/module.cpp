@@ -65,18 +65,42 @@ void bind_runtime(py::module_& m) {
   m.def("identity",
         wrap_pybind_function([] { return std::string(pj_runtime_identity(runtime())); }));
   m.def("set_device", wrap_pybind_function([](int device) { set_device(device); }));
+  m.def("check_device", wrap_pybind_function([](int device) { return checked_device(device); }),
+        py::arg("device") = -1,
+        "The index (-1: the current device) after checking the runtime has it; raises "
+        "torch.AcceleratorError otherwise.");
   m.def("current_device", [] { return int(current_device()); });
+}
+
+// A device index for per-device counters: before the runtime exists every counter is 0 and any
+// index is accepted (as torch.cuda's memory functions answer before CUDA is initialized); after,
+// an index the client does not have raises RuntimeError, as CUDA's allocator does.
+int stats_device(int device) {
+  if (!pj_runtime_ready()) return device;
+  if (device < 0) device = current_device();
+  const int count = device_count();
+  TORCH_CHECK(device < count, "Invalid device argument ", device, ": the tpu runtime has ", count,
+              " device(s)");
+  return device;
 }
 
 void bind_memory(py::module_& m) {
   // Counters are kept per device index by the runtime; these do not start it.
-  m.def("memory_allocated", [](int device) { return pj_storage_bytes_in_use(device); },
+  m.def("memory_allocated",
+        wrap_pybind_function([](int device) { return pj_storage_bytes_in_use(stats_device(device)); }),
         py::arg("device"));
-  m.def("max_memory_allocated", [](int device) { return pj_storage_peak_bytes(device); },
+  m.def("max_memory_allocated",
+        wrap_pybind_function([](int device) { return pj_storage_peak_bytes(stats_device(device)); }),
         py::arg("device"));
-  m.def("reset_peak_memory_stats", [](int device) { pj_storage_reset_peak(device); },
+  m.def("reset_peak_memory_stats",
+        wrap_pybind_function([](int device) { pj_storage_reset_peak(stats_device(device)); }),
         py::arg("device"));
-  m.def("live_storages", [] { return pj_storage_live_count(); });
+  m.def("live_storages",
+        wrap_pybind_function([](int device) {
+          return device < 0 ? pj_storage_live_count()
+                            : pj_storage_live_count_on(stats_device(device));
+        }),
+        py::arg("device") = -1, "Live tpu storages on the device (-1: all devices).");
 }
 
 // torch.Event keeps its backend event (a pj_marker_t*, see guard.cpp) as `event_id`.
@@ -91,12 +115,16 @@ double event_elapsed_ms(int64_t start_id, int64_t end_id) {
 void bind_sync(py::module_& m) {
   m.def("synchronize",
         wrap_pybind_function_no_gil([](int device) {
+          if (device >= 0) checked_device(device);  // as CUDA: a missing device raises
           check(pj_defer_flush());
           check(pj_stream_synchronize(device));
         }),
         py::arg("device") = -1, "Waits for the device's executions (-1: all devices).");
-  m.def("pending_executions", [](int device) { return pj_stream_pending(device); },
-        py::arg("device") = -1);
+  m.def("pending_executions",
+        wrap_pybind_function([](int device) {
+          return pj_stream_pending(device < 0 ? device : stats_device(device));
+        }),
+        py::arg("device") = -1, "Executions in flight on the device (-1: all devices).");
   py::class_<Marker>(m, "Marker")
       .def(py::init<>())
       .def("record", wrap_pybind_function([](Marker& self, int device) {
@@ -129,6 +157,16 @@ void bind_metrics(py::module_& m) {
     }
     return d;
   });
+  m.def("device_metrics", wrap_pybind_function([](int device) {
+          device = stats_device(device);
+          py::dict d;
+          for (int i = 0; i < PJ_NUM_DEVICE_METRICS; i++) {
+            const auto metric = static_cast<pj_device_metric_t>(i);
+            d[py::str(pj_device_metric_name(metric))] = pj_device_metric_get(device, metric);
+          }
+          return d;
+        }),
+        py::arg("device"), "The counters of one device (executions, transfers).");
   m.def("reset_metrics", [] { pj_metrics_reset(); });
 }
 

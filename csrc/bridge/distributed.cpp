@@ -1,0 +1,1354 @@
+// tpu_dist: the c10d backend of the tpu device, staged through host memory over Gloo.
+//
+// Every collective on tpu tensors runs as the same collective of an internal Gloo backend
+// (ProcessGroupGloo from the torch wheel, created by torch_pjrt/distributed) on host copies of
+// the tensors: device->host copy, Gloo, host->device copy. The results are therefore exactly
+// Gloo's on CPU tensors. docs/distributed.md has the design and the native path on TPU/GPU.
+//
+// Why a C++ c10d::Backend: c10d's ops (c10d::allreduce_ and the rest, which DDP, FSDP2, the
+// functional collectives and torch.distributed's Python API all call) have PrivateUse1 kernels
+// that call the Backend registered on the process group for the tpu device type. Only a C++
+// Backend can be registered there (Python may subclass ProcessGroup, which replaces the whole
+// group and breaks "cpu:gloo,tpu:tpu_dist", but not Backend).
+//
+// Threads (each backend has its own; they take the GIL only to run Python callbacks a caller
+// attached to a Work's future, as Gloo's threads do):
+//  - The calling thread checks arguments (so mistakes raise at the call, as with Gloo),
+//    snapshots inputs that are views into fresh tensors (a device copy, asynchronous), flushes
+//    recorded (defer_and_fuse) ops, and queues a Job. It never waits for the device or peers.
+//  - One issuer thread takes jobs in call order, copies their inputs into pooled host blocks
+//    and calls Gloo. Gloo gives each collective its tag at that call, so issuing in call order
+//    on every rank keeps the ranks' collectives matched.
+//  - Runner threads (a pool that grows with the collectives in flight) each wait for one Gloo
+//    work and write its results back. Completions do not wait for each other: waiting in call
+//    order could deadlock send/recv patterns that Gloo itself allows.
+//
+// Write-back is all or nothing: outputs are first uploaded to fresh device buffers (nothing
+// visible changes), then, holding pj_run_lock (which program runs hold while they read and
+// replace storage buffers), the storages of view outputs get a full new image (their current
+// contents with the views' new values) and every written storage gets its new buffer. A failure
+// before that last step leaves every caller tensor as it was.
+//
+// Failures: Gloo bounds every wait by the group timeout and reports a dead peer as an error, so
+// every Work completes (successfully or with that error) within the timeout. A failure after
+// this rank's Gloo call was made, or a device error before it (the peers may have made theirs),
+// leaves the ranks out of step: the backend is then marked broken and every later collective
+// raises at once, naming the first failure.
+#include "bridge.h"
+#include "call_builder.h"
+#include "eager_mode.h"
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Types.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <pthread.h>
+
+#include <atomic>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <utility>
+#include <vector>
+
+#include "pjrt_c_api.h"
+extern "C" {
+#include "torch_pjrt/metrics.h"
+// The lock graph/call.c holds around every program run: it reads slot storages' buffers and
+// installs the results under it (csrc/graph/call_internal.h declares it for the graph core).
+extern pthread_mutex_t pj_run_lock;
+}
+
+namespace py = pybind11;
+
+namespace torch_pjrt {
+namespace {
+
+constexpr const char* kName = "tpu_dist";
+
+// ---------------------------------------------------------------------------------------------
+// Host blocks: page-aligned host memory in power-of-two size classes, kept for reuse. Fresh
+// memory costs a page fault per 4 KiB on first touch, as much as the copy itself; reused blocks
+// are warm. Blocks leave the pool for Gloo and come back after the write-back, or, when a block
+// became a device buffer (zero-copy upload), when PJRT releases that buffer.
+// ---------------------------------------------------------------------------------------------
+
+constexpr size_t kPage = 4096;
+constexpr size_t kMaxCachedBytes = size_t(1) << 30;  // free blocks kept beyond this are freed
+
+size_t size_class(size_t nbytes) {
+  size_t c = kPage;
+  while (c < nbytes) c <<= 1;
+  return c;
+}
+
+class HostPool {
+ public:
+  void* take(size_t cap) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      auto it = free_.find(cap);
+      if (it != free_.end()) {
+        void* p = it->second;
+        free_.erase(it);
+        free_bytes_ -= cap;
+        return p;
+      }
+      allocated_bytes_ += cap;
+    }
+    void* p = std::aligned_alloc(kPage, cap);
+    if (!p) {
+      std::lock_guard<std::mutex> g(mu_);
+      allocated_bytes_ -= cap;
+    }
+    TORCH_CHECK_WITH(OutOfMemoryError, p, "tpu_dist: out of host memory staging ", cap, " bytes");
+    return p;
+  }
+  // Any thread, including PJRT's callback threads; never calls into PJRT.
+  void give(void* p, size_t cap) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (free_bytes_ + cap <= kMaxCachedBytes) {
+        free_.emplace(cap, p);
+        free_bytes_ += cap;
+        return;
+      }
+      allocated_bytes_ -= cap;
+    }
+    std::free(p);
+  }
+  std::pair<size_t, size_t> stats() {
+    std::lock_guard<std::mutex> g(mu_);
+    return {allocated_bytes_, free_bytes_};
+  }
+
+ private:
+  std::mutex mu_;
+  std::multimap<size_t, void*> free_;  // capacity -> block
+  size_t free_bytes_ = 0;
+  size_t allocated_bytes_ = 0;  // blocks alive, free or in use
+};
+
+// Never destroyed: PJRT may hand blocks back from its threads while the process exits.
+HostPool& pool() {
+  static HostPool* p = new HostPool();
+  return *p;
+}
+
+// One block owned by a job; goes back to the pool unless released to PJRT.
+class Block {
+ public:
+  Block() = default;
+  explicit Block(size_t nbytes) : cap_(size_class(nbytes)) { p_ = pool().take(cap_); }
+  Block(Block&& o) noexcept : p_(o.p_), cap_(o.cap_) { o.p_ = nullptr; }
+  Block& operator=(Block&& o) noexcept {
+    if (this != &o) {
+      reset();
+      p_ = o.p_;
+      cap_ = o.cap_;
+      o.p_ = nullptr;
+    }
+    return *this;
+  }
+  Block(const Block&) = delete;
+  Block& operator=(const Block&) = delete;
+  ~Block() { reset(); }
+  void* data() const { return p_; }
+  size_t capacity() const { return cap_; }
+  void* release() {
+    void* p = p_;
+    p_ = nullptr;
+    return p;
+  }
+  void reset() {
+    if (p_) pool().give(p_, cap_);
+    p_ = nullptr;
+  }
+
+ private:
+  void* p_ = nullptr;
+  size_t cap_ = 0;
+};
+
+std::atomic<int64_t> g_uploads{0}, g_zero_copy_uploads{0}, g_downloads{0}, g_collectives{0};
+
+// ---------------------------------------------------------------------------------------------
+// PJRT transfers into and out of host blocks (the runtime's own transfer.c copies are blocking
+// and allocate their host memory; these use pooled blocks and report completion by events).
+// ---------------------------------------------------------------------------------------------
+
+struct Pjrt {
+  pj_runtime_t* rt;
+  const PJRT_Api* api;
+};
+
+Pjrt pjrt() {
+  pj_runtime_t* rt = runtime();
+  return {rt, pj_runtime_api(rt)};
+}
+
+void destroy_event(const Pjrt& p, PJRT_Event* ev) {
+  PJRT_Event_Destroy_Args d{};
+  d.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
+  d.event = ev;
+  pj_status_free(pj_runtime_take_error(p.rt, p.api->PJRT_Event_Destroy(&d), "destroy event"));
+}
+
+// Waits for and destroys ev; returns its error (owned), or NULL.
+pj_status_t* await_event(const Pjrt& p, PJRT_Event* ev, const char* what) {
+  PJRT_Event_Await_Args a{};
+  a.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
+  a.event = ev;
+  pj_status_t* st = pj_runtime_take_error(p.rt, p.api->PJRT_Event_Await(&a), what);
+  destroy_event(p, ev);
+  return st;
+}
+
+// Events whose ready callback has run, destroyed later on one of our threads (destroying an
+// event inside its own callback is not promised to be safe by the C API).
+std::mutex g_reap_mu;
+std::vector<PJRT_Event*> g_reap;
+
+void reap_events(const Pjrt& p) {
+  std::vector<PJRT_Event*> list;
+  {
+    std::lock_guard<std::mutex> g(g_reap_mu);
+    list.swap(g_reap);
+  }
+  for (PJRT_Event* ev : list) destroy_event(p, ev);
+}
+
+struct HostRelease {
+  void* p;
+  size_t cap;
+  PJRT_Event* ev;
+};
+
+void on_host_buffer_done(PJRT_Error* err, void* arg) {
+  auto* r = static_cast<HostRelease*>(arg);
+  if (err) {
+    // The error belongs to the callback. The runtime is up (it fired this event).
+    pj_runtime_t* rt = nullptr;
+    pj_status_t* st = pj_runtime_get(&rt);
+    if (!st) pj_status_free(pj_runtime_take_error(rt, err, "host buffer release"));
+    pj_status_free(st);
+  }
+  pool().give(r->p, r->cap);
+  {
+    std::lock_guard<std::mutex> g(g_reap_mu);
+    g_reap.push_back(r->ev);
+  }
+  delete r;
+}
+
+// A 1-D buffer of n elements of type dt on `device` holding the block's first bytes. The block
+// passes to the runtime. kImmutableZeroCopy lets a plugin whose device memory is host memory
+// (the CPU plugin) make the block itself the buffer: no copy. Other plugins copy. Either way
+// PJRT's done_with_host_buffer event says when the block is free again (once copied, or once
+// the aliasing buffer is freed), and its callback returns the block to the pool; until then
+// nothing writes the block (the runtime promises not to for this semantics, and we do not).
+PJRT_Buffer* upload(int device, Block block, pj_dtype_t dt, int64_t n) {
+  Pjrt p = pjrt();
+  reap_events(p);
+  PJRT_Client_BufferFromHostBuffer_Args a{};
+  a.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
+  a.client = pj_runtime_client(p.rt);
+  a.data = block.data();
+  a.type = static_cast<PJRT_Buffer_Type>(pj_dtype_info(dt)->pjrt_type);
+  a.dims = &n;
+  a.num_dims = 1;
+  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
+  a.device = pj_runtime_device(p.rt, device);
+  TORCH_CHECK(a.device, "tpu_dist: invalid device index ", device);
+  check(pj_runtime_take_error(p.rt, p.api->PJRT_Client_BufferFromHostBuffer(&a),
+                              "tpu_dist host-to-device copy"));
+  const size_t nbytes = static_cast<size_t>(n) * pj_dtype_info(dt)->itemsize;
+  g_uploads++;
+  pj_metric_add(PJ_METRIC_H2D_TRANSFERS, 1);
+  pj_metric_add(PJ_METRIC_H2D_BYTES, static_cast<int64_t>(nbytes));
+  if (p.api->PJRT_Buffer_UnsafePointer) {  // for _dist_stats: did the plugin alias the block?
+    PJRT_Buffer_UnsafePointer_Args u{};
+    u.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
+    u.buffer = a.buffer;
+    PJRT_Error* e = p.api->PJRT_Buffer_UnsafePointer(&u);
+    if (e)
+      pj_status_free(pj_runtime_take_error(p.rt, e, "unsafe pointer"));
+    else if (u.buffer_pointer == reinterpret_cast<uintptr_t>(block.data()))
+      g_zero_copy_uploads++;
+  }
+  if (!a.done_with_host_buffer) return a.buffer;  // the plugin is done with the block already
+  auto* r = new HostRelease{block.data(), block.capacity(), a.done_with_host_buffer};
+  block.release();
+  PJRT_Event_OnReady_Args o{};
+  o.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
+  o.event = r->ev;
+  o.callback = &on_host_buffer_done;
+  o.user_arg = r;
+  PJRT_Error* e = p.api->PJRT_Event_OnReady(&o);
+  if (e) {
+    // No callback will come: wait here instead (the block is in use until the event fires).
+    pj_status_free(pj_runtime_take_error(p.rt, e, "host buffer event"));
+    pj_status_free(await_event(p, r->ev, "host-to-device copy"));
+    pool().give(r->p, r->cap);
+    delete r;
+  }
+  return a.buffer;
+}
+
+void destroy_buffer(PJRT_Buffer* buf) {
+  if (!buf) return;
+  Pjrt p = pjrt();
+  PJRT_Buffer_Destroy_Args d{};
+  d.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
+  d.buffer = buf;
+  pj_status_free(pj_runtime_take_error(p.rt, p.api->PJRT_Buffer_Destroy(&d), "destroy buffer"));
+}
+
+// RAII for pj_run_lock.
+class RunLock {
+ public:
+  RunLock() { pthread_mutex_lock(&pj_run_lock); }
+  ~RunLock() { pthread_mutex_unlock(&pj_run_lock); }
+  RunLock(const RunLock&) = delete;
+  RunLock& operator=(const RunLock&) = delete;
+};
+
+// Starts copying storage s's whole buffer (element type dt, nbytes) into dst and returns the
+// event that fires when the bytes are on the host. The caller holds pj_run_lock: a program run
+// on another thread could otherwise replace (and destroy) the buffer between the lookup and the
+// enqueue. Once enqueued, the copy is safe from that: a destroyed buffer's memory "will be freed
+// when all async operations using the buffer have completed" (PJRT_Buffer_Delete).
+PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt, void* dst,
+                                  size_t nbytes) {
+  TORCH_CHECK(s->nbytes == nbytes, "tpu_dist: storage of ", s->nbytes, " bytes, expected ",
+              nbytes);
+  TORCH_CHECK(!s->buf || s->dtype == dt,
+              "tpu_dist: a tensor's storage holds another element type than the tensor");
+  check(pj_storage_materialize(s, dt));  // a never-written storage reads as zeros
+  PJRT_Buffer_ToHostBuffer_Args a{};
+  a.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
+  a.src = s->buf;
+  a.dst = dst;
+  a.dst_size = nbytes;
+  check(pj_runtime_take_error(p.rt, p.api->PJRT_Buffer_ToHostBuffer(&a),
+                              "tpu_dist device-to-host copy"));
+  g_downloads++;
+  pj_metric_add(PJ_METRIC_D2H_TRANSFERS, 1);
+  pj_metric_add(PJ_METRIC_D2H_BYTES, static_cast<int64_t>(nbytes));
+  return a.event;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Jobs: one collective call. A slot is one tensor argument in the order the issue function
+// expects them; `host` is what Gloo sees.
+// ---------------------------------------------------------------------------------------------
+
+bool python_finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsFinalizing();
+#else
+  return _Py_IsFinalizing();
+#endif
+}
+
+bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
+
+// True when t is exactly its whole storage, row-major, and the storage holds t's dtype (or
+// nothing yet): the storage's buffer is then t's data, downloaded or replaced as a whole.
+bool is_whole_storage(const at::Tensor& t) {
+  pj_storage_t* s = storage_of(t);
+  return s && t.storage_offset() == 0 && t.is_contiguous() &&
+         static_cast<size_t>(t.numel()) * t.element_size() == s->nbytes &&
+         ((!s->buf && !s->pending) || s->dtype == to_pj_dtype(t.scalar_type()));
+}
+
+// Gloo has no int16 kernels; int16 travels as int32 (reductions wrap modulo 2^16 either way,
+// so narrowing the int32 result gives int16 arithmetic's answer).
+at::ScalarType wire_dtype(at::ScalarType t) { return t == at::kShort ? at::kInt : t; }
+
+struct Slot {
+  at::Tensor user;   // the caller's tensor
+  bool read = false;
+  bool write = false;
+  bool whole = false;  // tpu: user is its whole storage
+  at::Tensor src;    // tpu read: the whole-storage tensor to download (user or a snapshot)
+  Block block;       // tpu: host memory of the staged values
+  at::Tensor staged;  // tpu: CPU tensor over block, user's dtype and sizes, contiguous
+  at::Tensor host;   // what Gloo reads and writes: user (cpu), staged, or its int32 widening
+};
+
+using IssueFn = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&,
+                                                              std::vector<at::Tensor>&)>;
+
+class StagedWork;
+
+struct Job {
+  c10::intrusive_ptr<StagedWork> work;
+  std::vector<Slot> slots;
+  IssueFn issue;
+  c10d::ReduceOp premul;  // PREMUL_SUM: read slots are scaled by its factor before a SUM
+  bool has_premul = false;
+  c10::intrusive_ptr<c10d::Work> gloo_work;
+};
+
+// A Work completed by a runner thread. Completion, waiting with or without a timeout and the
+// error are Work's own (finish() under its mutex); the future completes right after, with the
+// output tensors, so DDP comm hooks and torch.futures callbacks see the written results.
+class StagedWork : public c10d::Work {
+ public:
+  StagedWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
+      : Work(rank, op), outputs_(std::move(outputs)) {
+    std::vector<c10::Device> devices;
+    for (const auto& t : outputs_)
+      if (is_tpu(t)) devices.push_back(t.device());
+    future_ = c10::make_intrusive<c10::ivalue::Future>(
+        c10::ListType::create(c10::TensorType::get()), devices);
+  }
+
+  std::vector<at::Tensor> result() override { return outputs_; }
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+  int sourceRank() const override {
+    std::lock_guard<std::mutex> g(mutex_);
+    TORCH_CHECK(source_rank_ >= 0, "tpu_dist: sourceRank() is known only for a completed "
+                                   "recv from any source");
+    return source_rank_;
+  }
+
+  void succeed(int source_rank) {
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      source_rank_ = source_rank;
+    }
+    finish();
+    try {
+      future_->markCompleted(c10::IValue(outputs_));
+    } catch (...) {
+      // markCompleted only fails on a device mismatch, which the constructor rules out; a
+      // future that cannot complete must still not leave waiters hanging.
+      if (!future_->completed()) future_->setErrorIfNeeded(std::current_exception());
+    }
+  }
+
+  void fail(std::exception_ptr e) {
+    finish(e);
+    future_->setErrorIfNeeded(e);
+  }
+
+ private:
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  int source_rank_ = -1;
+};
+
+// ---------------------------------------------------------------------------------------------
+// Runner pool: runs each task on an idle thread, starting a thread when none is idle, so that
+// every task (one blocking wait on a Gloo work, then the write-back) runs at once.
+// ---------------------------------------------------------------------------------------------
+
+class Runners {
+ public:
+  void submit(std::function<void()> task) {
+    std::lock_guard<std::mutex> g(mu_);
+    tasks_.push_back(std::move(task));
+    if (idle_ < tasks_.size()) threads_.emplace_back([this] { loop(); });
+    cv_.notify_one();
+  }
+  // Runs what is queued, then ends the threads.
+  void join() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.join();
+    threads_.clear();
+  }
+  void detach() {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+    }
+    cv_.notify_all();
+    for (auto& t : threads_) t.detach();
+    threads_.clear();
+  }
+
+ private:
+  void loop() {
+    set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
+    std::unique_lock<std::mutex> lk(mu_);
+    for (;;) {
+      idle_++;
+      cv_.wait(lk, [&] { return stop_ || !tasks_.empty(); });
+      idle_--;
+      if (tasks_.empty()) return;  // stop_ and nothing left
+      auto task = std::move(tasks_.front());
+      tasks_.pop_front();
+      lk.unlock();
+      task();
+      lk.lock();
+    }
+  }
+
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> tasks_;
+  std::vector<std::thread> threads_;
+  size_t idle_ = 0;
+  bool stop_ = false;
+};
+
+// ---------------------------------------------------------------------------------------------
+// The backend.
+// ---------------------------------------------------------------------------------------------
+
+class StagedBackend final : public c10d::Backend {
+ public:
+  StagedBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
+      : Backend(rank, size), gloo_(std::move(gloo)) {
+    issuer_ = std::thread([this] { issue_loop(); });
+  }
+
+  ~StagedBackend() override { stop(); }
+
+  const std::string getBackendName() const override { return kName; }
+  bool supportsSplitting() const override { return false; }
+  bool supportsCoalescing() const override { return false; }
+  void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
+  c10::intrusive_ptr<Options> getBackendOptions() override { return gloo_->getBackendOptions(); }
+  void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
+  uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
+    gloo_->monitoredBarrier(opts, wait_all_ranks);
+  }
+  void shutdown() override { stop(); }
+  void abort() override { stop(); }
+
+  c10::intrusive_ptr<c10d::Work> broadcast(std::vector<at::Tensor>& tensors,
+                                           const c10d::BroadcastOptions& opts) override {
+    check_root(opts.rootRank);
+    check_nonempty(tensors, "broadcast");
+    const bool root = opts.rootRank == getRank();
+    // The root's tensors are read and keep their values; the others' are only written.
+    std::vector<Slot> slots;
+    for (auto& t : tensors) slots.push_back(make_slot(t, root, !root));
+    return enqueue(c10d::OpType::BROADCAST, std::move(slots), tensors,
+                   [opts](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     return g.broadcast(h, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
+                                           const c10d::AllreduceOptions& opts) override {
+    check_nonempty(tensors, "allreduce");
+    TORCH_CHECK(!opts.sparseIndices.has_value(), "tpu_dist: sparse allreduce is not supported");
+    check_reduce_op(opts.reduceOp, tensors);
+    c10d::AllreduceOptions o = opts;
+    auto premul = take_premul(o.reduceOp);
+    return enqueue(c10d::OpType::ALLREDUCE, inout_slots(tensors), tensors,
+                   [o](c10d::Backend& g, std::vector<at::Tensor>& h) { return g.allreduce(h, o); },
+                   premul);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allreduce_coalesced(
+      std::vector<at::Tensor>& tensors, const c10d::AllreduceCoalescedOptions& opts) override {
+    check_nonempty(tensors, "allreduce_coalesced");
+    check_reduce_op(opts.reduceOp, tensors);
+    c10d::AllreduceCoalescedOptions o = opts;
+    auto premul = take_premul(o.reduceOp);
+    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, inout_slots(tensors), tensors,
+                   [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     return g.allreduce_coalesced(h, o);
+                   },
+                   premul);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce(std::vector<at::Tensor>& tensors,
+                                        const c10d::ReduceOptions& opts) override {
+    check_root(opts.rootRank);
+    check_nonempty(tensors, "reduce");
+    check_reduce_op(opts.reduceOp, tensors);
+    c10d::ReduceOptions o = opts;
+    auto premul = take_premul(o.reduceOp);
+    // Every rank's tensor is written back: Gloo may leave partial results in non-root
+    // tensors, and the results must be what Gloo leaves in CPU tensors.
+    return enqueue(c10d::OpType::REDUCE, inout_slots(tensors), tensors,
+                   [o](c10d::Backend& g, std::vector<at::Tensor>& h) { return g.reduce(h, o); },
+                   premul);
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
+                                           std::vector<at::Tensor>& inputs,
+                                           const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1,
+                "tpu_dist: allgather takes one input tensor and one output list");
+    check_list(outputs[0], getSize(), inputs[0], "allgather output");
+    std::vector<Slot> slots;
+    slots.push_back(make_slot(inputs[0], true, false));
+    for (auto& t : outputs[0]) slots.push_back(make_slot(t, false, true));
+    const size_t n = outputs[0].size();
+    return enqueue(c10d::OpType::ALLGATHER, std::move(slots), outputs[0],
+                   [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> in{h[0]};
+                     std::vector<std::vector<at::Tensor>> out(1);
+                     out[0].assign(h.begin() + 1, h.begin() + 1 + n);
+                     return g.allgather(out, in, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> _allgather_base(at::Tensor& output, at::Tensor& input,
+                                                 const c10d::AllgatherOptions& opts) override {
+    check_flat_pair(output, input, input.numel() * getSize(), "all_gather_into_tensor");
+    std::vector<Slot> slots;
+    slots.push_back(make_slot(input, true, false));
+    slots.push_back(make_slot(output, false, true));
+    return enqueue(c10d::OpType::_ALLGATHER_BASE, std::move(slots), {output},
+                   [opts](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     return g._allgather_base(h[1], h[0], opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_coalesced(
+      std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK(outputs.size() == static_cast<size_t>(getSize()),
+                "tpu_dist: allgather_coalesced needs one output list per rank, got ",
+                outputs.size());
+    std::vector<Slot> slots;
+    std::vector<at::Tensor> flat_out;
+    for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
+    std::vector<size_t> sizes;
+    for (auto& list : outputs) {
+      TORCH_CHECK(list.size() == inputs.size(), "tpu_dist: allgather_coalesced output lists "
+                  "must hold one tensor per input");
+      for (size_t i = 0; i < list.size(); i++) {
+        check_like(list[i], inputs[i], "allgather_coalesced output");
+        slots.push_back(make_slot(list[i], false, true));
+        flat_out.push_back(list[i]);
+      }
+      sizes.push_back(list.size());
+    }
+    const size_t ni = inputs.size();
+    return enqueue(c10d::OpType::ALLGATHER_COALESCED, std::move(slots), flat_out,
+                   [opts, ni, sizes](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> in(h.begin(), h.begin() + ni);
+                     std::vector<std::vector<at::Tensor>> out;
+                     size_t k = ni;
+                     for (size_t n : sizes) {
+                       out.emplace_back(h.begin() + k, h.begin() + k + n);
+                       k += n;
+                     }
+                     return g.allgather_coalesced(out, in, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::AllgatherOptions& opts) override {
+    TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist: allgather_into_tensor_coalesced "
+                "needs as many outputs as inputs");
+    std::vector<Slot> slots;
+    for (size_t i = 0; i < inputs.size(); i++) {
+      check_flat_pair(outputs[i], inputs[i], inputs[i].numel() * getSize(),
+                      "all_gather_into_tensor");
+      slots.push_back(make_slot(inputs[i], true, false));
+    }
+    for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
+    const size_t n = inputs.size();
+    return enqueue(c10d::OpType::COALESCED, std::move(slots), outputs,
+                   [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> in(h.begin(), h.begin() + n);
+                     std::vector<at::Tensor> out(h.begin() + n, h.end());
+                     return g.allgather_into_tensor_coalesced(out, in, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> gather(std::vector<std::vector<at::Tensor>>& outputs,
+                                        std::vector<at::Tensor>& inputs,
+                                        const c10d::GatherOptions& opts) override {
+    check_root(opts.rootRank);
+    TORCH_CHECK(inputs.size() == 1, "tpu_dist: gather takes one input tensor");
+    const bool root = opts.rootRank == getRank();
+    std::vector<Slot> slots;
+    slots.push_back(make_slot(inputs[0], true, false));
+    std::vector<at::Tensor> outs;
+    if (root) {
+      TORCH_CHECK(outputs.size() == 1, "tpu_dist: gather takes one output list on the root");
+      check_list(outputs[0], getSize(), inputs[0], "gather output");
+      outs = outputs[0];
+    } else {
+      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                  "tpu_dist: gather takes no output tensors on ranks other than the root");
+    }
+    for (auto& t : outs) slots.push_back(make_slot(t, false, true));
+    const size_t n = outs.size();
+    const bool nested = !outputs.empty();
+    return enqueue(c10d::OpType::GATHER, std::move(slots), outs,
+                   [opts, n, nested](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> in{h[0]};
+                     std::vector<std::vector<at::Tensor>> out;
+                     if (nested) out.emplace_back(h.begin() + 1, h.begin() + 1 + n);
+                     return g.gather(out, in, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> scatter(std::vector<at::Tensor>& outputs,
+                                         std::vector<std::vector<at::Tensor>>& inputs,
+                                         const c10d::ScatterOptions& opts) override {
+    check_root(opts.rootRank);
+    TORCH_CHECK(outputs.size() == 1, "tpu_dist: scatter takes one output tensor");
+    const bool root = opts.rootRank == getRank();
+    std::vector<at::Tensor> ins;
+    if (root) {
+      TORCH_CHECK(inputs.size() == 1, "tpu_dist: scatter takes one input list on the root");
+      check_list(inputs[0], getSize(), outputs[0], "scatter input");
+      ins = inputs[0];
+    } else {
+      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                  "tpu_dist: scatter takes no input tensors on ranks other than the root");
+    }
+    std::vector<Slot> slots;
+    slots.push_back(make_slot(outputs[0], false, true));
+    for (auto& t : ins) slots.push_back(make_slot(t, true, false));
+    const size_t n = ins.size();
+    const bool nested = !inputs.empty();
+    return enqueue(c10d::OpType::SCATTER, std::move(slots), outputs,
+                   [opts, n, nested](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> out{h[0]};
+                     std::vector<std::vector<at::Tensor>> in;
+                     if (nested) in.emplace_back(h.begin() + 1, h.begin() + 1 + n);
+                     return g.scatter(out, in, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
+                                                std::vector<std::vector<at::Tensor>>& inputs,
+                                                const c10d::ReduceScatterOptions& opts) override {
+    TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1,
+                "tpu_dist: reduce_scatter takes one output tensor and one input list");
+    check_list(inputs[0], getSize(), outputs[0], "reduce_scatter input");
+    check_reduce_op(opts.reduceOp, outputs);
+    c10d::ReduceScatterOptions o = opts;
+    auto premul = take_premul(o.reduceOp);
+    std::vector<Slot> slots;
+    slots.push_back(make_slot(outputs[0], false, true));
+    for (auto& t : inputs[0]) slots.push_back(make_slot(t, true, false));
+    return enqueue(c10d::OpType::REDUCE_SCATTER, std::move(slots), outputs,
+                   [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> out{h[0]};
+                     std::vector<std::vector<at::Tensor>> in(1);
+                     in[0].assign(h.begin() + 1, h.end());
+                     return g.reduce_scatter(out, in, o);
+                   },
+                   premul);
+  }
+
+  c10::intrusive_ptr<c10d::Work> _reduce_scatter_base(
+      at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) override {
+    check_flat_pair(input, output, output.numel() * getSize(), "reduce_scatter_tensor");
+    check_reduce_op(opts.reduceOp, {output});
+    c10d::ReduceScatterOptions o = opts;
+    auto premul = take_premul(o.reduceOp);
+    std::vector<Slot> slots;
+    slots.push_back(make_slot(output, false, true));
+    slots.push_back(make_slot(input, true, false));
+    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(slots), {output},
+                   [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     return g._reduce_scatter_base(h[0], h[1], o);
+                   },
+                   premul);
+  }
+
+  c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
+      std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
+      const c10d::ReduceScatterOptions& opts) override {
+    TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist: reduce_scatter_tensor_coalesced "
+                "needs as many outputs as inputs");
+    for (size_t i = 0; i < inputs.size(); i++)
+      check_flat_pair(inputs[i], outputs[i], outputs[i].numel() * getSize(),
+                      "reduce_scatter_tensor");
+    check_reduce_op(opts.reduceOp, outputs);
+    c10d::ReduceScatterOptions o = opts;
+    auto premul = take_premul(o.reduceOp);
+    std::vector<Slot> slots;
+    for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
+    for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
+    const size_t n = outputs.size();
+    return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, std::move(slots), outputs,
+                   [o, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> out(h.begin(), h.begin() + n);
+                     std::vector<at::Tensor> in(h.begin() + n, h.end());
+                     return g.reduce_scatter_tensor_coalesced(out, in, o);
+                   },
+                   premul);
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall_base(at::Tensor& output, at::Tensor& input,
+                                               std::vector<int64_t>& output_splits,
+                                               std::vector<int64_t>& input_splits,
+                                               const c10d::AllToAllOptions& opts) override {
+    check_splits(output, output_splits, "output");
+    check_splits(input, input_splits, "input");
+    TORCH_CHECK(output.scalar_type() == input.scalar_type(),
+                "tpu_dist: all_to_all_single needs input and output of one dtype");
+    std::vector<Slot> slots;
+    slots.push_back(make_slot(output, false, true));
+    slots.push_back(make_slot(input, true, false));
+    return enqueue(c10d::OpType::ALLTOALL_BASE, std::move(slots), {output},
+                   [opts, output_splits, input_splits](c10d::Backend& g,
+                                                       std::vector<at::Tensor>& h) {
+                     auto os = output_splits;
+                     auto is = input_splits;
+                     return g.alltoall_base(h[0], h[1], os, is, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
+                                          std::vector<at::Tensor>& inputs,
+                                          const c10d::AllToAllOptions& opts) override {
+    TORCH_CHECK(outputs.size() == static_cast<size_t>(getSize()) &&
+                    inputs.size() == static_cast<size_t>(getSize()),
+                "tpu_dist: all_to_all needs one input and one output tensor per rank");
+    for (size_t i = 0; i < inputs.size(); i++)
+      TORCH_CHECK(outputs[i].scalar_type() == inputs[0].scalar_type() &&
+                      inputs[i].scalar_type() == inputs[0].scalar_type(),
+                  "tpu_dist: all_to_all needs tensors of one dtype");
+    std::vector<Slot> slots;
+    for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
+    for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
+    const size_t n = outputs.size();
+    return enqueue(c10d::OpType::ALLTOALL, std::move(slots), outputs,
+                   [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     std::vector<at::Tensor> out(h.begin(), h.begin() + n);
+                     std::vector<at::Tensor> in(h.begin() + n, h.end());
+                     return g.alltoall(out, in, opts);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
+                                      int tag) override {
+    check_peer(dst);
+    check_nonempty(tensors, "send");
+    std::vector<Slot> slots;
+    for (auto& t : tensors) slots.push_back(make_slot(t, true, false));
+    return enqueue(c10d::OpType::SEND, std::move(slots), tensors,
+                   [dst, tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     return g.send(h, dst, tag);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
+                                      int tag) override {
+    check_peer(src);
+    check_nonempty(tensors, "recv");
+    std::vector<Slot> slots;
+    for (auto& t : tensors) slots.push_back(make_slot(t, false, true));
+    return enqueue(c10d::OpType::RECV, std::move(slots), tensors,
+                   [src, tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     return g.recv(h, src, tag);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
+                                               int tag) override {
+    check_nonempty(tensors, "recv");
+    std::vector<Slot> slots;
+    for (auto& t : tensors) slots.push_back(make_slot(t, false, true));
+    return enqueue(c10d::OpType::RECVANYSOURCE, std::move(slots), tensors,
+                   [tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                     return g.recvAnysource(h, tag);
+                   });
+  }
+
+  c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
+    // Gloo's barrier also waits for the Gloo work issued before it, and jobs are issued in
+    // call order, so it orders after every earlier collective of this group.
+    c10d::BarrierOptions o = opts;
+    o.device = std::nullopt;  // Gloo's barrier is a host barrier
+    return enqueue(c10d::OpType::BARRIER, {}, {},
+                   [o](c10d::Backend& g, std::vector<at::Tensor>&) { return g.barrier(o); });
+  }
+
+ private:
+  // ----- call-time argument checks (raise at the call, leaving the group usable) -----
+
+  void check_root(int64_t root) const {
+    TORCH_CHECK_VALUE(root >= 0 && root < getSize(), "tpu_dist: invalid root rank ", root,
+                      " for a group of ", getSize());
+  }
+  void check_peer(int peer) const {
+    TORCH_CHECK_VALUE(peer >= 0 && peer < getSize(), "tpu_dist: invalid peer rank ", peer,
+                      " for a group of ", getSize());
+  }
+  static void check_nonempty(const std::vector<at::Tensor>& ts, const char* what) {
+    TORCH_CHECK_VALUE(!ts.empty(), "tpu_dist: ", what, " needs at least one tensor");
+  }
+  static void check_like(const at::Tensor& t, const at::Tensor& ref, const char* what) {
+    TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "tpu_dist: ", what, " has dtype ",
+                      t.scalar_type(), ", expected ", ref.scalar_type());
+    TORCH_CHECK_VALUE(t.numel() == ref.numel(), "tpu_dist: ", what, " has ", t.numel(),
+                      " elements, expected ", ref.numel());
+  }
+  static void check_list(const std::vector<at::Tensor>& list, int size, const at::Tensor& ref,
+                         const char* what) {
+    TORCH_CHECK_VALUE(list.size() == static_cast<size_t>(size), "tpu_dist: ", what,
+                      " list has ", list.size(), " tensors, expected one per rank (", size, ")");
+    for (const auto& t : list) check_like(t, ref, what);
+  }
+  static void check_flat_pair(const at::Tensor& big, const at::Tensor& small, int64_t numel,
+                              const char* what) {
+    TORCH_CHECK_VALUE(big.scalar_type() == small.scalar_type(), "tpu_dist: ", what,
+                      " needs input and output of one dtype, got ", small.scalar_type(), " and ",
+                      big.scalar_type());
+    TORCH_CHECK_VALUE(big.numel() == numel, "tpu_dist: ", what, ": the larger tensor has ",
+                      big.numel(), " elements, expected ", numel, " (the other's times the "
+                      "group size)");
+  }
+  void check_splits(const at::Tensor& t, const std::vector<int64_t>& splits,
+                    const char* what) const {
+    if (splits.empty()) {
+      TORCH_CHECK_VALUE(t.dim() > 0 && t.size(0) % getSize() == 0, "tpu_dist: all_to_all_single ",
+                        what, " dim 0 must divide by the group size when no splits are given");
+      return;
+    }
+    TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(getSize()),
+                      "tpu_dist: all_to_all_single ", what, " splits need one entry per rank");
+    int64_t sum = 0;
+    for (int64_t s : splits) {
+      TORCH_CHECK_VALUE(s >= 0, "tpu_dist: all_to_all_single ", what, " split sizes must be >= 0");
+      sum += s;
+    }
+    TORCH_CHECK_VALUE(t.dim() > 0 && sum == t.size(0), "tpu_dist: all_to_all_single ", what,
+                      " splits sum to ", sum, " but dim 0 is ", t.dim() > 0 ? t.size(0) : 0);
+  }
+  static void check_reduce_op(const c10d::ReduceOp& op, const std::vector<at::Tensor>& ts) {
+    for (const auto& t : ts) {
+      const bool integral = at::isIntegralType(t.scalar_type(), /*includeBool=*/true);
+      if (op.op_ == c10d::ReduceOp::BAND || op.op_ == c10d::ReduceOp::BOR ||
+          op.op_ == c10d::ReduceOp::BXOR)
+        TORCH_CHECK_VALUE(integral, "tpu_dist: bitwise reductions need integer tensors, got ",
+                          t.scalar_type());
+      if (op.op_ == c10d::ReduceOp::PREMUL_SUM)
+        TORCH_CHECK_VALUE(at::isFloatingType(t.scalar_type()) ||
+                              at::isComplexType(t.scalar_type()),
+                          "tpu_dist: PREMUL_SUM needs floating-point tensors, got ",
+                          t.scalar_type());
+    }
+  }
+  // PREMUL_SUM (Gloo has none) becomes a SUM of inputs scaled on the host first, as NCCL does.
+  static std::optional<c10d::ReduceOp> take_premul(c10d::ReduceOp& op) {
+    if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
+    c10d::ReduceOp factor = op;
+    op = c10d::ReduceOp(c10d::ReduceOp::SUM);
+    return factor;
+  }
+
+  // ----- slots and jobs -----
+
+  Slot make_slot(const at::Tensor& t, bool read, bool write) {
+    TORCH_CHECK_VALUE(t.defined(), "tpu_dist: undefined tensor");
+    TORCH_CHECK_VALUE(t.layout() == at::kStrided, "tpu_dist: only dense tensors are supported, "
+                      "got layout ", t.layout());
+    TORCH_CHECK_VALUE(is_tpu(t) || t.device().is_cpu(), "tpu_dist: tensors must be on tpu (or "
+                      "cpu), got one on ", t.device());
+    Slot s;
+    s.user = t;
+    s.read = read;
+    s.write = write;
+    if (!is_tpu(t)) return s;  // a CPU tensor goes to Gloo as it is
+    to_pj_dtype(t.scalar_type());  // raises TypeError for a dtype the device cannot hold
+    s.whole = is_whole_storage(t);
+    if (read && t.numel() > 0) {
+      if (s.whole) {
+        s.src = t;
+      } else {
+        // A view (offset, strides, part of a storage): snapshot it now into a fresh tensor, an
+        // asynchronous device copy ordered before any later write of the caller's.
+        s.src = at::empty(t.sizes(), t.options().memory_format(at::MemoryFormat::Contiguous));
+        s.src.copy_(t);
+      }
+    }
+    return s;
+  }
+
+  std::vector<Slot> inout_slots(std::vector<at::Tensor>& ts) {
+    std::vector<Slot> slots;
+    for (auto& t : ts) slots.push_back(make_slot(t, true, true));
+    return slots;
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType op, std::vector<Slot> slots,
+                                         std::vector<at::Tensor> outputs, IssueFn issue,
+                                         std::optional<c10d::ReduceOp> premul = std::nullopt) {
+    free_dead_jobs();
+    throw_if_broken();
+    // Recorded (defer_and_fuse) ops, the snapshots above among them, run before the issuer
+    // reads any storage: the collective sees every op the caller made before it.
+    check(pj_defer_flush());
+    auto job = std::make_shared<Job>();
+    job->work = c10::make_intrusive<StagedWork>(getRank(), op, std::move(outputs));
+    job->slots = std::move(slots);
+    job->issue = std::move(issue);
+    if (premul) {
+      job->premul = *premul;
+      job->has_premul = true;
+    }
+    c10::intrusive_ptr<c10d::Work> w = job->work;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      TORCH_CHECK(!stopping_, "tpu_dist: the process group was shut down");
+      queue_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+    g_collectives++;
+    return w;
+  }
+
+  void free_dead_jobs() {
+    std::vector<std::shared_ptr<Job>> dead;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      dead.swap(dead_);
+    }
+  }
+
+  void throw_if_broken() {
+    std::lock_guard<std::mutex> g(mu_);
+    if (!broken_.empty())
+      C10_THROW_ERROR(DistBackendError,
+                      "tpu_dist: an earlier collective of this process group failed, so its ranks "
+                      "are out of step and it cannot be used any more. First failure: " + broken_);
+  }
+
+  void mark_broken(std::exception_ptr e) {
+    std::string what = "unknown error";
+    try {
+      std::rethrow_exception(e);
+    } catch (const c10::Error& err) {
+      what = err.what_without_backtrace();
+    } catch (const std::exception& err) {
+      what = err.what();
+    } catch (...) {
+    }
+    std::lock_guard<std::mutex> g(mu_);
+    if (broken_.empty()) broken_ = what;
+  }
+
+  // ----- issuer thread -----
+
+  void issue_loop() {
+    set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
+    for (;;) {
+      std::shared_ptr<Job> job;
+      bool broken = false;
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
+        if (queue_.empty()) return;
+        job = std::move(queue_.front());
+        queue_.pop_front();
+        broken = !broken_.empty();
+      }
+      if (broken) {
+        fail_broken(*job);
+      } else if (issue_one(job)) {
+        continue;  // a runner has it now
+      }
+      bury(std::move(job));
+    }
+  }
+
+  void fail_broken(Job& job) {
+    try {
+      throw_if_broken();
+    } catch (...) {
+      job.work->fail(std::current_exception());
+    }
+  }
+
+  // Returns whether the job went on to a runner; on failure the job's work has failed.
+  bool issue_one(const std::shared_ptr<Job>& job) {
+    try {
+      stage_inputs(*job);
+    } catch (...) {
+      // A device error: this rank makes no Gloo call, its peers may have made theirs.
+      mark_broken(std::current_exception());
+      job->work->fail(std::current_exception());
+      return false;
+    }
+    try {
+      std::vector<at::Tensor> host;
+      host.reserve(job->slots.size());
+      for (auto& s : job->slots) host.push_back(s.host);
+      job->gloo_work = job->issue(*gloo_, host);
+    } catch (...) {
+      // Gloo refused the call before starting it (an argument error on this rank): no Gloo
+      // work exists, so this group's sequence is unchanged; only this collective fails.
+      job->work->fail(std::current_exception());
+      return false;
+    }
+    runners_.submit([this, job] {
+      complete(*job);
+      bury(job);
+    });
+    return true;
+  }
+
+  // Our threads never drop the last reference to a caller's tensor or Work: that may run
+  // Python code (a tensor whose Python object outlived its last Python reference is freed
+  // through the interpreter) and needs the GIL, which an exiting interpreter never gives back
+  // (the thread is then killed in a destructor: std::terminate). Finished jobs go here and are
+  // freed by the next caller of this backend (or with the backend).
+  void bury(std::shared_ptr<Job> job) {
+    std::lock_guard<std::mutex> g(mu_);
+    dead_.push_back(std::move(job));
+  }
+
+  // Copies every read slot into a host block (all copies in flight at once) and prepares the
+  // host tensors Gloo will use.
+  void stage_inputs(Job& job) {
+    Pjrt p = pjrt();
+    reap_events(p);
+    for (auto& s : job.slots) {
+      if (!is_tpu(s.user)) continue;
+      s.block = Block(static_cast<size_t>(s.user.numel()) * s.user.element_size());
+      s.staged = at::from_blob(s.block.data(), s.user.sizes(), [](void*) {},
+                               s.user.options().device(c10::kCPU));
+    }
+    std::vector<PJRT_Event*> events;
+    std::exception_ptr error;
+    {
+      RunLock lock;
+      for (auto& s : job.slots) {
+        const size_t nbytes = static_cast<size_t>(s.user.numel()) * s.user.element_size();
+        if (!is_tpu(s.user) || !s.read || nbytes == 0) continue;
+        try {
+          events.push_back(start_download_locked(p, storage_of(s.src),
+                                                 to_pj_dtype(s.src.scalar_type()),
+                                                 s.block.data(), nbytes));
+        } catch (...) {
+          error = std::current_exception();
+          break;
+        }
+      }
+    }
+    // Every started copy is awaited, even after a failure: they write into our blocks.
+    for (PJRT_Event* ev : events) {
+      pj_status_t* st = await_event(p, ev, "tpu_dist device-to-host copy");
+      if (st && !error) {
+        try {
+          check(st);
+        } catch (...) {
+          error = std::current_exception();
+        }
+      } else {
+        pj_status_free(st);
+      }
+    }
+    if (error) std::rethrow_exception(error);
+    for (auto& s : job.slots) {
+      if (!is_tpu(s.user)) {
+        s.host = s.user;
+        continue;
+      }
+      s.src = at::Tensor();  // the snapshot is on the host now
+      const auto wire = wire_dtype(s.user.scalar_type());
+      if (wire == s.user.scalar_type())
+        s.host = s.staged;
+      else
+        s.host = s.read ? s.staged.to(wire) : at::empty(s.user.sizes(), s.staged.options().dtype(wire));
+    }
+    if (job.has_premul) {
+      auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(job.premul.supplement_.get());
+      TORCH_CHECK(sup, "tpu_dist: PREMUL_SUM without a factor");
+      for (auto& s : job.slots) {
+        if (!s.read) continue;
+        if (sup->tensor_factor.defined())
+          s.host.mul_(sup->tensor_factor.to(c10::kCPU));
+        else
+          s.host.mul_(sup->double_factor);
+      }
+    }
+  }
+
+  // ----- runner threads -----
+
+  void complete(Job& job) {
+    int source_rank = -1;
+    try {
+      job.gloo_work->wait();
+      if (job.work->retrieveOpType() == c10d::OpType::RECVANYSOURCE)
+        source_rank = job.gloo_work->sourceRank();
+    } catch (...) {
+      // The collective started on this rank and failed (a timeout, a dead or mismatched peer):
+      // Gloo's sequence and the peers' are no longer known to match. Gloo may not be done with
+      // the host blocks of a failed transfer: they are never reused (a leak on failure only).
+      mark_broken(std::current_exception());
+      for (auto& s : job.slots) s.block.release();
+      job.work->fail(std::current_exception());
+      return;
+    }
+    try {
+      write_back(job);
+    } catch (...) {
+      job.work->fail(std::current_exception());
+      return;
+    }
+    // Host blocks back to the pool (those still ours) before the caller can see completion;
+    // the caller's tensors stay referenced until the job is freed (see bury()).
+    job.gloo_work.reset();
+    for (auto& s : job.slots) {
+      s.block.reset();
+      s.staged = s.host = at::Tensor();
+    }
+    job.work->succeed(source_rank);
+  }
+
+  // The all-or-nothing write-back described at the top of the file.
+  void write_back(Job& job) {
+    struct Install {
+      pj_storage_t* storage;
+      PJRT_Buffer* buf;
+      pj_dtype_t dt;
+    };
+    std::vector<Install> installs;
+    std::vector<Slot*> views;
+    try {
+      for (auto& s : job.slots) {
+        if (!s.write || !is_tpu(s.user) || s.user.numel() == 0) continue;
+        if (s.host.scalar_type() != s.staged.scalar_type()) s.staged.copy_(s.host);  // narrow
+        if (!s.whole) {
+          views.push_back(&s);
+          continue;
+        }
+        const pj_dtype_t dt = to_pj_dtype(s.user.scalar_type());
+        PJRT_Buffer* buf = upload(s.user.device().index(), std::move(s.block), dt, s.user.numel());
+        installs.push_back({storage_of(s.user), buf, dt});
+      }
+      Pjrt p = pjrt();
+      RunLock lock;
+      // View outputs, grouped by storage: the storage's current contents with the views'
+      // values written over them, as one new buffer. Under the lock, so no program run
+      // replaces the storage between our read and our install.
+      std::vector<bool> done(views.size(), false);
+      for (size_t i = 0; i < views.size(); i++) {
+        if (done[i]) continue;
+        const at::Tensor& u = views[i]->user;
+        pj_storage_t* st = storage_of(u);
+        const size_t item = u.element_size();
+        TORCH_CHECK(st->nbytes % item == 0, "tpu_dist: cannot write a view whose storage is ",
+                    "not a whole number of its elements");
+        const pj_dtype_t dt = to_pj_dtype(u.scalar_type());
+        const int64_t n = static_cast<int64_t>(st->nbytes / item);
+        Block image(st->nbytes);
+        if (st->buf) {
+          pj_status_t* err = await_event(
+              p, start_download_locked(p, st, dt, image.data(), st->nbytes),
+              "tpu_dist device-to-host copy");
+          check(err);
+        } else {
+          std::memset(image.data(), 0, st->nbytes);
+        }
+        at::Tensor whole = at::from_blob(image.data(), {n}, [](void*) {},
+                                         u.options().device(c10::kCPU));
+        for (size_t j = i; j < views.size(); j++) {
+          const at::Tensor& v = views[j]->user;
+          if (storage_of(v) != st) continue;
+          TORCH_CHECK(v.scalar_type() == u.scalar_type(), "tpu_dist: outputs of two dtypes "
+                      "share one storage");
+          whole.as_strided(v.sizes(), v.strides(), v.storage_offset()).copy_(views[j]->staged);
+          done[j] = true;
+        }
+        installs.push_back({st, upload(u.device().index(), std::move(image), dt, n), dt});
+      }
+      for (const auto& in : installs) pj_storage_swap(in.storage, in.buf, in.dt);
+    } catch (...) {
+      for (const auto& in : installs) destroy_buffer(in.buf);
+      throw;
+    }
+  }
+
+  // ----- shutdown -----
+
+  // Stops taking jobs, fails the queued ones, and joins the threads (each in-flight wait is
+  // bounded by Gloo's timeout). Called from Python with the GIL held, possibly: released while
+  // joining, since a runner may be completing a future whose Python callbacks need it.
+  void stop() {
+    std::deque<std::shared_ptr<Job>> left;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (stopping_) return;
+      stopping_ = true;
+      left.swap(queue_);
+    }
+    cv_.notify_all();
+    for (auto& job : left) {
+      try {
+        C10_THROW_ERROR(DistBackendError, "tpu_dist: the process group was shut down before "
+                                          "this collective started");
+      } catch (...) {
+        job->work->fail(std::current_exception());
+      }
+    }
+    auto join_all = [this] {
+      if (issuer_.joinable()) issuer_.join();
+      runners_.join();
+    };
+    if (Py_IsInitialized() && python_finalizing()) {
+      // The interpreter is going away: threads that might need the GIL can never get it.
+      if (issuer_.joinable()) issuer_.detach();
+      runners_.detach();
+    } else if (Py_IsInitialized() && PyGILState_Check()) {
+      py::gil_scoped_release no_gil;
+      join_all();
+    } else {
+      join_all();
+    }
+    free_dead_jobs();
+  }
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;
+  std::mutex mu_;  // guards queue_, dead_, stopping_, broken_
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> queue_;
+  std::vector<std::shared_ptr<Job>> dead_;  // finished jobs, freed on a caller's thread
+  bool stopping_ = false;
+  std::string broken_;  // first failure that put the ranks out of step; empty while usable
+  Runners runners_;
+  std::thread issuer_;  // started last: it uses everything above
+};
+
+}  // namespace
+
+void bind_distributed(py::module_& m) {
+  m.def(
+      "_dist_backend",
+      [](py::object gloo, int rank, int size) {
+        auto g = gloo.cast<c10::intrusive_ptr<c10d::Backend>>();
+        TORCH_CHECK(g, "tpu_dist: no Gloo backend given");
+        c10::intrusive_ptr<c10d::Backend> b = c10::make_intrusive<StagedBackend>(g, rank, size);
+        return py::cast(b);  // torch's own Backend binding
+      },
+      py::arg("gloo"), py::arg("rank"), py::arg("size"),
+      "A tpu_dist c10d Backend staging collectives through host memory over `gloo`.");
+  m.def("_dist_stats", [] {
+    auto [allocated, cached] = pool().stats();
+    py::dict d;
+    d["collectives"] = g_collectives.load();
+    d["uploads"] = g_uploads.load();
+    d["zero_copy_uploads"] = g_zero_copy_uploads.load();
+    d["downloads"] = g_downloads.load();
+    d["host_bytes"] = allocated;
+    d["host_bytes_cached"] = cached;
+    return d;
+  });
+}
+
+}  // namespace torch_pjrt

@@ -1,0 +1,121 @@
+"""``tpu_dist``: the torch.distributed backend of the ``tpu`` device.
+
+Registered when torch_pjrt loads (autoload at ``import torch``), so plain PyTorch code works::
+
+    dist.init_process_group()                          # picks tpu_dist for the tpu device
+    dist.init_process_group("tpu_dist")                # or "tpu", the alias
+    dist.init_process_group("cpu:gloo,tpu:tpu_dist")   # CPU tensors over Gloo as well
+
+with ``torchrun`` (``env://``) or ``torch.multiprocessing.spawn``. Collectives on tpu tensors
+are staged through host memory over Gloo from the torch wheel (the C++ backend in
+csrc/bridge/distributed.cpp); docs/distributed.md describes the design and what a native
+path on TPU/GPU plugins would do instead.
+
+Each process uses ``tpu:<local rank>`` when the plugin has several devices (``LOCAL_RANK`` as
+torchrun sets it, else the rank in the default group, modulo the device count), else ``tpu:0``;
+the default group makes that device current when it is created, unless the process already
+chose a device other than ``tpu:0``. ``local_device()`` returns it.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+import torch
+
+__all__ = ["BACKEND", "ALIASES", "local_device", "stats"]
+
+BACKEND = "tpu_dist"
+# Other names init_process_group accepts for the same backend.
+ALIASES = ("tpu",)
+
+_log = logging.getLogger("torch_pjrt")
+
+
+def _register_backends() -> None:
+    """Registers tpu_dist (and its aliases) with torch.distributed for the tpu device type.
+    Idempotent. The first backend registered for a device type becomes its default, so
+    ``init_process_group()`` without a backend picks tpu_dist for tpu tensors."""
+    import torch.distributed as dist
+
+    if not dist.is_available():
+        return
+    for name in (BACKEND, *ALIASES):
+        if name.upper() in dist.Backend._plugins:
+            continue
+        dist.Backend.register_backend(name, _create_backend, extended_api=True, devices=["tpu"])
+
+
+def _local_rank(group_rank: int) -> int:
+    value = os.environ.get("LOCAL_RANK")
+    if value is not None:
+        try:
+            return int(value)
+        except ValueError:
+            pass
+    return group_rank
+
+
+def local_device(rank: int | None = None) -> torch.device:
+    """The tpu device this process uses: ``tpu:<local rank % device count>``.
+
+    ``rank`` defaults to ``LOCAL_RANK`` (set by torchrun), else the rank in the default group,
+    else 0."""
+    if rank is None:
+        rank = _local_rank(0)
+        if "LOCAL_RANK" not in os.environ:
+            import torch.distributed as dist
+
+            if dist.is_available() and dist.is_initialized():
+                rank = dist.get_rank()
+    n = torch.tpu.device_count()
+    return torch.device("tpu", rank % n if n > 1 else 0)
+
+
+def stats() -> dict:
+    """Counters of the staged transport (collectives, uploads and how many of them aliased
+    the host block instead of copying, downloads, host staging bytes held and cached)."""
+    from .. import device
+
+    return dict(device._C._dist_stats())
+
+
+def _create_backend(common_opts, backend_options):
+    """The creator init_process_group / new_group call for tpu_dist (extended API): an internal
+    Gloo backend on a store prefix of this group's store, wrapped by the staging backend."""
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
+    from .. import device
+
+    if device._C is None:
+        raise RuntimeError(f"tpu_dist needs the torch_pjrt extension: {device._C_ERROR}")
+    if backend_options is not None:
+        warnings.warn(
+            f"tpu_dist ignores pg_options of type {type(backend_options).__name__}",
+            stacklevel=3,
+        )
+    rank, size = common_opts.group_rank, common_opts.group_size
+    timeout = common_opts.timeout  # a timedelta
+    ranks = list(common_opts.global_ranks_in_group)
+    is_default_group = not ranks
+    if is_default_group:
+        _select_device(rank)
+    # The group's store is already prefixed by group name and device type (c10d does it);
+    # "gloo/" keeps the inner backend's keys apart from anything else using that store.
+    store = PrefixStore("gloo/", common_opts.store)
+    gloo = ProcessGroupGloo(store, rank, size, timeout)
+    gloo.options.global_ranks_in_group = ranks
+    gloo.options.group_name = common_opts.group_id
+    gloo._set_sequence_number_for_group()
+    return device._C._dist_backend(gloo, rank, size)
+
+
+def _select_device(rank: int) -> None:
+    n = torch.tpu.device_count()
+    if n <= 1 or torch.tpu.current_device() != 0:
+        return
+    index = _local_rank(rank) % n
+    if index != 0:
+        torch.tpu.set_device(index)
+        _log.info("tpu_dist: rank %d uses tpu:%d", rank, index)
