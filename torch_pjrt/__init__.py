@@ -10,7 +10,8 @@ Registration (``_register``) is idempotent and happens once per process:
      loads it lazily on first use;
   3. ``torch.tpu`` is registered and the ``Tensor.tpu()`` / ``Module.tpu()`` /
      ``Storage.tpu()`` style methods are generated;
-  4. PyTorch decompositions are registered for aten ops that have no lowering.
+  4. PyTorch decompositions are registered for aten ops that have no lowering;
+  5. the ``tpu_dist`` torch.distributed backend is registered (torch_pjrt/distributed).
 """
 
 from __future__ import annotations
@@ -102,7 +103,20 @@ def _register() -> None:
         from . import _decompositions
 
         _decompositions.register(set(device._C._lowered_ops()))
+        _register_distributed(device)
         _registered = True
+
+
+def _register_distributed(device) -> None:
+    """Registers the tpu_dist torch.distributed backend (torch_pjrt/distributed). A failure
+    costs distributed support only: it is logged and kept for diagnostics()."""
+    try:
+        from . import distributed
+
+        distributed._register_backends()
+    except Exception as e:  # noqa: BLE001 - the device itself works without it
+        _log.warning("torch_pjrt: the tpu_dist distributed backend is disabled: %s", e)
+        device._note_problem("distributed", f"{type(e).__name__}: {e}")
 
 
 def _register_device_module(torch, device) -> None:
