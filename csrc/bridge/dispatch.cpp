@@ -40,9 +40,12 @@ bool cpu_fallback_allowed() {
 std::mutex fallback_mu;
 std::map<std::string, int64_t> fallback_counts;  // guarded by fallback_mu
 
+void check_one_tpu_device(const torch::jit::Stack& args);  // below
+
 void run_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                       const std::string& why) {
   const std::string name = c10::toString(op.schema().operator_name());
+  check_one_tpu_device(torch::jit::last(*stack, op.schema().arguments().size()).vec());
   TORCH_CHECK_NOT_IMPLEMENTED(cpu_fallback_allowed(), "The operator '", name,
                               "' is not implemented for the tpu device (", why,
                               ") and TORCH_PJRT_CPU_FALLBACK=0 forbids running it on the CPU.");
@@ -81,12 +84,33 @@ std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
   return out;
 }
 
+// The device an op runs on: its first tpu tensor's (CallBuilder refuses tensors of other tpu
+// devices); for an op without tpu tensors (a factory such as tril_indices), its tpu device
+// argument's; a device without an index, or no device at all, means the current device, as
+// "cuda" does.
 int call_device(const torch::jit::Stack& args) {
   for (const c10::IValue& v : args)
     for (const at::Tensor& t : tensors_of(v))
       if (t.defined() && t.device().type() == c10::DeviceType::PrivateUse1)
-        return t.device().index() < 0 ? 0 : t.device().index();
-  return 0;
+        return t.device().index() < 0 ? current_device() : t.device().index();
+  for (const c10::IValue& v : args)
+    if (v.isDevice() && v.toDevice().type() == c10::DeviceType::PrivateUse1)
+      return v.toDevice().has_index() ? v.toDevice().index() : current_device();
+  return current_device();
+}
+
+// Tensors of two tpu devices in one op raise CUDA's error, whatever path the op takes (the CPU
+// fallback would otherwise compute them together and put every result on the first device).
+void check_one_tpu_device(const torch::jit::Stack& args) {
+  std::optional<c10::Device> seen;
+  for (const c10::IValue& v : args)
+    for (const at::Tensor& t : tensors_of(v)) {
+      if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) continue;
+      if (!seen) seen = t.device();
+      TORCH_CHECK(t.device() == *seen,
+                  "Expected all tensors to be on the same device, but found at least two "
+                  "devices, ", *seen, " and ", t.device(), "!");
+    }
 }
 
 // Ops that draw random numbers: those with a Generator? argument, and a few without one that
@@ -628,10 +652,84 @@ bool run_in_parts(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   return true;
 }
 
+// _foreach_* over lists whose tensors live on several devices: CUDA runs such lists element by
+// element (its slow path); here each device's elements run as one call on that device. The
+// first tensor list fixes each position's device; every list of its length is taken at those
+// positions in lockstep (other arguments as given, so a mismatch inside a position still raises
+// the device error), and list results go back to their positions. Returns false when all
+// positions share a device (or the op is of another kind).
+bool run_per_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    const std::string& base) {
+  if (base.rfind("_foreach_", 0) != 0) return false;
+  const size_t nargs = op.schema().arguments().size();
+  const std::vector<c10::IValue> args(stack->end() - static_cast<std::ptrdiff_t>(nargs),
+                                      stack->end());
+  const c10::IValue* lead = nullptr;
+  for (const c10::IValue& v : args)
+    if (v.isList()) {
+      const auto& l = v.toListRef();
+      if (std::any_of(l.begin(), l.end(), [](const c10::IValue& e) { return e.isTensor(); })) {
+        lead = &v;
+        break;
+      }
+    }
+  if (!lead) return false;
+  const size_t n = lead->toListRef().size();
+  std::vector<c10::Device> devices;             // in order of first appearance
+  std::vector<std::vector<size_t>> positions;   // positions[k]: the elements on devices[k]
+  for (size_t i = 0; i < n; i++) {
+    const c10::IValue& e = lead->toListRef()[i];
+    const c10::Device d = e.isTensor() ? e.toTensor().device() : c10::Device(c10::kCPU);
+    auto it = std::find(devices.begin(), devices.end(), d);
+    if (it == devices.end()) {
+      devices.push_back(d);
+      positions.emplace_back();
+      it = devices.end() - 1;
+    }
+    positions[static_cast<size_t>(it - devices.begin())].push_back(i);
+  }
+  if (devices.size() < 2) return false;
+  torch::jit::drop(*stack, nargs);
+  std::vector<c10::IValue> returns;
+  std::vector<std::vector<c10::IValue>> list_items;  // per return: results by position
+  for (const std::vector<size_t>& at : positions) {
+    torch::jit::Stack part;
+    for (const c10::IValue& v : args) {
+      if (v.isList() && v.toListRef().size() == n) {
+        const c10::impl::GenericList whole = v.toList();
+        c10::impl::GenericList piece(whole.elementType());
+        for (size_t i : at) piece.push_back(whole.get(i));
+        part.emplace_back(std::move(piece));
+      } else {
+        part.push_back(v);
+      }
+    }
+    if (!run_in_parts(op, &part, base)) lowered_call(op, &part, base);
+    if (returns.empty()) {
+      returns = part;
+      list_items.assign(part.size(), std::vector<c10::IValue>(n));
+    }
+    for (size_t r = 0; r < part.size(); r++)
+      if (part[r].isList())
+        for (size_t k = 0; k < at.size(); k++) list_items[r][at[k]] = part[r].toListRef()[k];
+  }
+  for (size_t r = 0; r < returns.size(); r++) {
+    if (!returns[r].isList()) {
+      stack->push_back(std::move(returns[r]));
+      continue;
+    }
+    c10::impl::GenericList whole(returns[r].toList().elementType());
+    for (c10::IValue& x : list_items[r]) whole.push_back(std::move(x));
+    stack->emplace_back(std::move(whole));
+  }
+  return true;
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string base = base_name(op.schema());
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
+  if (run_per_device(op, stack, base)) return;
   if (run_in_parts(op, stack, base)) return;
   lowered_call(op, stack, base);
 }
