@@ -623,3 +623,16 @@ def test_inline_refuses_what_it_cannot_inline():
     with pytest.raises(RuntimeError, match="not a tensor<2xf32>"):
         _inline_arguments(text.replace(" {tf.aliasing_output = 0 : i32}", ""),
                           {0: torch.zeros(3)})
+
+
+def test_complex_scalar_argument_round_trip():
+    # a complex scalar with an imaginary part stays a program argument; describing it used
+    # to raise SystemError (std::complex had no Python conversion in the bindings)
+    class Rotate(torch.nn.Module):
+        def forward(self, x):
+            return x * (1 + 2j)
+
+    x = torch.randn(5, dtype=torch.complex64, generator=torch.Generator().manual_seed(0))
+    m = export_stablehlo(torch.export.export(Rotate(), (x,)))
+    assert m.scalars == [1 + 2j]
+    torch.testing.assert_close(m.run(x.to("tpu")).cpu(), Rotate()(x), rtol=1e-6, atol=1e-6)

@@ -8,6 +8,7 @@
 #include <torch/csrc/Dtype.h>
 #include <torch/csrc/autograd/python_variable.h>
 #include <torch/extension.h>
+#include <pybind11/complex.h>  // py::cast of std::complex (a complex scalar argument)
 
 #include <complex>
 #include <cstring>
