@@ -11,17 +11,36 @@
 // Backend can be registered there (Python may subclass ProcessGroup, which replaces the whole
 // group and breaks "cpu:gloo,tpu:tpu_dist", but not Backend).
 //
+// Checks before data moves: Gloo aborts the process (an exception in its I/O thread) when a
+// message is longer than the buffer posted for it, i.e. when ranks call collectives of
+// different sizes or a send is longer than its recv. So no data goes to Gloo unchecked:
+//  - every collective first exchanges a fixed-size fingerprint (call number, op, dtype, root,
+//    reduce op, a hash of the sizes that must agree; per-peer counts for all-to-all) with an
+//    allgather on a second Gloo backend, `check`; the data collective is issued only when all
+//    ranks' fingerprints agree, else every rank raises naming each rank's call. Fingerprints
+//    are all the same size, so a mismatch can never abort; on their own backend they can be
+//    issued early without reordering the data collectives.
+//  - every send first sends a fixed-size header (dtype, element count) on `check` with the
+//    same tag; the receiver posts the data recv only after the header matched, and in the
+//    order the recvs were called on that (source, tag) channel.
+//
 // Threads (each backend has its own; they take the GIL only to run Python callbacks a caller
 // attached to a Work's future, as Gloo's threads do):
 //  - The calling thread checks arguments (so mistakes raise at the call, as with Gloo),
 //    snapshots inputs that are views into fresh tensors (a device copy, asynchronous), flushes
-//    recorded (defer_and_fuse) ops, and queues a Job. It never waits for the device or peers.
-//  - One issuer thread takes jobs in call order, copies their inputs into pooled host blocks
-//    and calls Gloo. Gloo gives each collective its tag at that call, so issuing in call order
-//    on every rank keeps the ranks' collectives matched.
-//  - Runner threads (a pool that grows with the collectives in flight) each wait for one Gloo
-//    work and write its results back. Completions do not wait for each other: waiting in call
-//    order could deadlock send/recv patterns that Gloo itself allows.
+//    recorded (defer_and_fuse) ops, and for a collective takes its call number, sends its
+//    fingerprint and starts the device-to-host copies of its inputs into pooled host blocks
+//    (PJRT copies asynchronously). It never waits for the device or for peers.
+//  - One collective thread takes collectives in call order: waits for the copies and the
+//    fingerprints, calls Gloo, waits for it and writes the results back. Gloo gives each
+//    collective its tag at that call, so calling in call order on every rank keeps the ranks'
+//    collectives matched.
+//  - One issuer thread takes sends and recvs in call order (the send header, the copy, the
+//    Gloo call), so a collective waiting for its peers never holds up a send or recv called
+//    after it (Gloo allows that pattern; so must we), and runner threads (a pool that grows
+//    with the sends and recvs in flight) wait for each one and write its result back.
+//    Completions do not wait for each other: waiting in call order could deadlock send/recv
+//    patterns that Gloo allows.
 //
 // Write-back is all or nothing: outputs are first uploaded to fresh device buffers (nothing
 // visible changes), then, holding pj_run_lock (which program runs hold while they read and
@@ -30,10 +49,9 @@
 // before that last step leaves every caller tensor as it was.
 //
 // Failures: Gloo bounds every wait by the group timeout and reports a dead peer as an error, so
-// every Work completes (successfully or with that error) within the timeout. A failure after
-// this rank's Gloo call was made, or a device error before it (the peers may have made theirs),
-// leaves the ranks out of step: the backend is then marked broken and every later collective
-// raises at once, naming the first failure.
+// every Work completes (successfully or with that error) within the timeout. Any failure once
+// this rank has started a collective or a send/recv may leave the ranks out of step: the
+// backend is then marked broken and every later call raises at once, naming the first failure.
 #include "bridge.h"
 #include "call_builder.h"
 #include "eager_mode.h"
@@ -346,8 +364,8 @@ PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt,
 }
 
 // ---------------------------------------------------------------------------------------------
-// Jobs: one collective call. A slot is one tensor argument in the order the issue function
-// expects them; `host` is what Gloo sees.
+// Jobs: one call. A slot is one tensor argument in the order the issue function expects them;
+// `host` is what Gloo sees.
 // ---------------------------------------------------------------------------------------------
 
 bool python_finalizing() {
@@ -387,6 +405,19 @@ struct Slot {
 using IssueFn = std::function<c10::intrusive_ptr<c10d::Work>(c10d::Backend&,
                                                               std::vector<at::Tensor>&)>;
 
+// What must agree across ranks for one collective (see the fingerprint layout below).
+struct Signature {
+  explicit Signature(std::vector<int64_t> items_ = {}, int64_t reduce_op_ = -1,
+                     int64_t root_ = -1)
+      : items(std::move(items_)), reduce_op(reduce_op_), root(root_) {}
+  std::vector<int64_t> items;  // hashed: dtypes, sizes, anything every rank must share
+  int64_t reduce_op;
+  int64_t root;
+  std::vector<int64_t> sends, recvs;  // all-to-all only: elements to / from each rank
+};
+
+enum class P2P { kNone, kSend, kRecv, kRecvAny };
+
 class StagedWork;
 
 struct Job {
@@ -396,6 +427,19 @@ struct Job {
   c10d::ReduceOp premul;  // PREMUL_SUM: read slots are scaled by its factor before a SUM
   bool has_premul = false;
   c10::intrusive_ptr<c10d::Work> gloo_work;
+  std::vector<PJRT_Event*> downloads;  // device-to-host copies in flight into slot blocks
+  // collectives: the fingerprint exchange
+  Signature sig;
+  int64_t seq = 0;  // this collective's number in the group (calls made before it)
+  at::Tensor fp_in, fp_out;
+  c10::intrusive_ptr<c10d::Work> fp_work;
+  // sends and recvs: the header exchange
+  P2P p2p = P2P::kNone;
+  int peer = -1;
+  int tag = 0;
+  at::Tensor header;
+  c10::intrusive_ptr<c10d::Work> header_work;
+  uint64_t ticket = 0;  // recv: its place among the recvs of its (source, tag) channel
 };
 
 // A Work completed by a runner thread. Completion, waiting with or without a timeout and the
@@ -446,6 +490,50 @@ class StagedWork : public c10d::Work {
   c10::intrusive_ptr<c10::ivalue::Future> future_;
   int source_rank_ = -1;
 };
+
+// ---------------------------------------------------------------------------------------------
+// Fingerprints: int64[kFpFixed + 2 * world] per rank, allgathered on the check backend.
+// ---------------------------------------------------------------------------------------------
+
+constexpr int64_t kMagic = 0x7470755f64697374;  // "tpu_dist"
+enum FpField : int64_t {
+  kFpMagic = 0,
+  kFpSeq,
+  kFpOp,
+  kFpDtype,
+  kFpReduceOp,
+  kFpRoot,
+  kFpNumel,    // elements of the first tensor (for messages)
+  kFpTensors,  // tensors in the call (for messages)
+  kFpHash,
+  kFpFixed
+};
+
+int64_t fnv1a(const std::vector<int64_t>& v) {
+  uint64_t h = 1469598103934665603ull;
+  for (int64_t x : v) {
+    for (int i = 0; i < 8; i++) {
+      h ^= (static_cast<uint64_t>(x) >> (8 * i)) & 0xff;
+      h *= 1099511628211ull;
+    }
+  }
+  return static_cast<int64_t>(h);
+}
+
+std::string describe(const int64_t* f) {
+  if (f[kFpMagic] != kMagic) return "(not a tpu_dist collective)";
+  std::string s = c10d::opTypeToString(static_cast<c10d::OpType>(f[kFpOp]));
+  s += " #" + std::to_string(f[kFpSeq]) + " (";
+  if (f[kFpDtype] >= 0) s += c10::toString(static_cast<at::ScalarType>(f[kFpDtype]));
+  s += ", " + std::to_string(f[kFpTensors]) + " tensor(s), first of " +
+       std::to_string(f[kFpNumel]) + " elements";
+  if (f[kFpReduceOp] >= 0) s += ", reduce op " + std::to_string(f[kFpReduceOp]);
+  if (f[kFpRoot] >= 0) s += ", root " + std::to_string(f[kFpRoot]);
+  return s + ")";
+}
+
+// Header of one send: magic, dtype, elements, tensors.
+constexpr int64_t kHeaderLen = 4;
 
 // ---------------------------------------------------------------------------------------------
 // Runner pool: runs each task on an idle thread, starting a thread when none is idle, so that
@@ -505,15 +593,63 @@ class Runners {
   bool stop_ = false;
 };
 
+// A FIFO of jobs served by one thread.
+class JobQueue {
+ public:
+  void push(std::shared_ptr<Job> job) {
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      q_.push_back(std::move(job));
+    }
+    cv_.notify_one();
+  }
+  // nullptr once stopped and empty.
+  std::shared_ptr<Job> pop() {
+    std::unique_lock<std::mutex> lk(mu_);
+    cv_.wait(lk, [&] { return stop_ || !q_.empty(); });
+    if (q_.empty()) return nullptr;
+    auto job = std::move(q_.front());
+    q_.pop_front();
+    return job;
+  }
+  std::deque<std::shared_ptr<Job>> stop() {
+    std::deque<std::shared_ptr<Job>> left;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      stop_ = true;
+      left.swap(q_);
+    }
+    cv_.notify_all();
+    return left;
+  }
+
+ private:
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<Job>> q_;
+  bool stop_ = false;
+};
+
+std::vector<int64_t> sizes_of(const std::vector<at::Tensor>& ts) {
+  std::vector<int64_t> v;
+  for (const auto& t : ts) {
+    v.push_back(static_cast<int64_t>(t.scalar_type()));
+    v.push_back(t.numel());
+  }
+  return v;
+}
+
 // ---------------------------------------------------------------------------------------------
 // The backend.
 // ---------------------------------------------------------------------------------------------
 
 class StagedBackend final : public c10d::Backend {
  public:
-  StagedBackend(c10::intrusive_ptr<c10d::Backend> gloo, int rank, int size)
-      : Backend(rank, size), gloo_(std::move(gloo)) {
+  StagedBackend(c10::intrusive_ptr<c10d::Backend> gloo, c10::intrusive_ptr<c10d::Backend> check,
+                int rank, int size)
+      : Backend(rank, size), gloo_(std::move(gloo)), check_(std::move(check)) {
     issuer_ = std::thread([this] { issue_loop(); });
+    collector_ = std::thread([this] { collective_loop(); });
   }
 
   ~StagedBackend() override { stop(); }
@@ -521,13 +657,13 @@ class StagedBackend final : public c10d::Backend {
   const std::string getBackendName() const override { return kName; }
   bool supportsSplitting() const override { return false; }
   bool supportsCoalescing() const override { return false; }
-  void setTimeout(std::chrono::milliseconds timeout) override { gloo_->setTimeout(timeout); }
+  void setTimeout(std::chrono::milliseconds timeout) override {
+    gloo_->setTimeout(timeout);
+    check_->setTimeout(timeout);
+  }
   c10::intrusive_ptr<Options> getBackendOptions() override { return gloo_->getBackendOptions(); }
   void setSequenceNumberForGroup() override { gloo_->setSequenceNumberForGroup(); }
   uint64_t getSequenceNumberForGroup() override { return gloo_->getSequenceNumberForGroup(); }
-  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override {
-    gloo_->monitoredBarrier(opts, wait_all_ranks);
-  }
   void shutdown() override { stop(); }
   void abort() override { stop(); }
 
@@ -539,7 +675,9 @@ class StagedBackend final : public c10d::Backend {
     // The root's tensors are read and keep their values; the others' are only written.
     std::vector<Slot> slots;
     for (auto& t : tensors) slots.push_back(make_slot(t, root, !root));
-    return enqueue(c10d::OpType::BROADCAST, std::move(slots), tensors,
+    Signature sig{sizes_of(tensors), -1, opts.rootRank};
+    sig.items.push_back(opts.rootTensor);
+    return enqueue(c10d::OpType::BROADCAST, std::move(slots), tensors, std::move(sig),
                    [opts](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g.broadcast(h, opts);
                    });
@@ -548,11 +686,13 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allreduce(std::vector<at::Tensor>& tensors,
                                            const c10d::AllreduceOptions& opts) override {
     check_nonempty(tensors, "allreduce");
-    TORCH_CHECK(!opts.sparseIndices.has_value(), "tpu_dist: sparse allreduce is not supported");
+    TORCH_CHECK_VALUE(!opts.sparseIndices.has_value(),
+                      "tpu_dist: sparse allreduce is not supported");
     check_reduce_op(opts.reduceOp, tensors);
     c10d::AllreduceOptions o = opts;
     auto premul = take_premul(o.reduceOp);
-    return enqueue(c10d::OpType::ALLREDUCE, inout_slots(tensors), tensors,
+    Signature sig{sizes_of(tensors), opts.reduceOp.op_, -1};
+    return enqueue(c10d::OpType::ALLREDUCE, inout_slots(tensors), tensors, std::move(sig),
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) { return g.allreduce(h, o); },
                    premul);
   }
@@ -563,7 +703,9 @@ class StagedBackend final : public c10d::Backend {
     check_reduce_op(opts.reduceOp, tensors);
     c10d::AllreduceCoalescedOptions o = opts;
     auto premul = take_premul(o.reduceOp);
+    Signature sig{sizes_of(tensors), opts.reduceOp.op_, -1};
     return enqueue(c10d::OpType::ALLREDUCE_COALESCED, inout_slots(tensors), tensors,
+                   std::move(sig),
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g.allreduce_coalesced(h, o);
                    },
@@ -577,9 +719,10 @@ class StagedBackend final : public c10d::Backend {
     check_reduce_op(opts.reduceOp, tensors);
     c10d::ReduceOptions o = opts;
     auto premul = take_premul(o.reduceOp);
+    Signature sig{sizes_of(tensors), opts.reduceOp.op_, opts.rootRank};
     // Every rank's tensor is written back: Gloo may leave partial results in non-root
     // tensors, and the results must be what Gloo leaves in CPU tensors.
-    return enqueue(c10d::OpType::REDUCE, inout_slots(tensors), tensors,
+    return enqueue(c10d::OpType::REDUCE, inout_slots(tensors), tensors, std::move(sig),
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) { return g.reduce(h, o); },
                    premul);
   }
@@ -587,14 +730,15 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather(std::vector<std::vector<at::Tensor>>& outputs,
                                            std::vector<at::Tensor>& inputs,
                                            const c10d::AllgatherOptions& opts) override {
-    TORCH_CHECK(inputs.size() == 1 && outputs.size() == 1,
-                "tpu_dist: allgather takes one input tensor and one output list");
+    TORCH_CHECK_VALUE(inputs.size() == 1 && outputs.size() == 1,
+                      "tpu_dist: allgather takes one input tensor and one output list");
     check_list(outputs[0], getSize(), inputs[0], "allgather output");
     std::vector<Slot> slots;
     slots.push_back(make_slot(inputs[0], true, false));
     for (auto& t : outputs[0]) slots.push_back(make_slot(t, false, true));
     const size_t n = outputs[0].size();
     return enqueue(c10d::OpType::ALLGATHER, std::move(slots), outputs[0],
+                   Signature{sizes_of(inputs), -1, -1},
                    [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in{h[0]};
                      std::vector<std::vector<at::Tensor>> out(1);
@@ -610,6 +754,7 @@ class StagedBackend final : public c10d::Backend {
     slots.push_back(make_slot(input, true, false));
     slots.push_back(make_slot(output, false, true));
     return enqueue(c10d::OpType::_ALLGATHER_BASE, std::move(slots), {output},
+                   Signature{sizes_of({input}), -1, -1},
                    [opts](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g._allgather_base(h[1], h[0], opts);
                    });
@@ -618,16 +763,16 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_coalesced(
       std::vector<std::vector<at::Tensor>>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override {
-    TORCH_CHECK(outputs.size() == static_cast<size_t>(getSize()),
-                "tpu_dist: allgather_coalesced needs one output list per rank, got ",
-                outputs.size());
+    TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(getSize()),
+                      "tpu_dist: allgather_coalesced needs one output list per rank, got ",
+                      outputs.size());
     std::vector<Slot> slots;
     std::vector<at::Tensor> flat_out;
     for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
     std::vector<size_t> sizes;
     for (auto& list : outputs) {
-      TORCH_CHECK(list.size() == inputs.size(), "tpu_dist: allgather_coalesced output lists "
-                  "must hold one tensor per input");
+      TORCH_CHECK_VALUE(list.size() == inputs.size(), "tpu_dist: allgather_coalesced output "
+                        "lists must hold one tensor per input");
       for (size_t i = 0; i < list.size(); i++) {
         check_like(list[i], inputs[i], "allgather_coalesced output");
         slots.push_back(make_slot(list[i], false, true));
@@ -637,6 +782,7 @@ class StagedBackend final : public c10d::Backend {
     }
     const size_t ni = inputs.size();
     return enqueue(c10d::OpType::ALLGATHER_COALESCED, std::move(slots), flat_out,
+                   Signature{sizes_of(inputs), -1, -1},
                    [opts, ni, sizes](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in(h.begin(), h.begin() + ni);
                      std::vector<std::vector<at::Tensor>> out;
@@ -652,8 +798,9 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> allgather_into_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::AllgatherOptions& opts) override {
-    TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist: allgather_into_tensor_coalesced "
-                "needs as many outputs as inputs");
+    TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "tpu_dist: "
+                      "allgather_into_tensor_coalesced needs as many outputs as inputs");
+    check_nonempty(inputs, "allgather_into_tensor_coalesced");
     std::vector<Slot> slots;
     for (size_t i = 0; i < inputs.size(); i++) {
       check_flat_pair(outputs[i], inputs[i], inputs[i].numel() * getSize(),
@@ -663,6 +810,7 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
     const size_t n = inputs.size();
     return enqueue(c10d::OpType::COALESCED, std::move(slots), outputs,
+                   Signature{sizes_of(inputs), -1, -1},
                    [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in(h.begin(), h.begin() + n);
                      std::vector<at::Tensor> out(h.begin() + n, h.end());
@@ -674,23 +822,25 @@ class StagedBackend final : public c10d::Backend {
                                         std::vector<at::Tensor>& inputs,
                                         const c10d::GatherOptions& opts) override {
     check_root(opts.rootRank);
-    TORCH_CHECK(inputs.size() == 1, "tpu_dist: gather takes one input tensor");
+    TORCH_CHECK_VALUE(inputs.size() == 1, "tpu_dist: gather takes one input tensor");
     const bool root = opts.rootRank == getRank();
     std::vector<Slot> slots;
     slots.push_back(make_slot(inputs[0], true, false));
     std::vector<at::Tensor> outs;
     if (root) {
-      TORCH_CHECK(outputs.size() == 1, "tpu_dist: gather takes one output list on the root");
+      TORCH_CHECK_VALUE(outputs.size() == 1, "tpu_dist: gather takes one output list on the "
+                        "root");
       check_list(outputs[0], getSize(), inputs[0], "gather output");
       outs = outputs[0];
     } else {
-      TORCH_CHECK(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
-                  "tpu_dist: gather takes no output tensors on ranks other than the root");
+      TORCH_CHECK_VALUE(outputs.empty() || (outputs.size() == 1 && outputs[0].empty()),
+                        "tpu_dist: gather takes no output tensors on ranks other than the root");
     }
     for (auto& t : outs) slots.push_back(make_slot(t, false, true));
     const size_t n = outs.size();
     const bool nested = !outputs.empty();
     return enqueue(c10d::OpType::GATHER, std::move(slots), outs,
+                   Signature{sizes_of(inputs), -1, opts.rootRank},
                    [opts, n, nested](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in{h[0]};
                      std::vector<std::vector<at::Tensor>> out;
@@ -703,16 +853,17 @@ class StagedBackend final : public c10d::Backend {
                                          std::vector<std::vector<at::Tensor>>& inputs,
                                          const c10d::ScatterOptions& opts) override {
     check_root(opts.rootRank);
-    TORCH_CHECK(outputs.size() == 1, "tpu_dist: scatter takes one output tensor");
+    TORCH_CHECK_VALUE(outputs.size() == 1, "tpu_dist: scatter takes one output tensor");
     const bool root = opts.rootRank == getRank();
     std::vector<at::Tensor> ins;
     if (root) {
-      TORCH_CHECK(inputs.size() == 1, "tpu_dist: scatter takes one input list on the root");
+      TORCH_CHECK_VALUE(inputs.size() == 1, "tpu_dist: scatter takes one input list on the "
+                        "root");
       check_list(inputs[0], getSize(), outputs[0], "scatter input");
       ins = inputs[0];
     } else {
-      TORCH_CHECK(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
-                  "tpu_dist: scatter takes no input tensors on ranks other than the root");
+      TORCH_CHECK_VALUE(inputs.empty() || (inputs.size() == 1 && inputs[0].empty()),
+                        "tpu_dist: scatter takes no input tensors on ranks other than the root");
     }
     std::vector<Slot> slots;
     slots.push_back(make_slot(outputs[0], false, true));
@@ -720,6 +871,7 @@ class StagedBackend final : public c10d::Backend {
     const size_t n = ins.size();
     const bool nested = !inputs.empty();
     return enqueue(c10d::OpType::SCATTER, std::move(slots), outputs,
+                   Signature{sizes_of(outputs), -1, opts.rootRank},
                    [opts, n, nested](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out{h[0]};
                      std::vector<std::vector<at::Tensor>> in;
@@ -731,8 +883,8 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter(std::vector<at::Tensor>& outputs,
                                                 std::vector<std::vector<at::Tensor>>& inputs,
                                                 const c10d::ReduceScatterOptions& opts) override {
-    TORCH_CHECK(outputs.size() == 1 && inputs.size() == 1,
-                "tpu_dist: reduce_scatter takes one output tensor and one input list");
+    TORCH_CHECK_VALUE(outputs.size() == 1 && inputs.size() == 1,
+                      "tpu_dist: reduce_scatter takes one output tensor and one input list");
     check_list(inputs[0], getSize(), outputs[0], "reduce_scatter input");
     check_reduce_op(opts.reduceOp, outputs);
     c10d::ReduceScatterOptions o = opts;
@@ -741,6 +893,7 @@ class StagedBackend final : public c10d::Backend {
     slots.push_back(make_slot(outputs[0], false, true));
     for (auto& t : inputs[0]) slots.push_back(make_slot(t, true, false));
     return enqueue(c10d::OpType::REDUCE_SCATTER, std::move(slots), outputs,
+                   Signature{sizes_of(outputs), opts.reduceOp.op_, -1},
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out{h[0]};
                      std::vector<std::vector<at::Tensor>> in(1);
@@ -760,6 +913,7 @@ class StagedBackend final : public c10d::Backend {
     slots.push_back(make_slot(output, false, true));
     slots.push_back(make_slot(input, true, false));
     return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(slots), {output},
+                   Signature{sizes_of({output}), opts.reduceOp.op_, -1},
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g._reduce_scatter_base(h[0], h[1], o);
                    },
@@ -769,8 +923,9 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> reduce_scatter_tensor_coalesced(
       std::vector<at::Tensor>& outputs, std::vector<at::Tensor>& inputs,
       const c10d::ReduceScatterOptions& opts) override {
-    TORCH_CHECK(outputs.size() == inputs.size(), "tpu_dist: reduce_scatter_tensor_coalesced "
-                "needs as many outputs as inputs");
+    TORCH_CHECK_VALUE(outputs.size() == inputs.size(), "tpu_dist: "
+                      "reduce_scatter_tensor_coalesced needs as many outputs as inputs");
+    check_nonempty(outputs, "reduce_scatter_tensor_coalesced");
     for (size_t i = 0; i < inputs.size(); i++)
       check_flat_pair(inputs[i], outputs[i], outputs[i].numel() * getSize(),
                       "reduce_scatter_tensor");
@@ -782,6 +937,7 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
     const size_t n = outputs.size();
     return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, std::move(slots), outputs,
+                   Signature{sizes_of(outputs), opts.reduceOp.op_, -1},
                    [o, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out(h.begin(), h.begin() + n);
                      std::vector<at::Tensor> in(h.begin() + n, h.end());
@@ -796,12 +952,15 @@ class StagedBackend final : public c10d::Backend {
                                                const c10d::AllToAllOptions& opts) override {
     check_splits(output, output_splits, "output");
     check_splits(input, input_splits, "input");
-    TORCH_CHECK(output.scalar_type() == input.scalar_type(),
-                "tpu_dist: all_to_all_single needs input and output of one dtype");
+    TORCH_CHECK_VALUE(output.scalar_type() == input.scalar_type(),
+                      "tpu_dist: all_to_all_single needs input and output of one dtype");
     std::vector<Slot> slots;
     slots.push_back(make_slot(output, false, true));
     slots.push_back(make_slot(input, true, false));
-    return enqueue(c10d::OpType::ALLTOALL_BASE, std::move(slots), {output},
+    Signature sig{{static_cast<int64_t>(input.scalar_type())}, -1, -1};
+    sig.sends = element_counts(input, input_splits);
+    sig.recvs = element_counts(output, output_splits);
+    return enqueue(c10d::OpType::ALLTOALL_BASE, std::move(slots), {output}, std::move(sig),
                    [opts, output_splits, input_splits](c10d::Backend& g,
                                                        std::vector<at::Tensor>& h) {
                      auto os = output_splits;
@@ -813,18 +972,22 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override {
-    TORCH_CHECK(outputs.size() == static_cast<size_t>(getSize()) &&
-                    inputs.size() == static_cast<size_t>(getSize()),
-                "tpu_dist: all_to_all needs one input and one output tensor per rank");
-    for (size_t i = 0; i < inputs.size(); i++)
-      TORCH_CHECK(outputs[i].scalar_type() == inputs[0].scalar_type() &&
-                      inputs[i].scalar_type() == inputs[0].scalar_type(),
-                  "tpu_dist: all_to_all needs tensors of one dtype");
+    TORCH_CHECK_VALUE(outputs.size() == static_cast<size_t>(getSize()) &&
+                          inputs.size() == static_cast<size_t>(getSize()),
+                      "tpu_dist: all_to_all needs one input and one output tensor per rank");
+    Signature sig{{static_cast<int64_t>(inputs[0].scalar_type())}, -1, -1};
+    for (size_t i = 0; i < inputs.size(); i++) {
+      TORCH_CHECK_VALUE(outputs[i].scalar_type() == inputs[0].scalar_type() &&
+                            inputs[i].scalar_type() == inputs[0].scalar_type(),
+                        "tpu_dist: all_to_all needs tensors of one dtype");
+      sig.sends.push_back(inputs[i].numel());
+      sig.recvs.push_back(outputs[i].numel());
+    }
     std::vector<Slot> slots;
     for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
     for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
     const size_t n = outputs.size();
-    return enqueue(c10d::OpType::ALLTOALL, std::move(slots), outputs,
+    return enqueue(c10d::OpType::ALLTOALL, std::move(slots), outputs, std::move(sig),
                    [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out(h.begin(), h.begin() + n);
                      std::vector<at::Tensor> in(h.begin() + n, h.end());
@@ -835,44 +998,43 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
                                       int tag) override {
     check_peer(dst);
-    check_nonempty(tensors, "send");
+    check_p2p(tensors, "send");
     std::vector<Slot> slots;
     for (auto& t : tensors) slots.push_back(make_slot(t, true, false));
-    return enqueue(c10d::OpType::SEND, std::move(slots), tensors,
-                   [dst, tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
-                     return g.send(h, dst, tag);
-                   });
+    return enqueue_p2p(c10d::OpType::SEND, P2P::kSend, dst, tag, std::move(slots), tensors,
+                       [dst, tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                         return g.send(h, dst, tag);
+                       });
   }
 
   c10::intrusive_ptr<c10d::Work> recv(std::vector<at::Tensor>& tensors, int src,
                                       int tag) override {
     check_peer(src);
-    check_nonempty(tensors, "recv");
+    check_p2p(tensors, "recv");
     std::vector<Slot> slots;
     for (auto& t : tensors) slots.push_back(make_slot(t, false, true));
-    return enqueue(c10d::OpType::RECV, std::move(slots), tensors,
-                   [src, tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
-                     return g.recv(h, src, tag);
-                   });
+    return enqueue_p2p(c10d::OpType::RECV, P2P::kRecv, src, tag, std::move(slots), tensors,
+                       [src, tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
+                         return g.recv(h, src, tag);
+                       });
   }
 
   c10::intrusive_ptr<c10d::Work> recvAnysource(std::vector<at::Tensor>& tensors,
                                                int tag) override {
-    check_nonempty(tensors, "recv");
+    check_p2p(tensors, "recv");
     std::vector<Slot> slots;
     for (auto& t : tensors) slots.push_back(make_slot(t, false, true));
-    return enqueue(c10d::OpType::RECVANYSOURCE, std::move(slots), tensors,
-                   [tag](c10d::Backend& g, std::vector<at::Tensor>& h) {
-                     return g.recvAnysource(h, tag);
-                   });
+    // The data recv names the source the header came from (see complete_recv).
+    return enqueue_p2p(c10d::OpType::RECVANYSOURCE, P2P::kRecvAny, -1, tag, std::move(slots),
+                       tensors, nullptr);
   }
 
   c10::intrusive_ptr<c10d::Work> barrier(const c10d::BarrierOptions& opts) override {
-    // Gloo's barrier also waits for the Gloo work issued before it, and jobs are issued in
-    // call order, so it orders after every earlier collective of this group.
+    // Gloo's barrier also waits for the Gloo work issued before it, and collectives are
+    // issued in call order, so it orders after every earlier collective of this group.
     c10d::BarrierOptions o = opts;
     o.device = std::nullopt;  // Gloo's barrier is a host barrier
-    return enqueue(c10d::OpType::BARRIER, {}, {},
+    return enqueue(c10d::OpType::BARRIER, {}, {}, Signature{},
                    [o](c10d::Backend& g, std::vector<at::Tensor>&) { return g.barrier(o); });
   }
 
@@ -889,6 +1051,9 @@ class StagedBackend final : public c10d::Backend {
   }
   static void check_nonempty(const std::vector<at::Tensor>& ts, const char* what) {
     TORCH_CHECK_VALUE(!ts.empty(), "tpu_dist: ", what, " needs at least one tensor");
+  }
+  static void check_p2p(const std::vector<at::Tensor>& ts, const char* what) {
+    TORCH_CHECK_VALUE(ts.size() == 1, "tpu_dist: ", what, " takes exactly one tensor");
   }
   static void check_like(const at::Tensor& t, const at::Tensor& ref, const char* what) {
     TORCH_CHECK_VALUE(t.scalar_type() == ref.scalar_type(), "tpu_dist: ", what, " has dtype ",
@@ -913,38 +1078,56 @@ class StagedBackend final : public c10d::Backend {
   }
   void check_splits(const at::Tensor& t, const std::vector<int64_t>& splits,
                     const char* what) const {
+    TORCH_CHECK_VALUE(t.dim() > 0, "tpu_dist: all_to_all_single needs tensors with a dim 0");
     if (splits.empty()) {
-      TORCH_CHECK_VALUE(t.dim() > 0 && t.size(0) % getSize() == 0, "tpu_dist: all_to_all_single ",
-                        what, " dim 0 must divide by the group size when no splits are given");
+      TORCH_CHECK_VALUE(t.size(0) % getSize() == 0, "tpu_dist: all_to_all_single ", what,
+                        " dim 0 must divide by the group size when no splits are given");
       return;
     }
     TORCH_CHECK_VALUE(splits.size() == static_cast<size_t>(getSize()),
                       "tpu_dist: all_to_all_single ", what, " splits need one entry per rank");
     int64_t sum = 0;
     for (int64_t s : splits) {
-      TORCH_CHECK_VALUE(s >= 0, "tpu_dist: all_to_all_single ", what, " split sizes must be >= 0");
+      TORCH_CHECK_VALUE(s >= 0, "tpu_dist: all_to_all_single ", what,
+                        " split sizes must be >= 0");
       sum += s;
     }
-    TORCH_CHECK_VALUE(t.dim() > 0 && sum == t.size(0), "tpu_dist: all_to_all_single ", what,
-                      " splits sum to ", sum, " but dim 0 is ", t.dim() > 0 ? t.size(0) : 0);
+    TORCH_CHECK_VALUE(sum == t.size(0), "tpu_dist: all_to_all_single ", what, " splits sum to ",
+                      sum, " but dim 0 is ", t.size(0));
+  }
+  // Elements going to (input) or coming from (output) each rank in all_to_all_single.
+  std::vector<int64_t> element_counts(const at::Tensor& t, const std::vector<int64_t>& splits) {
+    const int64_t row = t.size(0) ? t.numel() / t.size(0) : 0;
+    std::vector<int64_t> v;
+    for (int r = 0; r < getSize(); r++)
+      v.push_back(row * (splits.empty() ? t.size(0) / getSize() : splits[r]));
+    return v;
   }
   static void check_reduce_op(const c10d::ReduceOp& op, const std::vector<at::Tensor>& ts) {
     for (const auto& t : ts) {
       const bool integral = at::isIntegralType(t.scalar_type(), /*includeBool=*/true);
+      const bool floating = at::isFloatingType(t.scalar_type()) ||
+                            at::isComplexType(t.scalar_type());
       if (op.op_ == c10d::ReduceOp::BAND || op.op_ == c10d::ReduceOp::BOR ||
           op.op_ == c10d::ReduceOp::BXOR)
         TORCH_CHECK_VALUE(integral, "tpu_dist: bitwise reductions need integer tensors, got ",
                           t.scalar_type());
-      if (op.op_ == c10d::ReduceOp::PREMUL_SUM)
-        TORCH_CHECK_VALUE(at::isFloatingType(t.scalar_type()) ||
-                              at::isComplexType(t.scalar_type()),
-                          "tpu_dist: PREMUL_SUM needs floating-point tensors, got ",
+      // Gloo fails these only once the collective runs (an AVG of integers cannot be divided
+      // in place), which would put the ranks out of step; refusing them here keeps the group.
+      if (op.op_ == c10d::ReduceOp::AVG)
+        TORCH_CHECK_VALUE(floating, "tpu_dist: ReduceOp.AVG needs floating-point tensors, got ",
                           t.scalar_type());
+      if (op.op_ == c10d::ReduceOp::PREMUL_SUM)
+        TORCH_CHECK_VALUE(floating, "tpu_dist: PREMUL_SUM needs floating-point tensors, got ",
+                          t.scalar_type());
+      TORCH_CHECK_VALUE(op.op_ != c10d::ReduceOp::UNUSED, "tpu_dist: invalid reduce op");
     }
   }
   // PREMUL_SUM (Gloo has none) becomes a SUM of inputs scaled on the host first, as NCCL does.
   static std::optional<c10d::ReduceOp> take_premul(c10d::ReduceOp& op) {
     if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
+    TORCH_CHECK_VALUE(dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get()),
+                      "tpu_dist: PREMUL_SUM without a factor");
     c10d::ReduceOp factor = op;
     op = c10d::ReduceOp(c10d::ReduceOp::SUM);
     return factor;
@@ -984,31 +1167,120 @@ class StagedBackend final : public c10d::Backend {
     return slots;
   }
 
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType op, std::vector<Slot> slots,
-                                         std::vector<at::Tensor> outputs, IssueFn issue,
-                                         std::optional<c10d::ReduceOp> premul = std::nullopt) {
+  std::shared_ptr<Job> new_job(c10d::OpType op, std::vector<Slot> slots,
+                               std::vector<at::Tensor> outputs, IssueFn issue) {
     free_dead_jobs();
     throw_if_broken();
     // Recorded (defer_and_fuse) ops, the snapshots above among them, run before the issuer
-    // reads any storage: the collective sees every op the caller made before it.
+    // reads any storage: the call sees every op the caller made before it.
     check(pj_defer_flush());
     auto job = std::make_shared<Job>();
     job->work = c10::make_intrusive<StagedWork>(getRank(), op, std::move(outputs));
     job->slots = std::move(slots);
     job->issue = std::move(issue);
+    return job;
+  }
+
+  // Starts the call. Everything whose order every rank must share is done under order_mu_,
+  // in call order even when several threads call at once: a collective's number, its
+  // fingerprint exchange (Gloo tags it at this call) and its place in the collective queue; a
+  // recv's ticket on its channel. A collective's device-to-host copies start here too, so they
+  // read the inputs as they are at the call and run while earlier collectives are on the wire.
+  c10::intrusive_ptr<c10d::Work> submit(std::shared_ptr<Job> job) {
+    c10::intrusive_ptr<c10d::Work> w = job->work;
+    std::lock_guard<std::mutex> order(order_mu_);
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      TORCH_CHECK(!stopping_, "tpu_dist: the process group was shut down");
+      if (job->p2p == P2P::kRecv) job->ticket = channels_[{job->peer, job->tag}].tickets++;
+    }
+    g_collectives++;
+    if (job->p2p != P2P::kNone) {
+      issue_queue_.push(std::move(job));
+      return w;
+    }
+    job->seq = next_seq_++;
+    job->fp_in = fingerprint(*job, w->retrieveOpType());
+    job->fp_out = at::empty({getSize() * job->fp_in.numel()}, at::kLong);
+    try {
+      job->fp_work = call_gloo([&] { return check_->_allgather_base(job->fp_out, job->fp_in); });
+      start_downloads(*job);
+    } catch (...) {
+      // The fingerprint may have gone out: the peers may go on to this collective.
+      mark_broken(std::current_exception());
+      throw;
+    }
+    collective_queue_.push(std::move(job));
+    return w;
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType op, std::vector<Slot> slots,
+                                         std::vector<at::Tensor> outputs, Signature sig,
+                                         IssueFn issue,
+                                         std::optional<c10d::ReduceOp> premul = std::nullopt) {
+    auto job = new_job(op, std::move(slots), std::move(outputs), std::move(issue));
     if (premul) {
       job->premul = *premul;
       job->has_premul = true;
     }
-    c10::intrusive_ptr<c10d::Work> w = job->work;
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      TORCH_CHECK(!stopping_, "tpu_dist: the process group was shut down");
-      queue_.push_back(std::move(job));
+    job->sig = std::move(sig);
+    return submit(std::move(job));
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType op, P2P kind, int peer, int tag,
+                                             std::vector<Slot> slots,
+                                             std::vector<at::Tensor> outputs, IssueFn issue) {
+    auto job = new_job(op, std::move(slots), std::move(outputs), std::move(issue));
+    job->p2p = kind;
+    job->peer = peer;
+    job->tag = tag;
+    const at::Tensor& t = job->slots[0].user;
+    job->header = at::tensor({kMagic, static_cast<int64_t>(t.scalar_type()), t.numel(),
+                              static_cast<int64_t>(job->slots.size())},
+                             at::kLong);
+    return submit(std::move(job));
+  }
+
+  at::Tensor fingerprint(const Job& job, c10d::OpType op) {
+    const int world = getSize();
+    at::Tensor fp = at::zeros({kFpFixed + 2 * world}, at::kLong);
+    int64_t* f = fp.data_ptr<int64_t>();
+    f[kFpMagic] = kMagic;
+    f[kFpSeq] = job.seq;
+    f[kFpOp] = static_cast<int64_t>(op);
+    f[kFpDtype] = job.slots.empty() ? -1 : static_cast<int64_t>(job.slots[0].user.scalar_type());
+    f[kFpReduceOp] = job.sig.reduce_op;
+    f[kFpRoot] = job.sig.root;
+    f[kFpNumel] = job.slots.empty() ? 0 : job.slots[0].user.numel();
+    f[kFpTensors] = static_cast<int64_t>(job.slots.size());
+    f[kFpHash] = fnv1a(job.sig.items);
+    for (size_t r = 0; r < job.sig.sends.size(); r++) f[kFpFixed + r] = job.sig.sends[r];
+    for (size_t r = 0; r < job.sig.recvs.size(); r++) f[kFpFixed + world + r] = job.sig.recvs[r];
+    return fp;
+  }
+
+  // Throws DistBackendError naming every rank's call unless all fingerprints agree.
+  void verify_fingerprints(const Job& job) {
+    const int world = getSize();
+    const int64_t width = kFpFixed + 2 * world;
+    const int64_t* all = job.fp_out.data_ptr<int64_t>();
+    const int64_t* mine = all + getRank() * width;
+    bool ok = true;
+    for (int r = 0; r < world && ok; r++) {
+      const int64_t* f = all + r * width;
+      for (int64_t k : {kFpMagic, kFpSeq, kFpOp, kFpReduceOp, kFpRoot, kFpHash})
+        ok = ok && f[k] == mine[k];
     }
-    cv_.notify_one();
-    g_collectives++;
-    return w;
+    // all-to-all: what rank i sends to rank r is what rank r expects from rank i.
+    for (int i = 0; i < world && ok; i++)
+      for (int r = 0; r < world && ok; r++)
+        ok = all[i * width + kFpFixed + r] == all[r * width + kFpFixed + world + i];
+    if (ok) return;
+    std::string msg = "tpu_dist: the ranks of this process group called different collectives "
+                      "(or the same one with sizes that do not fit together):";
+    for (int r = 0; r < world; r++) msg += "\n  rank " + std::to_string(r) + ": " +
+                                           describe(all + r * width);
+    C10_THROW_ERROR(DistBackendError, msg);
   }
 
   void free_dead_jobs() {
@@ -1023,8 +1295,9 @@ class StagedBackend final : public c10d::Backend {
     std::lock_guard<std::mutex> g(mu_);
     if (!broken_.empty())
       C10_THROW_ERROR(DistBackendError,
-                      "tpu_dist: an earlier collective of this process group failed, so its ranks "
-                      "are out of step and it cannot be used any more. First failure: " + broken_);
+                      "tpu_dist: an earlier collective or send/recv of this process group failed, "
+                      "so its ranks may be out of step and it cannot be used any more. First "
+                      "failure: " + broken_);
   }
 
   void mark_broken(std::exception_ptr e) {
@@ -1037,68 +1310,24 @@ class StagedBackend final : public c10d::Backend {
       what = err.what();
     } catch (...) {
     }
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      if (broken_.empty()) broken_ = what;
+    }
+    // Recvs waiting for their turn on a channel must not wait for a turn that never comes.
+    channel_cv_.notify_all();
+  }
+
+  bool broken() {
     std::lock_guard<std::mutex> g(mu_);
-    if (broken_.empty()) broken_ = what;
+    return !broken_.empty();
   }
 
-  // ----- issuer thread -----
-
-  void issue_loop() {
-    set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
-    for (;;) {
-      std::shared_ptr<Job> job;
-      bool broken = false;
-      {
-        std::unique_lock<std::mutex> lk(mu_);
-        cv_.wait(lk, [&] { return stopping_ || !queue_.empty(); });
-        if (queue_.empty()) return;
-        job = std::move(queue_.front());
-        queue_.pop_front();
-        broken = !broken_.empty();
-      }
-      if (broken) {
-        fail_broken(*job);
-      } else if (issue_one(job)) {
-        continue;  // a runner has it now
-      }
-      bury(std::move(job));
-    }
-  }
-
-  void fail_broken(Job& job) {
-    try {
-      throw_if_broken();
-    } catch (...) {
-      job.work->fail(std::current_exception());
-    }
-  }
-
-  // Returns whether the job went on to a runner; on failure the job's work has failed.
-  bool issue_one(const std::shared_ptr<Job>& job) {
-    try {
-      stage_inputs(*job);
-    } catch (...) {
-      // A device error: this rank makes no Gloo call, its peers may have made theirs.
-      mark_broken(std::current_exception());
-      job->work->fail(std::current_exception());
-      return false;
-    }
-    try {
-      std::vector<at::Tensor> host;
-      host.reserve(job->slots.size());
-      for (auto& s : job->slots) host.push_back(s.host);
-      job->gloo_work = job->issue(*gloo_, host);
-    } catch (...) {
-      // Gloo refused the call before starting it (an argument error on this rank): no Gloo
-      // work exists, so this group's sequence is unchanged; only this collective fails.
-      job->work->fail(std::current_exception());
-      return false;
-    }
-    runners_.submit([this, job] {
-      complete(*job);
-      bury(job);
-    });
-    return true;
+  // Fails the job (and breaks the group when `breaks`) with the current exception.
+  void fail(Job& job, bool breaks) {
+    auto e = std::current_exception();
+    if (breaks) mark_broken(e);
+    job.work->fail(e);
   }
 
   // Our threads never drop the last reference to a caller's tensor or Work: that may run
@@ -1111,9 +1340,20 @@ class StagedBackend final : public c10d::Backend {
     dead_.push_back(std::move(job));
   }
 
-  // Copies every read slot into a host block (all copies in flight at once) and prepares the
-  // host tensors Gloo will use.
-  void stage_inputs(Job& job) {
+  // Calls into the Gloo backends: they are made from three threads, and a Gloo backend is not
+  // promised to take concurrent calls. Each call only queues work, so the lock is brief.
+  template <typename F>
+  c10::intrusive_ptr<c10d::Work> call_gloo(F&& f) {
+    std::lock_guard<std::mutex> g(gloo_mu_);
+    return f();
+  }
+
+  // ----- host staging -----
+
+  // Allocates every tpu slot's host block and starts the device-to-host copies of the read
+  // slots (all in flight at once). On failure the copies already started are awaited (they
+  // write into the blocks) before the error is rethrown.
+  void start_downloads(Job& job) {
     Pjrt p = pjrt();
     reap_events(p);
     for (auto& s : job.slots) {
@@ -1122,7 +1362,6 @@ class StagedBackend final : public c10d::Backend {
       s.staged = at::from_blob(s.block.data(), s.user.sizes(), [](void*) {},
                                s.user.options().device(c10::kCPU));
     }
-    std::vector<PJRT_Event*> events;
     std::exception_ptr error;
     {
       RunLock lock;
@@ -1130,17 +1369,26 @@ class StagedBackend final : public c10d::Backend {
         const size_t nbytes = static_cast<size_t>(s.user.numel()) * s.user.element_size();
         if (!is_tpu(s.user) || !s.read || nbytes == 0) continue;
         try {
-          events.push_back(start_download_locked(p, storage_of(s.src),
-                                                 to_pj_dtype(s.src.scalar_type()),
-                                                 s.block.data(), nbytes));
+          job.downloads.push_back(start_download_locked(
+              p, storage_of(s.src), to_pj_dtype(s.src.scalar_type()), s.block.data(), nbytes));
         } catch (...) {
           error = std::current_exception();
           break;
         }
       }
     }
-    // Every started copy is awaited, even after a failure: they write into our blocks.
-    for (PJRT_Event* ev : events) {
+    if (error) {
+      await_downloads(job);
+      std::rethrow_exception(error);
+    }
+  }
+
+  // Waits for the job's device-to-host copies; returns the first error (the device's).
+  std::exception_ptr await_downloads(Job& job) {
+    std::exception_ptr error;
+    if (job.downloads.empty()) return error;
+    Pjrt p = pjrt();
+    for (PJRT_Event* ev : job.downloads) {
       pj_status_t* st = await_event(p, ev, "tpu_dist device-to-host copy");
       if (st && !error) {
         try {
@@ -1152,7 +1400,13 @@ class StagedBackend final : public c10d::Backend {
         pj_status_free(st);
       }
     }
-    if (error) std::rethrow_exception(error);
+    job.downloads.clear();
+    return error;
+  }
+
+  // After the copies: the host tensors Gloo will use (int16 widened, PREMUL_SUM's factor
+  // applied to the inputs).
+  void prepare_host(Job& job) {
     for (auto& s : job.slots) {
       if (!is_tpu(s.user)) {
         s.host = s.user;
@@ -1163,11 +1417,11 @@ class StagedBackend final : public c10d::Backend {
       if (wire == s.user.scalar_type())
         s.host = s.staged;
       else
-        s.host = s.read ? s.staged.to(wire) : at::empty(s.user.sizes(), s.staged.options().dtype(wire));
+        s.host = s.read ? s.staged.to(wire)
+                        : at::empty(s.user.sizes(), s.staged.options().dtype(wire));
     }
     if (job.has_premul) {
-      auto* sup = dynamic_cast<c10d::PreMulSumSupplement*>(job.premul.supplement_.get());
-      TORCH_CHECK(sup, "tpu_dist: PREMUL_SUM without a factor");
+      auto* sup = static_cast<c10d::PreMulSumSupplement*>(job.premul.supplement_.get());
       for (auto& s : job.slots) {
         if (!s.read) continue;
         if (sup->tensor_factor.defined())
@@ -1178,32 +1432,180 @@ class StagedBackend final : public c10d::Backend {
     }
   }
 
-  // ----- runner threads -----
+  // ----- collective thread: one collective at a time, in call order -----
 
-  void complete(Job& job) {
-    int source_rank = -1;
-    try {
-      job.gloo_work->wait();
-      if (job.work->retrieveOpType() == c10d::OpType::RECVANYSOURCE)
-        source_rank = job.gloo_work->sourceRank();
-    } catch (...) {
-      // The collective started on this rank and failed (a timeout, a dead or mismatched peer):
-      // Gloo's sequence and the peers' are no longer known to match. Gloo may not be done with
-      // the host blocks of a failed transfer: they are never reused (a leak on failure only).
-      mark_broken(std::current_exception());
-      for (auto& s : job.slots) s.block.release();
-      job.work->fail(std::current_exception());
+  // Each collective is checked, issued, waited for and written back before the next is
+  // issued: collectives complete in call order on every rank anyway, and the next ones'
+  // fingerprints and device-to-host copies are already under way meanwhile (started by their
+  // callers). Sends and recvs never wait here.
+  void collective_loop() {
+    set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
+    while (auto job = collective_queue_.pop()) {
+      run_collective(*job);
+      bury(std::move(job));
+    }
+  }
+
+  void run_collective(Job& job) {
+    std::exception_ptr device_error = await_downloads(job);
+    if (broken()) {
+      // A failure since this job was called: its fingerprint may still be answered by the
+      // peers, but no data may follow it.
+      try {
+        throw_if_broken();
+      } catch (...) {
+        fail(job, false);
+      }
       return;
     }
     try {
+      if (device_error) std::rethrow_exception(device_error);
+      prepare_host(job);
+      job.fp_work->wait();  // the peers' fingerprints: bounded by the group timeout
+      verify_fingerprints(job);
+      std::vector<at::Tensor> host;
+      host.reserve(job.slots.size());
+      for (auto& s : job.slots) host.push_back(s.host);
+      job.gloo_work = call_gloo([&] { return job.issue(*gloo_, host); });
+    } catch (...) {
+      fail(job, true);
+      return;
+    }
+    complete(job);
+  }
+
+  // ----- issuer thread: sends and recvs, in call order -----
+
+  void issue_loop() {
+    set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
+    while (auto job = issue_queue_.pop()) {
+      if (broken()) {
+        try {
+          throw_if_broken();
+        } catch (...) {
+          fail(*job, false);
+        }
+        bury(std::move(job));
+        continue;
+      }
+      issue_p2p(job);
+    }
+  }
+
+  void issue_p2p(const std::shared_ptr<Job>& job) {
+    try {
+      start_downloads(*job);  // a recv only gets its host block
+      if (auto e = await_downloads(*job)) std::rethrow_exception(e);
+      prepare_host(*job);
+      if (job->p2p == P2P::kSend) {
+        std::vector<at::Tensor> header{job->header};
+        job->header_work = call_gloo([&] { return check_->send(header, job->peer, job->tag); });
+        std::vector<at::Tensor> host{job->slots[0].host};
+        job->gloo_work = call_gloo([&] { return job->issue(*gloo_, host); });
+        runners_.submit([this, job] {
+          complete(*job);
+          bury(job);
+        });
+        return;
+      }
+      // A recv: the header recv goes out now, in call order; a runner checks the header and
+      // posts the data recv.
+      job->fp_out = at::empty({kHeaderLen}, at::kLong);
+      std::vector<at::Tensor> header{job->fp_out};
+      job->header_work = call_gloo([&] {
+        return job->p2p == P2P::kRecv ? check_->recv(header, job->peer, job->tag)
+                                      : check_->recvAnysource(header, job->tag);
+      });
+    } catch (...) {
+      fail(*job, true);
+      bury(job);
+      return;
+    }
+    runners_.submit([this, job] {
+      complete_recv(*job);
+      bury(job);
+    });
+  }
+
+  // ----- completion (collective thread for collectives, runners for sends and recvs) -----
+
+  void complete(Job& job) {
+    try {
+      if (job.header_work) job.header_work->wait();
+      job.gloo_work->wait();
+    } catch (...) {
+      // Started on this rank and failed (a timeout, a dead or mismatched peer): Gloo may not be
+      // done with the host blocks of a failed transfer, so they are never reused (a leak on
+      // failure only).
+      for (auto& s : job.slots) s.block.release();
+      fail(job, true);
+      return;
+    }
+    finish_job(job, -1);
+  }
+
+  void complete_recv(Job& job) {
+    int src = job.peer;
+    try {
+      job.header_work->wait();
+      if (job.p2p == P2P::kRecvAny) src = job.header_work->sourceRank();
+      const int64_t* h = job.fp_out.data_ptr<int64_t>();
+      const at::Tensor& t = job.slots[0].user;
+      if (h[0] != kMagic || h[1] != static_cast<int64_t>(t.scalar_type()) || h[2] != t.numel())
+        C10_THROW_ERROR(DistBackendError,
+                        "tpu_dist: recv from rank " + std::to_string(src) + " (tag " +
+                            std::to_string(job.tag) + ") of " + std::to_string(t.numel()) + " " +
+                            c10::toString(t.scalar_type()) + " elements, but the matching send " +
+                            (h[0] == kMagic ? "has " + std::to_string(h[2]) + " " +
+                                                  c10::toString(static_cast<at::ScalarType>(h[1])) +
+                                                  " elements"
+                                            : "is not a tpu_dist send"));
+      Channel& ch = channel(src, job.tag);
+      {
+        std::unique_lock<std::mutex> lk(mu_);
+        if (job.p2p == P2P::kRecvAny) job.ticket = ch.tickets++;
+        channel_cv_.wait(lk, [&] { return ch.posted == job.ticket || !broken_.empty(); });
+        if (!broken_.empty()) {
+          lk.unlock();
+          throw_if_broken();
+        }
+      }
+      try {
+        std::vector<at::Tensor> host{job.slots[0].host};
+        const int tag = job.tag;
+        job.gloo_work = call_gloo([&] { return gloo_->recv(host, src, tag); });
+      } catch (...) {
+        std::lock_guard<std::mutex> g(mu_);
+        ch.posted++;
+        channel_cv_.notify_all();
+        throw;
+      }
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        ch.posted++;
+      }
+      channel_cv_.notify_all();
+      job.gloo_work->wait();
+    } catch (...) {
+      for (auto& s : job.slots) s.block.release();
+      fail(job, true);
+      return;
+    }
+    finish_job(job, src);
+  }
+
+  void finish_job(Job& job, int source_rank) {
+    try {
       write_back(job);
     } catch (...) {
-      job.work->fail(std::current_exception());
+      fail(job, false);
       return;
     }
     // Host blocks back to the pool (those still ours) before the caller can see completion;
     // the caller's tensors stay referenced until the job is freed (see bury()).
     job.gloo_work.reset();
+    job.header_work.reset();
+    job.fp_work.reset();
     for (auto& s : job.slots) {
       s.block.reset();
       s.staged = s.host = at::Tensor();
@@ -1249,10 +1651,8 @@ class StagedBackend final : public c10d::Backend {
         const int64_t n = static_cast<int64_t>(st->nbytes / item);
         Block image(st->nbytes);
         if (st->buf) {
-          pj_status_t* err = await_event(
-              p, start_download_locked(p, st, dt, image.data(), st->nbytes),
-              "tpu_dist device-to-host copy");
-          check(err);
+          check(await_event(p, start_download_locked(p, st, dt, image.data(), st->nbytes),
+                            "tpu_dist device-to-host copy"));
         } else {
           std::memset(image.data(), 0, st->nbytes);
         }
@@ -1281,29 +1681,34 @@ class StagedBackend final : public c10d::Backend {
   // bounded by Gloo's timeout). Called from Python with the GIL held, possibly: released while
   // joining, since a runner may be completing a future whose Python callbacks need it.
   void stop() {
-    std::deque<std::shared_ptr<Job>> left;
     {
       std::lock_guard<std::mutex> g(mu_);
       if (stopping_) return;
       stopping_ = true;
-      left.swap(queue_);
+      if (broken_.empty()) broken_ = "the process group was shut down";
     }
-    cv_.notify_all();
-    for (auto& job : left) {
-      try {
-        C10_THROW_ERROR(DistBackendError, "tpu_dist: the process group was shut down before "
-                                          "this collective started");
-      } catch (...) {
-        job->work->fail(std::current_exception());
+    channel_cv_.notify_all();
+    for (auto* q : {&issue_queue_, &collective_queue_}) {
+      for (auto& job : q->stop()) {
+        await_downloads(*job);  // they write into the job's blocks
+        try {
+          C10_THROW_ERROR(DistBackendError, "tpu_dist: the process group was shut down before "
+                                            "this call started");
+        } catch (...) {
+          job->work->fail(std::current_exception());
+        }
+        bury(std::move(job));
       }
     }
     auto join_all = [this] {
       if (issuer_.joinable()) issuer_.join();
+      if (collector_.joinable()) collector_.join();
       runners_.join();
     };
     if (Py_IsInitialized() && python_finalizing()) {
       // The interpreter is going away: threads that might need the GIL can never get it.
       if (issuer_.joinable()) issuer_.detach();
+      if (collector_.joinable()) collector_.detach();
       runners_.detach();
     } else if (Py_IsInitialized() && PyGILState_Check()) {
       py::gil_scoped_release no_gil;
@@ -1314,15 +1719,31 @@ class StagedBackend final : public c10d::Backend {
     free_dead_jobs();
   }
 
-  c10::intrusive_ptr<c10d::Backend> gloo_;
-  std::mutex mu_;  // guards queue_, dead_, stopping_, broken_
-  std::condition_variable cv_;
-  std::deque<std::shared_ptr<Job>> queue_;
+  struct Channel {
+    uint64_t tickets = 0;  // recvs called on this (source, tag)
+    uint64_t posted = 0;   // data recvs posted to Gloo
+  };
+  Channel& channel(int src, int tag) {
+    std::lock_guard<std::mutex> g(mu_);
+    return channels_[{src, tag}];  // std::map: references stay valid
+  }
+
+  c10::intrusive_ptr<c10d::Backend> gloo_;   // the data
+  c10::intrusive_ptr<c10d::Backend> check_;  // fingerprints and send headers
+  std::mutex order_mu_;  // call order: see submit()
+  std::mutex gloo_mu_;  // serializes calls into gloo_ and check_
+  std::mutex mu_;  // guards dead_, stopping_, broken_, channels_
+  std::condition_variable channel_cv_;  // a channel's posted count or broken_ changed
   std::vector<std::shared_ptr<Job>> dead_;  // finished jobs, freed on a caller's thread
   bool stopping_ = false;
-  std::string broken_;  // first failure that put the ranks out of step; empty while usable
+  std::string broken_;  // first failure that may put the ranks out of step; empty while usable
+  std::map<std::pair<int, int>, Channel> channels_;
+  int64_t next_seq_ = 0;  // collectives submitted so far (under order_mu_)
+  JobQueue issue_queue_;
+  JobQueue collective_queue_;
   Runners runners_;
-  std::thread issuer_;  // started last: it uses everything above
+  std::thread issuer_;     // started last: they use everything above
+  std::thread collector_;
 };
 
 }  // namespace
@@ -1330,18 +1751,21 @@ class StagedBackend final : public c10d::Backend {
 void bind_distributed(py::module_& m) {
   m.def(
       "_dist_backend",
-      [](py::object gloo, int rank, int size) {
+      [](py::object gloo, py::object check, int rank, int size) {
         auto g = gloo.cast<c10::intrusive_ptr<c10d::Backend>>();
-        TORCH_CHECK(g, "tpu_dist: no Gloo backend given");
-        c10::intrusive_ptr<c10d::Backend> b = c10::make_intrusive<StagedBackend>(g, rank, size);
+        auto c = check.cast<c10::intrusive_ptr<c10d::Backend>>();
+        TORCH_CHECK(g && c, "tpu_dist: two Gloo backends are needed");
+        c10::intrusive_ptr<c10d::Backend> b =
+            c10::make_intrusive<StagedBackend>(g, c, rank, size);
         return py::cast(b);  // torch's own Backend binding
       },
-      py::arg("gloo"), py::arg("rank"), py::arg("size"),
-      "A tpu_dist c10d Backend staging collectives through host memory over `gloo`.");
+      py::arg("gloo"), py::arg("check"), py::arg("rank"), py::arg("size"),
+      "A tpu_dist c10d Backend staging collectives through host memory over `gloo` (data) and "
+      "`check` (fingerprints and send headers), two Gloo backends of the same ranks.");
   m.def("_dist_stats", [] {
     auto [allocated, cached] = pool().stats();
     py::dict d;
-    d["collectives"] = g_collectives.load();
+    d["calls"] = g_collectives.load();
     d["uploads"] = g_uploads.load();
     d["zero_copy_uploads"] = g_zero_copy_uploads.load();
     d["downloads"] = g_downloads.load();

@@ -82,8 +82,8 @@ def stats() -> dict:
 
 
 def _create_backend(common_opts, backend_options):
-    """The creator init_process_group / new_group call for tpu_dist (extended API): an internal
-    Gloo backend on a store prefix of this group's store, wrapped by the staging backend."""
+    """The creator init_process_group / new_group call for tpu_dist (extended API): internal
+    Gloo backends on store prefixes of this group's store, wrapped by the staging backend."""
     from torch.distributed import PrefixStore, ProcessGroupGloo
 
     from .. import device
@@ -101,14 +101,16 @@ def _create_backend(common_opts, backend_options):
     is_default_group = not ranks
     if is_default_group:
         _select_device(rank)
-    # The group's store is already prefixed by group name and device type (c10d does it);
-    # "gloo/" keeps the inner backend's keys apart from anything else using that store.
-    store = PrefixStore("gloo/", common_opts.store)
-    gloo = ProcessGroupGloo(store, rank, size, timeout)
+    # Two Gloo backends of the same ranks: one moves the data, the other carries the
+    # fingerprint each collective is checked with before its data moves, and send headers
+    # (csrc/bridge/distributed.cpp says why). The group's store is already prefixed by group
+    # name and device type (c10d does it); the prefixes keep the two backends' keys apart.
+    gloo = ProcessGroupGloo(PrefixStore("gloo/", common_opts.store), rank, size, timeout)
     gloo.options.global_ranks_in_group = ranks
     gloo.options.group_name = common_opts.group_id
     gloo._set_sequence_number_for_group()
-    return device._C._dist_backend(gloo, rank, size)
+    check = ProcessGroupGloo(PrefixStore("check/", common_opts.store), rank, size, timeout)
+    return device._C._dist_backend(gloo, check, rank, size)
 
 
 def _select_device(rank: int) -> None:
