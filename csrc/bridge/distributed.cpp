@@ -338,18 +338,19 @@ class RunLock {
   RunLock& operator=(const RunLock&) = delete;
 };
 
-// Starts copying storage s's whole buffer (element type dt, nbytes) into dst and returns the
-// event that fires when the bytes are on the host. The caller holds pj_run_lock: a program run
-// on another thread could otherwise replace (and destroy) the buffer between the lookup and the
-// enqueue. Once enqueued, the copy is safe from that: a destroyed buffer's memory "will be freed
-// when all async operations using the buffer have completed" (PJRT_Buffer_Delete).
+// Starts copying storage s's whole buffer (nbytes) into dst and returns the event that fires
+// when the bytes are on the host. Bytes are bytes: the buffer may hold another element type of
+// the same storage than the tensor being staged (view_as_real of a complex tensor, a byte view);
+// a never-written storage is first materialized, as zeros of type `dt`. The caller holds
+// pj_run_lock: a program run on another thread could otherwise replace (and destroy) the buffer
+// between the lookup and the enqueue. Once enqueued, the copy is safe from that: a destroyed
+// buffer's memory "will be freed when all async operations using the buffer have completed"
+// (PJRT_Buffer_Delete).
 PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt, void* dst,
                                   size_t nbytes) {
   TORCH_CHECK(s->nbytes == nbytes, "tpu_dist: storage of ", s->nbytes, " bytes, expected ",
               nbytes);
-  TORCH_CHECK(!s->buf || s->dtype == dt,
-              "tpu_dist: a tensor's storage holds another element type than the tensor");
-  check(pj_storage_materialize(s, dt));  // a never-written storage reads as zeros
+  if (!s->buf) check(pj_storage_materialize(s, dt));
   PJRT_Buffer_ToHostBuffer_Args a{};
   a.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
   a.src = s->buf;
@@ -361,6 +362,12 @@ PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt,
   pj_metric_add(PJ_METRIC_D2H_TRANSFERS, 1);
   pj_metric_add(PJ_METRIC_D2H_BYTES, static_cast<int64_t>(nbytes));
   return a.event;
+}
+
+// The element type a new buffer of storage s gets: the one it holds (other tensors may view it
+// in that type), or t's when it holds nothing yet.
+pj_dtype_t storage_dtype(const pj_storage_t* s, at::ScalarType t) {
+  return s->buf || s->pending ? s->dtype : to_pj_dtype(t);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -378,13 +385,12 @@ bool python_finalizing() {
 
 bool is_tpu(const at::Tensor& t) { return t.device().type() == c10::DeviceType::PrivateUse1; }
 
-// True when t is exactly its whole storage, row-major, and the storage holds t's dtype (or
-// nothing yet): the storage's buffer is then t's data, downloaded or replaced as a whole.
+// True when t covers its whole storage, row-major: the storage's bytes are then t's data,
+// downloaded or replaced as a whole (in the storage's own element type, see storage_dtype).
 bool is_whole_storage(const at::Tensor& t) {
   pj_storage_t* s = storage_of(t);
   return s && t.storage_offset() == 0 && t.is_contiguous() &&
-         static_cast<size_t>(t.numel()) * t.element_size() == s->nbytes &&
-         ((!s->buf && !s->pending) || s->dtype == to_pj_dtype(t.scalar_type()));
+         static_cast<size_t>(t.numel()) * t.element_size() == s->nbytes;
 }
 
 // Gloo has no int16 kernels; int16 travels as int32 (reductions wrap modulo 2^16 either way,
@@ -424,6 +430,10 @@ struct Job {
   c10::intrusive_ptr<StagedWork> work;
   std::vector<Slot> slots;
   IssueFn issue;
+  // After the Gloo work succeeded, before the write-back: moves results from Gloo's buffers
+  // into the slots' host tensors (when the issue function gave Gloo buffers of its own).
+  std::function<void(std::vector<at::Tensor>&)> after;
+  std::vector<at::Tensor> wire;  // the host tensors the issue function was given
   c10d::ReduceOp premul;  // PREMUL_SUM: read slots are scaled by its factor before a SUM
   bool has_premul = false;
   c10::intrusive_ptr<c10d::Work> gloo_work;
@@ -520,14 +530,43 @@ int64_t fnv1a(const std::vector<int64_t>& v) {
   return static_cast<int64_t>(h);
 }
 
+// torch.distributed's names for the collectives, as users call them.
+const char* op_name(int64_t op) {
+  switch (static_cast<c10d::OpType>(op)) {
+    case c10d::OpType::BROADCAST: return "broadcast";
+    case c10d::OpType::ALLREDUCE: return "all_reduce";
+    case c10d::OpType::ALLREDUCE_COALESCED: return "all_reduce_coalesced";
+    case c10d::OpType::REDUCE: return "reduce";
+    case c10d::OpType::ALLGATHER: return "all_gather";
+    case c10d::OpType::_ALLGATHER_BASE: return "all_gather_into_tensor";
+    case c10d::OpType::ALLGATHER_COALESCED: return "all_gather_coalesced";
+    case c10d::OpType::COALESCED: return "all_gather_into_tensor (coalesced)";
+    case c10d::OpType::GATHER: return "gather";
+    case c10d::OpType::SCATTER: return "scatter";
+    case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
+    case c10d::OpType::_REDUCE_SCATTER_BASE: return "reduce_scatter_tensor";
+    case c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED: return "reduce_scatter_tensor (coalesced)";
+    case c10d::OpType::ALLTOALL_BASE: return "all_to_all_single";
+    case c10d::OpType::ALLTOALL: return "all_to_all";
+    case c10d::OpType::BARRIER: return "barrier";
+    default: return "collective";
+  }
+}
+
+const char* reduce_op_name(int64_t op) {
+  static const char* names[] = {"sum", "avg", "product", "min", "max", "band", "bor", "bxor",
+                                "premul_sum"};
+  return op >= 0 && op < 9 ? names[op] : "?";
+}
+
 std::string describe(const int64_t* f) {
   if (f[kFpMagic] != kMagic) return "(not a tpu_dist collective)";
-  std::string s = c10d::opTypeToString(static_cast<c10d::OpType>(f[kFpOp]));
-  s += " #" + std::to_string(f[kFpSeq]) + " (";
+  std::string s = op_name(f[kFpOp]);
+  s += ", call #" + std::to_string(f[kFpSeq]) + " of the group (";
   if (f[kFpDtype] >= 0) s += c10::toString(static_cast<at::ScalarType>(f[kFpDtype]));
   s += ", " + std::to_string(f[kFpTensors]) + " tensor(s), first of " +
        std::to_string(f[kFpNumel]) + " elements";
-  if (f[kFpReduceOp] >= 0) s += ", reduce op " + std::to_string(f[kFpReduceOp]);
+  if (f[kFpReduceOp] >= 0) s += std::string(", ") + reduce_op_name(f[kFpReduceOp]);
   if (f[kFpRoot] >= 0) s += ", root " + std::to_string(f[kFpRoot]);
   return s + ")";
 }
@@ -969,6 +1008,8 @@ class StagedBackend final : public c10d::Backend {
                    });
   }
 
+  // As one all_to_all_single over flat host buffers (the list's tensors concatenated, the
+  // counts as splits): Gloo's own list all_to_all needs tensors of one size, NCCL's does not.
   c10::intrusive_ptr<c10d::Work> alltoall(std::vector<at::Tensor>& outputs,
                                           std::vector<at::Tensor>& inputs,
                                           const c10d::AllToAllOptions& opts) override {
@@ -987,12 +1028,30 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
     for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
     const size_t n = outputs.size();
-    return enqueue(c10d::OpType::ALLTOALL, std::move(slots), outputs, std::move(sig),
-                   [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
-                     std::vector<at::Tensor> out(h.begin(), h.begin() + n);
-                     std::vector<at::Tensor> in(h.begin() + n, h.end());
-                     return g.alltoall(out, in, opts);
-                   });
+    const std::vector<int64_t> out_counts = sig.recvs, in_counts = sig.sends;
+    auto flat_out = std::make_shared<at::Tensor>();
+    auto job = new_job(c10d::OpType::ALLTOALL, std::move(slots), outputs,
+                       [opts, n, flat_out, out_counts, in_counts](c10d::Backend& g,
+                                                                   std::vector<at::Tensor>& h) {
+                         std::vector<at::Tensor> ins;
+                         for (size_t i = n; i < 2 * n; i++) ins.push_back(h[i].reshape({-1}));
+                         at::Tensor in = at::cat(ins);
+                         int64_t total = 0;
+                         for (int64_t c : out_counts) total += c;
+                         *flat_out = at::empty({total}, in.options());
+                         auto os = out_counts;
+                         auto is = in_counts;
+                         return g.alltoall_base(*flat_out, in, os, is, opts);
+                       });
+    job->after = [n, flat_out, out_counts](std::vector<at::Tensor>& h) {
+      int64_t off = 0;
+      for (size_t i = 0; i < n; i++) {
+        h[i].copy_(flat_out->narrow(0, off, out_counts[i]).view(h[i].sizes()));
+        off += out_counts[i];
+      }
+    };
+    job->sig = std::move(sig);
+    return submit(std::move(job));
   }
 
   c10::intrusive_ptr<c10d::Work> send(std::vector<at::Tensor>& tensors, int dst,
@@ -1463,10 +1522,9 @@ class StagedBackend final : public c10d::Backend {
       prepare_host(job);
       job.fp_work->wait();  // the peers' fingerprints: bounded by the group timeout
       verify_fingerprints(job);
-      std::vector<at::Tensor> host;
-      host.reserve(job.slots.size());
-      for (auto& s : job.slots) host.push_back(s.host);
-      job.gloo_work = call_gloo([&] { return job.issue(*gloo_, host); });
+      job.wire.reserve(job.slots.size());
+      for (auto& s : job.slots) job.wire.push_back(s.host);
+      job.gloo_work = call_gloo([&] { return job.issue(*gloo_, job.wire); });
     } catch (...) {
       fail(job, true);
       return;
@@ -1541,6 +1599,14 @@ class StagedBackend final : public c10d::Backend {
       fail(job, true);
       return;
     }
+    if (job.after) {
+      try {
+        job.after(job.wire);
+      } catch (...) {
+        fail(job, false);
+        return;
+      }
+    }
     finish_job(job, -1);
   }
 
@@ -1606,6 +1672,8 @@ class StagedBackend final : public c10d::Backend {
     job.gloo_work.reset();
     job.header_work.reset();
     job.fp_work.reset();
+    job.wire.clear();
+    job.after = nullptr;
     for (auto& s : job.slots) {
       s.block.reset();
       s.staged = s.host = at::Tensor();
@@ -1630,25 +1698,25 @@ class StagedBackend final : public c10d::Backend {
           views.push_back(&s);
           continue;
         }
-        const pj_dtype_t dt = to_pj_dtype(s.user.scalar_type());
-        PJRT_Buffer* buf = upload(s.user.device().index(), std::move(s.block), dt, s.user.numel());
-        installs.push_back({storage_of(s.user), buf, dt});
+        pj_storage_t* st = storage_of(s.user);
+        const pj_dtype_t dt = storage_dtype(st, s.user.scalar_type());
+        const int64_t n = static_cast<int64_t>(st->nbytes / pj_dtype_info(dt)->itemsize);
+        installs.push_back({st, upload(s.user.device().index(), std::move(s.block), dt, n), dt});
       }
       Pjrt p = pjrt();
       RunLock lock;
-      // View outputs, grouped by storage: the storage's current contents with the views'
-      // values written over them, as one new buffer. Under the lock, so no program run
-      // replaces the storage between our read and our install.
+      // View outputs, grouped by storage: the storage's current bytes with the views' values
+      // written over them (each view in its own dtype), as one new buffer. Under the lock, so
+      // no program run replaces the storage between our read and our install.
       std::vector<bool> done(views.size(), false);
       for (size_t i = 0; i < views.size(); i++) {
         if (done[i]) continue;
         const at::Tensor& u = views[i]->user;
         pj_storage_t* st = storage_of(u);
-        const size_t item = u.element_size();
-        TORCH_CHECK(st->nbytes % item == 0, "tpu_dist: cannot write a view whose storage is ",
-                    "not a whole number of its elements");
-        const pj_dtype_t dt = to_pj_dtype(u.scalar_type());
-        const int64_t n = static_cast<int64_t>(st->nbytes / item);
+        const pj_dtype_t dt = storage_dtype(st, u.scalar_type());
+        const size_t item = pj_dtype_info(dt)->itemsize;
+        TORCH_CHECK(st->nbytes % item == 0, "tpu_dist: a storage of ", st->nbytes,
+                    " bytes is not a whole number of its elements");
         Block image(st->nbytes);
         if (st->buf) {
           check(await_event(p, start_download_locked(p, st, dt, image.data(), st->nbytes),
@@ -1656,16 +1724,16 @@ class StagedBackend final : public c10d::Backend {
         } else {
           std::memset(image.data(), 0, st->nbytes);
         }
-        at::Tensor whole = at::from_blob(image.data(), {n}, [](void*) {},
-                                         u.options().device(c10::kCPU));
         for (size_t j = i; j < views.size(); j++) {
           const at::Tensor& v = views[j]->user;
           if (storage_of(v) != st) continue;
-          TORCH_CHECK(v.scalar_type() == u.scalar_type(), "tpu_dist: outputs of two dtypes "
-                      "share one storage");
-          whole.as_strided(v.sizes(), v.strides(), v.storage_offset()).copy_(views[j]->staged);
+          const int64_t vn = static_cast<int64_t>(st->nbytes / v.element_size());
+          at::from_blob(image.data(), {vn}, [](void*) {}, v.options().device(c10::kCPU))
+              .as_strided(v.sizes(), v.strides(), v.storage_offset())
+              .copy_(views[j]->staged);
           done[j] = true;
         }
+        const int64_t n = static_cast<int64_t>(st->nbytes / item);
         installs.push_back({st, upload(u.device().index(), std::move(image), dt, n), dt});
       }
       for (const auto& in : installs) pj_storage_swap(in.storage, in.buf, in.dt);
