@@ -22,6 +22,8 @@ import tempfile
 import time
 import zlib
 
+import pytest
+
 HERE = os.path.abspath(__file__)
 WORLD = 2
 
@@ -108,7 +110,7 @@ def _assert_ok(rcs, outs, results):
 
 
 def test_collectives_match_gloo_on_cpu():
-    rcs, outs, results = run_job("collectives", timeout=240)
+    rcs, outs, results = run_job("collectives", timeout=120)
     _assert_ok(rcs, outs, results)
     for r, res in enumerate(results):
         assert res["failures"] == [], f"rank {r}:\n" + "\n".join(res["failures"])
@@ -117,8 +119,12 @@ def test_collectives_match_gloo_on_cpu():
         assert res["uploads"] > 0 and res["zero_copy_uploads"] <= res["uploads"]
 
 
-def test_init_default_backend_under_torchrun():
-    rc, out, results = run_torchrun("default", timeout=120)
+@pytest.mark.parametrize("devices", [1, 2])
+def test_init_default_backend_under_torchrun(devices):
+    """With one device both ranks use tpu:0; with two (TORCH_PJRT_CPU_DEVICE_COUNT=2) each
+    rank uses tpu:<local rank>."""
+    rc, out, results = run_torchrun("default", timeout=90,
+                                    env={"TORCH_PJRT_CPU_DEVICE_COUNT": str(devices)})
     assert rc == 0, out[-4000:]
     for r, res in enumerate(results):
         assert res is not None, out[-4000:]
@@ -126,14 +132,14 @@ def test_init_default_backend_under_torchrun():
 
 
 def test_mismatched_collectives_raise():
-    rcs, outs, results = run_job("mismatch", timeout=120)
+    rcs, outs, results = run_job("mismatch", timeout=90)
     _assert_ok(rcs, outs, results)
     for r, res in enumerate(results):
         assert res["failures"] == [], f"rank {r}:\n" + "\n".join(res["failures"])
 
 
 def test_dead_rank_raises_under_spawn():
-    rc, out, results = run_spawn("dead", timeout=120)
+    rc, out, results = run_spawn("dead", timeout=90)
     assert rc == 0, out[-4000:]
     res = results[0]
     assert res is not None, out[-4000:]
@@ -211,6 +217,8 @@ def _init(rank, world, init, backend, timeout_s=60):
 
 
 def job_collectives(rank, world, init):
+    from datetime import timedelta
+
     import torch
     import torch.distributed as dist
     import torch.distributed._functional_collectives as fc
@@ -540,6 +548,11 @@ def job_collectives(rank, world, init):
         w = dist.all_reduce(y, async_op=True)
         returned = time.monotonic() - t0
         done_early = w.is_completed()
+        try:
+            w.wait(timeout=timedelta(milliseconds=100))
+            chk.fail("wait(timeout) before completion", "did not raise")
+        except RuntimeError:
+            chk.true("wait(timeout) before completion raises", True)
         w.wait()
         waited = time.monotonic() - t0
         chk.true("async call returns before the peer joins", returned < 0.5 and not done_early,
@@ -549,6 +562,20 @@ def job_collectives(rank, world, init):
     else:
         time.sleep(1.0)
         dist.all_reduce(torch.ones(64, device="tpu"))
+
+    # A future callback that runs, and waits for, another collective.
+    def nested(f):
+        y = f.value()[0].clone()
+        dist.all_reduce(y)
+        return y
+
+    x = v("nested", (3,)).to("tpu")
+    got = dist.all_reduce(x, async_op=True).get_future().then(nested).wait()
+    ref = v("nested", (3,))
+    dist.all_reduce(ref)
+    ref = ref.clone()
+    dist.all_reduce(ref)
+    chk.same("a collective inside a future callback", got, ref)
 
     # Several outstanding works, waited for in reverse order.
     a = v("out a", (3,)).to("tpu")

@@ -452,9 +452,11 @@ struct Job {
   uint64_t ticket = 0;  // recv: its place among the recvs of its (source, tag) channel
 };
 
-// A Work completed by a runner thread. Completion, waiting with or without a timeout and the
-// error are Work's own (finish() under its mutex); the future completes right after, with the
-// output tensors, so DDP comm hooks and torch.futures callbacks see the written results.
+// A Work finished by one of our threads. Completion, waiting with or without a timeout and the
+// error are Work's own (finish() under its mutex). The future is settled afterwards, with the
+// output tensors or the error, always on a runner thread: its callbacks (DDP comm hooks,
+// torch.futures then()) run there and may call, and wait for, further collectives, which the
+// collective thread must stay free to run.
 class StagedWork : public c10d::Work {
  public:
   StagedWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
@@ -481,6 +483,17 @@ class StagedWork : public c10d::Work {
       source_rank_ = source_rank;
     }
     finish();
+  }
+
+  void fail(std::exception_ptr e) { finish(e); }
+
+  // After succeed() or fail().
+  void settle_future() {
+    if (future_->completed()) return;
+    if (auto e = exception()) {
+      future_->setErrorIfNeeded(e);
+      return;
+    }
     try {
       future_->markCompleted(c10::IValue(outputs_));
     } catch (...) {
@@ -488,11 +501,6 @@ class StagedWork : public c10d::Work {
       // future that cannot complete must still not leave waiters hanging.
       if (!future_->completed()) future_->setErrorIfNeeded(std::current_exception());
     }
-  }
-
-  void fail(std::exception_ptr e) {
-    finish(e);
-    future_->setErrorIfNeeded(e);
   }
 
  private:
@@ -1399,6 +1407,15 @@ class StagedBackend final : public c10d::Backend {
     dead_.push_back(std::move(job));
   }
 
+  // The end of every job whose Work was returned: its future settled on a runner (see
+  // StagedWork), then the job buried.
+  void retire(std::shared_ptr<Job> job) {
+    runners_.submit([this, job] {
+      job->work->settle_future();
+      bury(job);
+    });
+  }
+
   // Calls into the Gloo backends: they are made from three threads, and a Gloo backend is not
   // promised to take concurrent calls. Each call only queues work, so the lock is brief.
   template <typename F>
@@ -1501,7 +1518,7 @@ class StagedBackend final : public c10d::Backend {
     set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
     while (auto job = collective_queue_.pop()) {
       run_collective(*job);
-      bury(std::move(job));
+      retire(std::move(job));
     }
   }
 
@@ -1543,7 +1560,7 @@ class StagedBackend final : public c10d::Backend {
         } catch (...) {
           fail(*job, false);
         }
-        bury(std::move(job));
+        retire(std::move(job));
         continue;
       }
       issue_p2p(job);
@@ -1562,6 +1579,7 @@ class StagedBackend final : public c10d::Backend {
         job->gloo_work = call_gloo([&] { return job->issue(*gloo_, host); });
         runners_.submit([this, job] {
           complete(*job);
+          job->work->settle_future();
           bury(job);
         });
         return;
@@ -1576,11 +1594,12 @@ class StagedBackend final : public c10d::Backend {
       });
     } catch (...) {
       fail(*job, true);
-      bury(job);
+      retire(job);
       return;
     }
     runners_.submit([this, job] {
       complete_recv(*job);
+      job->work->settle_future();
       bury(job);
     });
   }
@@ -1765,6 +1784,7 @@ class StagedBackend final : public c10d::Backend {
         } catch (...) {
           job->work->fail(std::current_exception());
         }
+        job->work->settle_future();
         bury(std::move(job));
       }
     }
