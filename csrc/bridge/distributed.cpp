@@ -291,17 +291,25 @@ PJRT_Buffer* upload(int device, Block block, pj_dtype_t dt, int64_t n) {
   g_uploads++;
   pj_metric_add(PJ_METRIC_H2D_TRANSFERS, 1);
   pj_metric_add(PJ_METRIC_H2D_BYTES, static_cast<int64_t>(nbytes));
-  if (p.api->PJRT_Buffer_UnsafePointer) {  // for _dist_stats: did the plugin alias the block?
+  bool aliased = true;  // unless the plugin says otherwise
+  if (p.api->PJRT_Buffer_UnsafePointer) {  // did the plugin make the block the buffer?
     PJRT_Buffer_UnsafePointer_Args u{};
     u.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
     u.buffer = a.buffer;
     PJRT_Error* e = p.api->PJRT_Buffer_UnsafePointer(&u);
-    if (e)
+    if (e) {
       pj_status_free(pj_runtime_take_error(p.rt, e, "unsafe pointer"));
-    else if (u.buffer_pointer == reinterpret_cast<uintptr_t>(block.data()))
-      g_zero_copy_uploads++;
+    } else {
+      aliased = u.buffer_pointer == reinterpret_cast<uintptr_t>(block.data());
+      if (aliased) g_zero_copy_uploads++;  // for _dist_stats: confirmed aliases only
+    }
   }
-  if (!a.done_with_host_buffer) return a.buffer;  // the plugin is done with the block already
+  if (!a.done_with_host_buffer) {
+    // No event to say when the block is free: a copy is done with it now; an aliased block is
+    // never reused (leaked) rather than risk writing into a live buffer.
+    if (aliased) block.release();
+    return a.buffer;
+  }
   auto* r = new HostRelease{block.data(), block.capacity(), a.done_with_host_buffer};
   block.release();
   PJRT_Event_OnReady_Args o{};
