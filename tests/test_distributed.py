@@ -458,6 +458,21 @@ def job_collectives(rank, world, init):
     both("recv from any source",
          lambda d: (v("any", (3,)).to(d), torch.zeros(3, device=d)), any_source)
 
+    # A recv from one source while a recv from any source on that tag is pending is refused
+    # (it could take the message meant for the other); the pending one still completes.
+    if R == 0:
+        dist.send(torch.full((3,), 5.0, device="tpu"), 1, tag=9)
+    else:
+        y = torch.zeros(3, device="tpu")
+        w = dist.irecv(y, tag=9)
+        try:
+            dist.recv(torch.zeros(3, device="tpu"), 0, tag=9)
+            chk.fail("recv while a recv from any source is pending", "did not raise")
+        except ValueError:
+            chk.true("recv while a recv from any source is pending raises", True)
+        w.wait()
+        chk.same("the pending recv from any source", y, torch.full((3,), 5.0))
+
     # A send and recv called after a collective that waits for the peer do not wait for it.
     if R == 0:
         w = dist.all_reduce(torch.ones(2, device="tpu"), async_op=True)

@@ -458,6 +458,7 @@ struct Job {
   at::Tensor header;
   c10::intrusive_ptr<c10d::Work> header_work;
   uint64_t ticket = 0;  // recv: its place among the recvs of its (source, tag) channel
+  bool any_pending = false;  // a recv from any source whose header has not arrived yet
 };
 
 // A Work finished by one of our threads. Completion, waiting with or without a timeout and the
@@ -1267,7 +1268,17 @@ class StagedBackend final : public c10d::Backend {
     {
       std::lock_guard<std::mutex> g(mu_);
       TORCH_CHECK(!stopping_, "tpu_dist: the process group was shut down");
-      if (job->p2p == P2P::kRecv) job->ticket = channels_[{job->peer, job->tag}].tickets++;
+      if (job->p2p == P2P::kRecv) {
+        // A recv from any source takes its place on the sender's channel only when its header
+        // arrives; a recv from one source called meanwhile could take the message meant for it.
+        TORCH_CHECK_VALUE(pending_any_[job->tag] == 0, "tpu_dist: a recv from rank ",
+                          job->peer, " with tag ", job->tag, " while a recv from any source "
+                          "with that tag is pending is not supported; wait for that one first");
+        job->ticket = channels_[{job->peer, job->tag}].tickets++;
+      } else if (job->p2p == P2P::kRecvAny) {
+        pending_any_[job->tag]++;
+        job->any_pending = true;
+      }
     }
     g_collectives++;
     if (job->p2p != P2P::kNone) {
@@ -1601,6 +1612,10 @@ class StagedBackend final : public c10d::Backend {
                                       : check_->recvAnysource(header, job->tag);
       });
     } catch (...) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        resolve_any_locked(*job);
+      }
       fail(*job, true);
       retire(job);
       return;
@@ -1656,7 +1671,10 @@ class StagedBackend final : public c10d::Backend {
       Channel& ch = channel(src, job.tag);
       {
         std::unique_lock<std::mutex> lk(mu_);
-        if (job.p2p == P2P::kRecvAny) job.ticket = ch.tickets++;
+        if (job.p2p == P2P::kRecvAny) {
+          job.ticket = ch.tickets++;
+          resolve_any_locked(job);
+        }
         channel_cv_.wait(lk, [&] { return ch.posted == job.ticket || !broken_.empty(); });
         if (!broken_.empty()) {
           lk.unlock();
@@ -1680,11 +1698,21 @@ class StagedBackend final : public c10d::Backend {
       channel_cv_.notify_all();
       job.gloo_work->wait();
     } catch (...) {
+      {
+        std::lock_guard<std::mutex> g(mu_);
+        resolve_any_locked(job);
+      }
       for (auto& s : job.slots) s.block.release();
       fail(job, true);
       return;
     }
     finish_job(job, src);
+  }
+
+  void resolve_any_locked(Job& job) {
+    if (!job.any_pending) return;
+    job.any_pending = false;
+    pending_any_[job.tag]--;
   }
 
   void finish_job(Job& job, int source_rank) {
@@ -1828,12 +1856,13 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Backend> check_;  // fingerprints and send headers
   std::mutex order_mu_;  // call order: see submit()
   std::mutex gloo_mu_;  // serializes calls into gloo_ and check_
-  std::mutex mu_;  // guards dead_, stopping_, broken_, channels_
+  std::mutex mu_;  // guards dead_, stopping_, broken_, channels_, pending_any_
   std::condition_variable channel_cv_;  // a channel's posted count or broken_ changed
   std::vector<std::shared_ptr<Job>> dead_;  // finished jobs, freed on a caller's thread
   bool stopping_ = false;
   std::string broken_;  // first failure that may put the ranks out of step; empty while usable
   std::map<std::pair<int, int>, Channel> channels_;
+  std::map<int, int> pending_any_;  // tag -> recvs from any source waiting for their header
   int64_t next_seq_ = 0;  // collectives submitted so far (under order_mu_)
   JobQueue issue_queue_;
   JobQueue collective_queue_;
