@@ -462,23 +462,43 @@ struct Job {
 };
 
 // A Work finished by one of our threads. Completion, waiting with or without a timeout and the
-// error are Work's own (finish() under its mutex). The future is settled afterwards, with the
-// output tensors or the error, always on a runner thread: its callbacks (DDP comm hooks,
-// torch.futures then()) run there and may call, and wait for, further collectives, which the
-// collective thread must stay free to run.
+// error are Work's own (finish() under its mutex). The future exists only once asked for
+// (getFuture: DDP does at once, a plain wait() never does) and is settled, with the output
+// tensors or the error, after the Work finished: on a runner thread when it was asked for
+// before (its callbacks, DDP comm hooks or torch.futures then(), run there and may call and wait
+// for further collectives, which the collective thread must stay free to run), else by
+// getFuture itself.
 class StagedWork : public c10d::Work {
  public:
   StagedWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
-      : Work(rank, op), outputs_(std::move(outputs)) {
-    std::vector<c10::Device> devices;
-    for (const auto& t : outputs_)
-      if (is_tpu(t)) devices.push_back(t.device());
-    future_ = c10::make_intrusive<c10::ivalue::Future>(
-        c10::ListType::create(c10::TensorType::get()), devices);
-  }
+      : Work(rank, op), outputs_(std::move(outputs)) {}
 
   std::vector<at::Tensor> result() override { return outputs_; }
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override { return future_; }
+
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    bool finished = false;
+    c10::intrusive_ptr<c10::ivalue::Future> f;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      if (!future_) {
+        std::vector<c10::Device> devices;
+        for (const auto& t : outputs_)
+          if (is_tpu(t)) devices.push_back(t.device());
+        future_ = c10::make_intrusive<c10::ivalue::Future>(
+            c10::ListType::create(c10::TensorType::get()), devices);
+      }
+      f = future_;
+      finished = completed_;
+    }
+    if (finished) settle_future();
+    return f;
+  }
+
+  bool future_requested() {
+    std::lock_guard<std::mutex> g(mutex_);
+    return static_cast<bool>(future_);
+  }
+
   int sourceRank() const override {
     std::lock_guard<std::mutex> g(mutex_);
     TORCH_CHECK(source_rank_ >= 0, "tpu_dist: sourceRank() is known only for a completed "
@@ -496,25 +516,34 @@ class StagedWork : public c10d::Work {
 
   void fail(std::exception_ptr e) { finish(e); }
 
-  // After succeed() or fail().
+  // After succeed() or fail(); once, whoever calls first (getFuture or a runner).
   void settle_future() {
-    if (future_->completed()) return;
-    if (auto e = exception()) {
-      future_->setErrorIfNeeded(e);
+    c10::intrusive_ptr<c10::ivalue::Future> f;
+    std::exception_ptr e;
+    {
+      std::lock_guard<std::mutex> g(mutex_);
+      if (!future_ || settled_ || !completed_) return;
+      settled_ = true;
+      f = future_;
+      e = exception_;
+    }
+    if (e) {
+      f->setErrorIfNeeded(e);
       return;
     }
     try {
-      future_->markCompleted(c10::IValue(outputs_));
+      f->markCompleted(c10::IValue(outputs_));
     } catch (...) {
-      // markCompleted only fails on a device mismatch, which the constructor rules out; a
-      // future that cannot complete must still not leave waiters hanging.
-      if (!future_->completed()) future_->setErrorIfNeeded(std::current_exception());
+      // markCompleted only fails on a device mismatch, which the future's device list rules
+      // out; a future that cannot complete must still not leave waiters hanging.
+      if (!f->completed()) f->setErrorIfNeeded(std::current_exception());
     }
   }
 
  private:
   std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;  // under mutex_; made by getFuture
+  bool settled_ = false;
   int source_rank_ = -1;
 };
 
@@ -1426,9 +1455,10 @@ class StagedBackend final : public c10d::Backend {
     dead_.push_back(std::move(job));
   }
 
-  // The end of every job whose Work was returned: its future settled on a runner (see
-  // StagedWork), then the job buried.
+  // The end of every job whose Work was returned: its future, if one was asked for, settled on
+  // a runner (see StagedWork), and the job buried.
   void retire(std::shared_ptr<Job> job) {
+    if (!job->work->future_requested()) return bury(std::move(job));
     runners_.submit([this, job] {
       job->work->settle_future();
       bury(job);
