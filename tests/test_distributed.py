@@ -555,7 +555,7 @@ def job_collectives(rank, world, init):
              str(seen))
     chk.same("work.result()", w.result(), [ref])
 
-    # Asynchronous: the call returns at once even though the peer joins a second later.
+    # Asynchronous: the call returns at once even though the peer joins 1.5 s later.
     dist.barrier()
     if R == 0:
         y = torch.ones(64, device="tpu")
@@ -570,12 +570,12 @@ def job_collectives(rank, world, init):
             chk.true("wait(timeout) before completion raises", True)
         w.wait()
         waited = time.monotonic() - t0
-        chk.true("async call returns before the peer joins", returned < 0.5 and not done_early,
+        chk.true("async call returns before the peer joins", returned < 1.0 and not done_early,
                  f"returned after {returned:.2f} s, completed early: {done_early}")
-        chk.true("wait() waits for the peer", waited > 0.6, f"waited {waited:.2f} s")
+        chk.true("wait() waits for the peer", waited > 1.0, f"waited {waited:.2f} s")
         chk.same("async result", y, torch.full((64,), 2.0))
     else:
-        time.sleep(1.0)
+        time.sleep(1.5)  # the thresholds above leave room for a loaded machine
         dist.all_reduce(torch.ones(64, device="tpu"))
 
     # A future callback that runs, and waits for, another collective.
@@ -734,7 +734,7 @@ def job_mismatch(rank, world, init):
                      lambda: dist.send(torch.ones(8, device="tpu"), 1, group=g), 10)
     else:
         z = torch.full((4,), 2.0, device="tpu")
-        expect_raise("recv shorter than the send", lambda: dist.recv(z, 0, group=g), 2,
+        expect_raise("recv shorter than the send", lambda: dist.recv(z, 0, group=g), 5,
                      "matching send has 8", [z])
     # A rank that never calls: the other's collective fails within the group timeout (3 s).
     g = groups["silent"]

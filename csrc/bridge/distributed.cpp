@@ -643,15 +643,6 @@ class Runners {
     for (auto& t : threads_) t.join();
     threads_.clear();
   }
-  void detach() {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      stop_ = true;
-    }
-    cv_.notify_all();
-    for (auto& t : threads_) t.detach();
-    threads_.clear();
-  }
 
  private:
   void loop() {
@@ -1859,12 +1850,10 @@ class StagedBackend final : public c10d::Backend {
       if (collector_.joinable()) collector_.join();
       runners_.join();
     };
-    if (Py_IsInitialized() && python_finalizing()) {
-      // The interpreter is going away: threads that might need the GIL can never get it.
-      if (issuer_.joinable()) issuer_.detach();
-      if (collector_.joinable()) collector_.detach();
-      runners_.detach();
-    } else if (Py_IsInitialized() && PyGILState_Check()) {
+    // Joined, never detached: a detached thread would wake into this destroyed object. While
+    // the interpreter exits the GIL is kept (releasing it then is not safe); our threads need
+    // it only for Python callbacks on futures, never to free a caller's tensor (bury()).
+    if (Py_IsInitialized() && !python_finalizing() && PyGILState_Check()) {
       py::gil_scoped_release no_gil;
       join_all();
     } else {
