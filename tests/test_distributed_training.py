@@ -28,6 +28,7 @@ import copy
 import datetime
 import json
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -596,8 +597,12 @@ def _launch(case: str, world: int, devices: int, timeout: float = 240, **job) ->
         pytest.fail(f"{case}: ranks still running after {timeout:.0f} s (killed)\n{report}")
     if any(p.returncode != 0 for p in procs):
         pytest.fail(f"{case}: a rank failed\n{report}")
-    return [torch.load(os.path.join(workdir, f"rank{r}.pt"), weights_only=False)
-            for r in range(world)]
+    results = [torch.load(os.path.join(workdir, f"rank{r}.pt"), weights_only=False)
+               for r in range(world)]
+    for log in logs:
+        log.close()
+    shutil.rmtree(workdir, ignore_errors=True)  # kept when the job failed
+    return results
 
 
 def _loss_problems(what: str, got, expect, rtol: float) -> list[str]:
@@ -903,6 +908,7 @@ def test_dcp_save_2_ranks_load_4_and_1():
                                     f"{res['local_shapes']['pos.weight']}")
             if not res["next_loss"] == res["next_loss"]:
                 problems.append(f"load on {world}, rank {r}: NaN loss after loading")
+    shutil.rmtree(ckpt, ignore_errors=True)
     assert not problems, "\n".join(problems[:40])
 
 
@@ -1080,6 +1086,7 @@ def test_torchtitan_llama3_debugmodel_fsdp2_2_ranks():
     # from about ln(2048) = 7.6 at initialization; falling by more than 1.5 nats in 10 steps
     # (seen: 8.18 -> 5.91)
     assert 6.5 < first < 9 and last < first - 1.5, losses
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 if __name__ == "__main__":
