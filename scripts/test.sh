@@ -9,4 +9,11 @@ bash scripts/setup.sh
   --constraint <(.venv/bin/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
 make -j2 PYTHON=.venv/bin/python ctest
 make -j2 PYTHON=.venv/bin/python ctest-asan
-.venv/bin/python -m pytest -q tests "$@"
+# `--long`: only the multi-process suites marked `long` (too long for CI's budget; their results
+# are in docs/distributed.md); otherwise everything else. Other arguments go to pytest.
+if [ "${1:-}" = "--long" ]; then
+  shift
+  .venv/bin/python -m pytest -q tests -m long "$@"
+else
+  .venv/bin/python -m pytest -q tests -m "not long" "$@"
+fi
