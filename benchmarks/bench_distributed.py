@@ -3,10 +3,12 @@ against the same Gloo all_reduce on CPU tensors, 2 ranks on this machine.
 
 One process group "cpu:gloo,tpu:tpu_dist" per rank: CPU tensors go to a Gloo backend, tpu
 tensors to tpu_dist (whose own internal Gloo backend moves the staged host copies), so both rows
-use the same Gloo code over the same loopback transport. For each size the two are timed in
-alternating rounds (a barrier, then `--iters` synchronous all_reduce(SUM) calls on one float32
-tensor); the figure is the median round. Bus bandwidth = bytes * 2(n-1)/n / time, as in
-nccl-tests; the ratio is tpu over CPU (1.0: staging costs nothing).
+use the same Gloo code over the same loopback transport. For each size the two kinds of call
+(synchronous all_reduce(SUM) of one float32 tensor) alternate one by one and each call is timed,
+so bursts of load from other processes on a shared machine fall on both alike. Time is the
+mean per call (throughput, as nccl-tests reports it); bus bandwidth = bytes * 2(n-1)/n / time;
+the ratio is Gloo's time over tpu_dist's (1.0: staging costs nothing), also given for the
+medians, which such bursts shift least.
 
 Usage: python benchmarks/bench_distributed.py [--out docs/distributed.md] [--quick]
 Prints a markdown section; with --out, replaces that section of the file (or appends it).
@@ -37,7 +39,7 @@ def human(n: int) -> str:
 
 
 def iters_for(nbytes: int, quick: bool) -> int:
-    # About 20 ms of Gloo time per round at least, at most 50 calls.
+    # Calls per round: 3 for the largest sizes, more for small ones (at most 50).
     n = max(3, min(50, (64 << 20) // max(nbytes, 1) // 8))
     return max(2, n // 4) if quick else n
 
@@ -45,7 +47,7 @@ def iters_for(nbytes: int, quick: bool) -> int:
 def rank_main(rank: int, init: str, quick: bool, out_file: str) -> None:
     dist.init_process_group("cpu:gloo,tpu:tpu_dist", init_method=init, rank=rank,
                             world_size=WORLD)
-    rounds = 3 if quick else 7
+    rounds = 3 if quick else 11
     results = []
     for nbytes in SIZES:
         numel = nbytes // 4
@@ -56,20 +58,22 @@ def rank_main(rank: int, init: str, quick: bool, out_file: str) -> None:
                 dist.all_reduce(t)
         torch.tpu.synchronize()
         times = {"cpu": [], "tpu": []}
-        for r in range(rounds):
-            order = ("cpu", "tpu") if r % 2 == 0 else ("tpu", "cpu")
-            for kind in order:
+        dist.barrier()
+        # One call of each kind in turn (which goes first alternates): load from other
+        # processes on a shared machine comes in bursts, and fine interleaving spreads them
+        # over both kinds alike.
+        for i in range(rounds * iters):
+            for kind in (("cpu", "tpu") if i % 2 == 0 else ("tpu", "cpu")):
                 t = tensors[kind]
-                dist.barrier()
                 t0 = time.perf_counter()
-                for _ in range(iters):
-                    dist.all_reduce(t)  # synchronous: returns once the result is written
-                times[kind].append((time.perf_counter() - t0) / iters)
-        results.append((nbytes, statistics.median(times["cpu"]), statistics.median(times["tpu"])))
+                dist.all_reduce(t)  # synchronous: returns once the result is written
+                times[kind].append(time.perf_counter() - t0)
+        results.append((nbytes, statistics.fmean(times["cpu"]), statistics.fmean(times["tpu"]),
+                        statistics.median(times["cpu"]), statistics.median(times["tpu"])))
     if rank == 0:
         with open(out_file, "w") as f:
-            for nbytes, c, t in results:
-                f.write(f"{nbytes} {c} {t}\n")
+            for row in results:
+                f.write(" ".join(str(x) for x in row) + "\n")
     dist.destroy_process_group()
 
 
@@ -96,17 +100,18 @@ def main(argv=None) -> str:
         f"Measured by `python benchmarks/bench_distributed.py` (torch {torch.__version__}, "
         f"PJRT `{torch.tpu.get_device_name()}`, {WORLD} ranks on one machine with "
         f"{os.cpu_count()} cores, load average at the end {load[0]:.1f}/{load[1]:.1f}/"
-        f"{load[2]:.1f}). Synchronous `all_reduce(SUM)` of one float32 tensor; median of "
-        f"{3 if args.quick else 7} alternating rounds per size. Bus bandwidth = bytes x "
-        "2(n-1)/n / time.",
+        f"{load[2]:.1f}). Synchronous `all_reduce(SUM)` of one float32 tensor, CPU and tpu calls "
+        f"alternating one by one, {3 if args.quick else 11} x 3 to 50 calls of each per size; "
+        "time = mean per call, bus bandwidth = bytes x 2(n-1)/n / time, ratio = Gloo's time / "
+        "tpu_dist's (bandwidth ratio).",
         "",
-        "| size | Gloo, CPU tensors (ms) | tpu_dist, tpu tensors (ms) | Gloo bus GB/s | tpu_dist bus GB/s | tpu / Gloo |",
-        "|---:|---:|---:|---:|---:|---:|",
+        "| size | Gloo, CPU tensors (ms) | tpu_dist, tpu tensors (ms) | Gloo bus GB/s | tpu_dist bus GB/s | tpu / Gloo | tpu / Gloo, medians |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for nbytes, c, t in rows:
+    for nbytes, c, t, cm, tm in rows:
         n = int(nbytes)
         lines.append(f"| {human(n)} | {c * 1e3:.3f} | {t * 1e3:.3f} | {bus_gbps(n, c):.2f} | "
-                     f"{bus_gbps(n, t):.2f} | {c / t:.2f} |")
+                     f"{bus_gbps(n, t):.2f} | {c / t:.2f} | {cm / tm:.2f} |")
     lines += [
         "",
         "The tpu column includes everything a caller waits for: the device-to-host copy into a "

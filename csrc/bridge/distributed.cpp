@@ -79,6 +79,7 @@
 #include "pjrt_c_api.h"
 extern "C" {
 #include "torch_pjrt/metrics.h"
+#include "torch_pjrt/transfer.h"
 // The lock graph/call.c holds around every program run: it reads slot storages' buffers and
 // installs the results under it (csrc/graph/call_internal.h declares it for the graph core).
 extern pthread_mutex_t pj_run_lock;
@@ -372,6 +373,37 @@ PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt,
   return a.event;
 }
 
+// Where device memory is host memory (the CPU plugin) and the storage's buffer is already
+// computed, copies its bytes into dst right here, under pj_run_lock like a download's start:
+// small copies (and those of synchronous calls, whose caller waits anyway) cost less than the
+// hand-off to PJRT's copy threads and back. Returns false when it cannot (the caller then
+// starts an asynchronous download).
+constexpr size_t kCopyHereBytes = size_t(1) << 20;
+
+bool host_addressable(const Pjrt& p) {
+  static const bool yes = std::strcmp(pj_runtime_platform_name(p.rt), "cpu") == 0;
+  return yes;
+}
+
+bool copy_ready_buffer_locked(const Pjrt& p, pj_storage_t* s, void* dst, size_t nbytes) {
+  if (!s->buf || s->nbytes != nbytes || !host_addressable(p) || !p.api->PJRT_Buffer_UnsafePointer)
+    return false;
+  if (!pj_buffer_is_ready(s->buf)) return false;
+  PJRT_Buffer_UnsafePointer_Args u{};
+  u.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
+  u.buffer = s->buf;
+  PJRT_Error* e = p.api->PJRT_Buffer_UnsafePointer(&u);
+  if (e) {
+    pj_status_free(pj_runtime_take_error(p.rt, e, "unsafe pointer"));
+    return false;
+  }
+  std::memcpy(dst, reinterpret_cast<const void*>(u.buffer_pointer), nbytes);
+  g_downloads++;
+  pj_metric_add(PJ_METRIC_D2H_TRANSFERS, 1);
+  pj_metric_add(PJ_METRIC_D2H_BYTES, static_cast<int64_t>(nbytes));
+  return true;
+}
+
 // The element type a new buffer of storage s gets: the one it holds (other tensors may view it
 // in that type), or t's when it holds nothing yet.
 pj_dtype_t storage_dtype(const pj_storage_t* s, at::ScalarType t) {
@@ -446,6 +478,7 @@ struct Job {
   bool has_premul = false;
   c10::intrusive_ptr<c10d::Work> gloo_work;
   std::vector<PJRT_Event*> downloads;  // device-to-host copies in flight into slot blocks
+  bool async_op = true;  // false: the caller waits for the Work right after the call
   // collectives: the fingerprint exchange
   Signature sig;
   int64_t seq = 0;  // this collective's number in the group (calls made before it)
@@ -753,7 +786,7 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : tensors) slots.push_back(make_slot(t, root, !root));
     Signature sig{sizes_of(tensors), -1, opts.rootRank};
     sig.items.push_back(opts.rootTensor);
-    return enqueue(c10d::OpType::BROADCAST, std::move(slots), tensors, std::move(sig),
+    return enqueue(opts.asyncOp, c10d::OpType::BROADCAST, std::move(slots), tensors, std::move(sig),
                    [opts](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g.broadcast(h, opts);
                    });
@@ -768,7 +801,7 @@ class StagedBackend final : public c10d::Backend {
     c10d::AllreduceOptions o = opts;
     auto premul = take_premul(o.reduceOp);
     Signature sig{sizes_of(tensors), opts.reduceOp.op_, -1};
-    return enqueue(c10d::OpType::ALLREDUCE, inout_slots(tensors), tensors, std::move(sig),
+    return enqueue(opts.asyncOp, c10d::OpType::ALLREDUCE, inout_slots(tensors), tensors, std::move(sig),
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) { return g.allreduce(h, o); },
                    premul);
   }
@@ -780,7 +813,7 @@ class StagedBackend final : public c10d::Backend {
     c10d::AllreduceCoalescedOptions o = opts;
     auto premul = take_premul(o.reduceOp);
     Signature sig{sizes_of(tensors), opts.reduceOp.op_, -1};
-    return enqueue(c10d::OpType::ALLREDUCE_COALESCED, inout_slots(tensors), tensors,
+    return enqueue(opts.asyncOp, c10d::OpType::ALLREDUCE_COALESCED, inout_slots(tensors), tensors,
                    std::move(sig),
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g.allreduce_coalesced(h, o);
@@ -798,7 +831,7 @@ class StagedBackend final : public c10d::Backend {
     Signature sig{sizes_of(tensors), opts.reduceOp.op_, opts.rootRank};
     // Every rank's tensor is written back: Gloo may leave partial results in non-root
     // tensors, and the results must be what Gloo leaves in CPU tensors.
-    return enqueue(c10d::OpType::REDUCE, inout_slots(tensors), tensors, std::move(sig),
+    return enqueue(opts.asyncOp, c10d::OpType::REDUCE, inout_slots(tensors), tensors, std::move(sig),
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) { return g.reduce(h, o); },
                    premul);
   }
@@ -813,7 +846,7 @@ class StagedBackend final : public c10d::Backend {
     slots.push_back(make_slot(inputs[0], true, false));
     for (auto& t : outputs[0]) slots.push_back(make_slot(t, false, true));
     const size_t n = outputs[0].size();
-    return enqueue(c10d::OpType::ALLGATHER, std::move(slots), outputs[0],
+    return enqueue(opts.asyncOp, c10d::OpType::ALLGATHER, std::move(slots), outputs[0],
                    Signature{sizes_of(inputs), -1, -1},
                    [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in{h[0]};
@@ -829,7 +862,7 @@ class StagedBackend final : public c10d::Backend {
     std::vector<Slot> slots;
     slots.push_back(make_slot(input, true, false));
     slots.push_back(make_slot(output, false, true));
-    return enqueue(c10d::OpType::_ALLGATHER_BASE, std::move(slots), {output},
+    return enqueue(opts.asyncOp, c10d::OpType::_ALLGATHER_BASE, std::move(slots), {output},
                    Signature{sizes_of({input}), -1, -1},
                    [opts](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g._allgather_base(h[1], h[0], opts);
@@ -857,7 +890,7 @@ class StagedBackend final : public c10d::Backend {
       sizes.push_back(list.size());
     }
     const size_t ni = inputs.size();
-    return enqueue(c10d::OpType::ALLGATHER_COALESCED, std::move(slots), flat_out,
+    return enqueue(opts.asyncOp, c10d::OpType::ALLGATHER_COALESCED, std::move(slots), flat_out,
                    Signature{sizes_of(inputs), -1, -1},
                    [opts, ni, sizes](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in(h.begin(), h.begin() + ni);
@@ -885,7 +918,7 @@ class StagedBackend final : public c10d::Backend {
     }
     for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
     const size_t n = inputs.size();
-    return enqueue(c10d::OpType::COALESCED, std::move(slots), outputs,
+    return enqueue(opts.asyncOp, c10d::OpType::COALESCED, std::move(slots), outputs,
                    Signature{sizes_of(inputs), -1, -1},
                    [opts, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in(h.begin(), h.begin() + n);
@@ -915,7 +948,7 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : outs) slots.push_back(make_slot(t, false, true));
     const size_t n = outs.size();
     const bool nested = !outputs.empty();
-    return enqueue(c10d::OpType::GATHER, std::move(slots), outs,
+    return enqueue(opts.asyncOp, c10d::OpType::GATHER, std::move(slots), outs,
                    Signature{sizes_of(inputs), -1, opts.rootRank},
                    [opts, n, nested](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> in{h[0]};
@@ -946,7 +979,7 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : ins) slots.push_back(make_slot(t, true, false));
     const size_t n = ins.size();
     const bool nested = !inputs.empty();
-    return enqueue(c10d::OpType::SCATTER, std::move(slots), outputs,
+    return enqueue(opts.asyncOp, c10d::OpType::SCATTER, std::move(slots), outputs,
                    Signature{sizes_of(outputs), -1, opts.rootRank},
                    [opts, n, nested](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out{h[0]};
@@ -968,7 +1001,7 @@ class StagedBackend final : public c10d::Backend {
     std::vector<Slot> slots;
     slots.push_back(make_slot(outputs[0], false, true));
     for (auto& t : inputs[0]) slots.push_back(make_slot(t, true, false));
-    return enqueue(c10d::OpType::REDUCE_SCATTER, std::move(slots), outputs,
+    return enqueue(opts.asyncOp, c10d::OpType::REDUCE_SCATTER, std::move(slots), outputs,
                    Signature{sizes_of(outputs), opts.reduceOp.op_, -1},
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out{h[0]};
@@ -988,7 +1021,7 @@ class StagedBackend final : public c10d::Backend {
     std::vector<Slot> slots;
     slots.push_back(make_slot(output, false, true));
     slots.push_back(make_slot(input, true, false));
-    return enqueue(c10d::OpType::_REDUCE_SCATTER_BASE, std::move(slots), {output},
+    return enqueue(opts.asyncOp, c10d::OpType::_REDUCE_SCATTER_BASE, std::move(slots), {output},
                    Signature{sizes_of({output}), opts.reduceOp.op_, -1},
                    [o](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      return g._reduce_scatter_base(h[0], h[1], o);
@@ -1012,7 +1045,7 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
     for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
     const size_t n = outputs.size();
-    return enqueue(c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, std::move(slots), outputs,
+    return enqueue(opts.asyncOp, c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, std::move(slots), outputs,
                    Signature{sizes_of(outputs), opts.reduceOp.op_, -1},
                    [o, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out(h.begin(), h.begin() + n);
@@ -1036,7 +1069,7 @@ class StagedBackend final : public c10d::Backend {
     Signature sig{{static_cast<int64_t>(input.scalar_type())}, -1, -1};
     sig.sends = element_counts(input, input_splits);
     sig.recvs = element_counts(output, output_splits);
-    return enqueue(c10d::OpType::ALLTOALL_BASE, std::move(slots), {output}, std::move(sig),
+    return enqueue(opts.asyncOp, c10d::OpType::ALLTOALL_BASE, std::move(slots), {output}, std::move(sig),
                    [opts, output_splits, input_splits](c10d::Backend& g,
                                                        std::vector<at::Tensor>& h) {
                      auto os = output_splits;
@@ -1088,6 +1121,7 @@ class StagedBackend final : public c10d::Backend {
       }
     };
     job->sig = std::move(sig);
+    job->async_op = opts.asyncOp;
     return submit(std::move(job));
   }
 
@@ -1130,7 +1164,7 @@ class StagedBackend final : public c10d::Backend {
     // issued in call order, so it orders after every earlier collective of this group.
     c10d::BarrierOptions o = opts;
     o.device = std::nullopt;  // Gloo's barrier is a host barrier
-    return enqueue(c10d::OpType::BARRIER, {}, {}, Signature{},
+    return enqueue(opts.asyncOp, c10d::OpType::BARRIER, {}, {}, Signature{},
                    [o](c10d::Backend& g, std::vector<at::Tensor>&) { return g.barrier(o); });
   }
 
@@ -1284,7 +1318,7 @@ class StagedBackend final : public c10d::Backend {
   // read the inputs as they are at the call and run while earlier collectives are on the wire.
   c10::intrusive_ptr<c10d::Work> submit(std::shared_ptr<Job> job) {
     c10::intrusive_ptr<c10d::Work> w = job->work;
-    std::lock_guard<std::mutex> order(order_mu_);
+    std::unique_lock<std::mutex> order(order_mu_);
     {
       std::lock_guard<std::mutex> g(mu_);
       TORCH_CHECK(!stopping_, "tpu_dist: the process group was shut down");
@@ -1316,11 +1350,33 @@ class StagedBackend final : public c10d::Backend {
       mark_broken(std::current_exception());
       throw;
     }
-    collective_queue_.push(std::move(job));
+    bool run_here;
+    {
+      std::lock_guard<std::mutex> g(mu_);
+      // A synchronous call with no collective ahead of it runs on the caller's thread, which
+      // waits for it anyway: two thread hand-offs fewer (they cost more than the staging on a
+      // loaded machine). Later calls queue behind it; the issue gate keeps Gloo's order.
+      run_here = !job->async_op && collectives_in_flight_ == 0;
+      collectives_in_flight_++;
+    }
+    if (!run_here) {
+      collective_queue_.push(std::move(job));
+      return w;
+    }
+    order.unlock();
+    run_collective(*job);
+    collective_done();
+    retire(std::move(job));
     return w;
   }
 
-  c10::intrusive_ptr<c10d::Work> enqueue(c10d::OpType op, std::vector<Slot> slots,
+  void collective_done() {
+    std::lock_guard<std::mutex> g(mu_);
+    collectives_in_flight_--;
+  }
+
+  c10::intrusive_ptr<c10d::Work> enqueue(bool async_op, c10d::OpType op,
+                                         std::vector<Slot> slots,
                                          std::vector<at::Tensor> outputs, Signature sig,
                                          IssueFn issue,
                                          std::optional<c10d::ReduceOp> premul = std::nullopt) {
@@ -1330,6 +1386,7 @@ class StagedBackend final : public c10d::Backend {
       job->has_premul = true;
     }
     job->sig = std::move(sig);
+    job->async_op = async_op;
     return submit(std::move(job));
   }
 
@@ -1420,8 +1477,9 @@ class StagedBackend final : public c10d::Backend {
       std::lock_guard<std::mutex> g(mu_);
       if (broken_.empty()) broken_ = what;
     }
-    // Recvs waiting for their turn on a channel must not wait for a turn that never comes.
+    // Recvs and collectives waiting for their turn must not wait for a turn that never comes.
     channel_cv_.notify_all();
+    gate_cv_.notify_all();
   }
 
   bool broken() {
@@ -1485,8 +1543,11 @@ class StagedBackend final : public c10d::Backend {
         const size_t nbytes = static_cast<size_t>(s.user.numel()) * s.user.element_size();
         if (!is_tpu(s.user) || !s.read || nbytes == 0) continue;
         try {
-          job.downloads.push_back(start_download_locked(
-              p, storage_of(s.src), to_pj_dtype(s.src.scalar_type()), s.block.data(), nbytes));
+          pj_storage_t* st = storage_of(s.src);
+          const bool here = nbytes <= kCopyHereBytes || !job.async_op;
+          if (!(here && copy_ready_buffer_locked(p, st, s.block.data(), nbytes)))
+            job.downloads.push_back(start_download_locked(
+                p, st, to_pj_dtype(s.src.scalar_type()), s.block.data(), nbytes));
         } catch (...) {
           error = std::current_exception();
           break;
@@ -1558,6 +1619,7 @@ class StagedBackend final : public c10d::Backend {
     set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
     while (auto job = collective_queue_.pop()) {
       run_collective(*job);
+      collective_done();
       retire(std::move(job));
     }
   }
@@ -1574,6 +1636,7 @@ class StagedBackend final : public c10d::Backend {
       }
       return;
     }
+    IssueTurn turn(*this, job.seq);
     try {
       if (device_error) std::rethrow_exception(device_error);
       prepare_host(job);
@@ -1581,13 +1644,46 @@ class StagedBackend final : public c10d::Backend {
       verify_fingerprints(job);
       job.wire.reserve(job.slots.size());
       for (auto& s : job.slots) job.wire.push_back(s.host);
+      turn.wait();
       job.gloo_work = call_gloo([&] { return job.issue(*gloo_, job.wire); });
+      turn.done();
     } catch (...) {
       fail(job, true);
       return;
     }
     complete(job);
   }
+
+  // The issue gate: data collectives reach Gloo in call order (collective numbers), whichever
+  // thread runs them (the collective thread, or a caller running its synchronous call). A job
+  // that fails before its turn breaks the group, which opens the gate for everyone after it.
+  class IssueTurn {
+   public:
+    IssueTurn(StagedBackend& b, int64_t seq) : b_(b), seq_(seq) {}
+    ~IssueTurn() { done(); }
+    void wait() {
+      std::unique_lock<std::mutex> lk(b_.mu_);
+      b_.gate_cv_.wait(lk, [&] { return b_.issued_ == seq_ || !b_.broken_.empty(); });
+      if (!b_.broken_.empty()) {
+        lk.unlock();
+        b_.throw_if_broken();
+      }
+    }
+    void done() {
+      if (done_) return;
+      done_ = true;
+      {
+        std::lock_guard<std::mutex> g(b_.mu_);
+        if (b_.issued_ == seq_) b_.issued_++;
+      }
+      b_.gate_cv_.notify_all();
+    }
+
+   private:
+    StagedBackend& b_;
+    int64_t seq_;
+    bool done_ = false;
+  };
 
   // ----- issuer thread: sends and recvs, in call order -----
 
@@ -1832,6 +1928,7 @@ class StagedBackend final : public c10d::Backend {
       if (broken_.empty()) broken_ = "the process group was shut down";
     }
     channel_cv_.notify_all();
+    gate_cv_.notify_all();
     for (auto* q : {&issue_queue_, &collective_queue_}) {
       for (auto& job : q->stop()) {
         await_downloads(*job);  // they write into the job's blocks
@@ -1877,6 +1974,9 @@ class StagedBackend final : public c10d::Backend {
   std::mutex gloo_mu_;  // serializes calls into gloo_ and check_
   std::mutex mu_;  // guards dead_, stopping_, broken_, channels_, pending_any_
   std::condition_variable channel_cv_;  // a channel's posted count or broken_ changed
+  std::condition_variable gate_cv_;     // issued_ or broken_ changed
+  int64_t issued_ = 0;                  // data collectives handed to Gloo (under mu_)
+  int64_t collectives_in_flight_ = 0;   // submitted and not yet finished (under mu_)
   std::vector<std::shared_ptr<Job>> dead_;  // finished jobs, freed on a caller's thread
   bool stopping_ = false;
   std::string broken_;  // first failure that may put the ranks out of step; empty while usable

@@ -105,11 +105,22 @@ def _create_backend(common_opts, backend_options):
     # fingerprint each collective is checked with before its data moves, and send headers
     # (csrc/bridge/distributed.cpp says why). The group's store is already prefixed by group
     # name and device type (c10d does it); the prefixes keep the two backends' keys apart.
-    gloo = ProcessGroupGloo(PrefixStore("gloo/", common_opts.store), rank, size, timeout)
+    # Both share one Gloo device (one socket loop thread); the check backend's traffic is
+    # small messages one at a time, so one worker thread serves it.
+    gloo_device = ProcessGroupGloo.create_default_device()
+
+    def make(prefix, threads):
+        opts = ProcessGroupGloo._Options()
+        opts._devices = [gloo_device]
+        opts._threads = threads
+        opts._timeout = timeout
+        return ProcessGroupGloo(PrefixStore(prefix, common_opts.store), rank, size, opts)
+
+    gloo = make("gloo/", 2)
     gloo.options.global_ranks_in_group = ranks
     gloo.options.group_name = common_opts.group_id
     gloo._set_sequence_number_for_group()
-    check = ProcessGroupGloo(PrefixStore("check/", common_opts.store), rank, size, timeout)
+    check = make("check/", 1)
     return device._C._dist_backend(gloo, check, rank, size)
 
 
