@@ -30,11 +30,13 @@
 //    snapshots inputs that are views into fresh tensors (a device copy, asynchronous), flushes
 //    recorded (defer_and_fuse) ops, and for a collective takes its call number, sends its
 //    fingerprint and starts the device-to-host copies of its inputs into pooled host blocks
-//    (PJRT copies asynchronously). It never waits for the device or for peers.
+//    (PJRT copies asynchronously; a small input whose buffer is ready on the CPU plugin is
+//    copied right away). An asynchronous call never waits for the device or for peers.
 //  - One collective thread takes collectives in call order: waits for the copies and the
-//    fingerprints, calls Gloo, waits for it and writes the results back. Gloo gives each
-//    collective its tag at that call, so calling in call order on every rank keeps the ranks'
-//    collectives matched.
+//    fingerprints, calls Gloo, waits for it and writes the results back. A synchronous call
+//    (async_op=False) with no collective ahead of it does the same on the calling thread, which
+//    waits anyway. Gloo gives each collective its tag at the Gloo call, so an issue gate makes
+//    those calls in call order on every rank, which keeps the ranks' collectives matched.
 //  - One issuer thread takes sends and recvs in call order (the send header, the copy, the
 //    Gloo call), so a collective waiting for its peers never holds up a send or recv called
 //    after it (Gloo allows that pattern; so must we), and runner threads (a pool that grows
