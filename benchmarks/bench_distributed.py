@@ -8,7 +8,8 @@ use the same Gloo code over the same loopback transport. For each size the two k
 so bursts of load from other processes on a shared machine fall on both alike. Time is the
 mean per call (throughput, as nccl-tests reports it); bus bandwidth = bytes * 2(n-1)/n / time;
 the ratio is Gloo's time over tpu_dist's (1.0: staging costs nothing), also given for the
-medians, which such bursts shift least.
+medians, which such bursts shift least. A control runs the same Gloo call on a second CPU
+tensor in the same rotation: its ratio to the first shows how far noise alone moves a ratio.
 
 Usage: python benchmarks/bench_distributed.py [--out docs/distributed.md] [--quick]
 Prints a markdown section; with --out, replaces that section of the file (or appends it).
@@ -51,25 +52,28 @@ def rank_main(rank: int, init: str, quick: bool, out_file: str) -> None:
     results = []
     for nbytes in SIZES:
         numel = nbytes // 4
-        tensors = {"cpu": torch.zeros(numel), "tpu": torch.zeros(numel, device="tpu")}
+        # "ctl" is a second CPU tensor over the same Gloo: Gloo against itself, the noise floor.
+        tensors = {"cpu": torch.zeros(numel), "tpu": torch.zeros(numel, device="tpu"),
+                   "ctl": torch.zeros(numel)}
         iters = iters_for(nbytes, quick)
         for t in tensors.values():  # warm up: connections, programs, host blocks
             for _ in range(2):
                 dist.all_reduce(t)
         torch.tpu.synchronize()
-        times = {"cpu": [], "tpu": []}
+        times = {"cpu": [], "tpu": [], "ctl": []}
         dist.barrier()
-        # One call of each kind in turn (which goes first alternates): load from other
-        # processes on a shared machine comes in bursts, and fine interleaving spreads them
-        # over both kinds alike.
+        # One call of each kind in turn (the order rotates): load from other processes on a
+        # shared machine comes in bursts, and fine interleaving spreads them over all kinds.
+        orders = (("cpu", "tpu", "ctl"), ("tpu", "ctl", "cpu"), ("ctl", "cpu", "tpu"))
         for i in range(rounds * iters):
-            for kind in (("cpu", "tpu") if i % 2 == 0 else ("tpu", "cpu")):
+            for kind in orders[i % 3]:
                 t = tensors[kind]
                 t0 = time.perf_counter()
                 dist.all_reduce(t)  # synchronous: returns once the result is written
                 times[kind].append(time.perf_counter() - t0)
         results.append((nbytes, statistics.fmean(times["cpu"]), statistics.fmean(times["tpu"]),
-                        statistics.median(times["cpu"]), statistics.median(times["tpu"])))
+                        statistics.median(times["cpu"]), statistics.median(times["tpu"]),
+                        statistics.fmean(times["ctl"]), statistics.median(times["ctl"])))
     if rank == 0:
         with open(out_file, "w") as f:
             for row in results:
@@ -103,15 +107,17 @@ def main(argv=None) -> str:
         f"{load[2]:.1f}). Synchronous `all_reduce(SUM)` of one float32 tensor, CPU and tpu calls "
         f"alternating one by one, {3 if args.quick else 11} x 3 to 50 calls of each per size; "
         "time = mean per call, bus bandwidth = bytes x 2(n-1)/n / time, ratio = Gloo's time / "
-        "tpu_dist's (bandwidth ratio).",
+        "tpu_dist's (bandwidth ratio). The control is the same Gloo call on a second CPU tensor "
+        "in the same rotation: how far noise alone moves a ratio.",
         "",
-        "| size | Gloo, CPU tensors (ms) | tpu_dist, tpu tensors (ms) | Gloo bus GB/s | tpu_dist bus GB/s | tpu / Gloo | tpu / Gloo, medians |",
-        "|---:|---:|---:|---:|---:|---:|---:|",
+        "| size | Gloo, CPU tensors (ms) | tpu_dist, tpu tensors (ms) | Gloo bus GB/s | tpu_dist bus GB/s | tpu / Gloo | tpu / Gloo, medians | control: Gloo / Gloo, means, medians |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for nbytes, c, t, cm, tm in rows:
+    for nbytes, c, t, cm, tm, k, km in rows:
         n = int(nbytes)
         lines.append(f"| {human(n)} | {c * 1e3:.3f} | {t * 1e3:.3f} | {bus_gbps(n, c):.2f} | "
-                     f"{bus_gbps(n, t):.2f} | {c / t:.2f} | {cm / tm:.2f} |")
+                     f"{bus_gbps(n, t):.2f} | {c / t:.2f} | {cm / tm:.2f} | "
+                     f"{c / k:.2f}, {cm / km:.2f} |")
     lines += [
         "",
         "The tpu column includes everything a caller waits for: the device-to-host copy into a "
