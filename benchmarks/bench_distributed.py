@@ -121,8 +121,10 @@ def main(argv=None) -> str:
     lines += [
         "",
         "The tpu column includes everything a caller waits for: the device-to-host copy into a "
-        "pooled host block, Gloo's all_reduce on it, and the result becoming the tensor's "
-        "device buffer (on the CPU plugin the block itself becomes the buffer: no copy back).",
+        "pooled host block, the fingerprint exchange that checks the call across ranks (one "
+        "small Gloo allgather, overlapping the copy), Gloo's all_reduce on the block, and the "
+        "result becoming the tensor's device buffer (on the CPU plugin the block itself becomes "
+        "the buffer: no copy back).",
         END,
     ]
     text = "\n".join(lines) + "\n"
