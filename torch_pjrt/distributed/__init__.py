@@ -22,6 +22,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
+
 import torch
 
 __all__ = ["BACKEND", "ALIASES", "local_device", "stats"]
