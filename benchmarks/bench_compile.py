@@ -23,6 +23,8 @@ import torch
 import torch_pjrt  # noqa: F401  (autoload does this too; explicit for a plain checkout)
 from torch_pjrt import _models
 
+from markdown_section import write_section  # benchmarks/ is the script's directory
+
 TPU = torch.device("tpu")
 BEGIN, END = "<!-- bench_compile: begin -->", "<!-- bench_compile: end -->"
 
@@ -273,14 +275,7 @@ def main(argv=None) -> str:
     report = "\n".join(lines)
     print(report)
     if args.out:
-        old = open(args.out).read() if os.path.exists(args.out) else ""
-        if BEGIN in old and END in old:
-            head, rest = old.split(BEGIN, 1)
-            new = head + report.rstrip("\n") + rest.split(END, 1)[1]
-        else:
-            new = old.rstrip("\n") + "\n\n" + report
-        with open(args.out, "w") as f:
-            f.write(new)
+        write_section(args.out, BEGIN, END, report)
     return report
 
 

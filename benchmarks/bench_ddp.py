@@ -18,6 +18,8 @@ import subprocess
 import sys
 import time
 
+from markdown_section import write_section  # benchmarks/ is the script's directory
+
 BEGIN, END = "<!-- bench_ddp: begin -->", "<!-- bench_ddp: end -->"
 STEPS, WARMUP, BATCH, BLOCK = 20, 5, 8, 32
 
@@ -97,14 +99,7 @@ def main() -> None:
     report = "\n".join(lines)
     print(report)
     if args.out:
-        old = open(args.out).read() if os.path.exists(args.out) else ""
-        if BEGIN in old and END in old:
-            head, rest = old.split(BEGIN, 1)
-            new = head + report.rstrip("\n") + rest.split(END, 1)[1]
-        else:
-            new = old.rstrip("\n") + "\n\n" + report
-        with open(args.out, "w") as f:
-            f.write(new)
+        write_section(args.out, BEGIN, END, report)
 
 
 if __name__ == "__main__":

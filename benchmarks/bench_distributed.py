@@ -29,6 +29,8 @@ import torch.multiprocessing as mp
 
 import torch_pjrt  # noqa: F401  (autoload does this too; explicit for a plain checkout)
 
+from markdown_section import write_section  # benchmarks/ is the script's directory
+
 BEGIN = "<!-- bench_distributed: begin -->"
 END = "<!-- bench_distributed: end -->"
 WORLD = 2
@@ -130,19 +132,7 @@ def main(argv=None) -> str:
     text = "\n".join(lines) + "\n"
     print(text)
     if args.out:
-        try:
-            with open(args.out) as f:
-                doc = f.read()
-        except FileNotFoundError:
-            doc = ""
-        if BEGIN in doc and END in doc:
-            head, rest = doc.split(BEGIN, 1)
-            tail = rest.split(END, 1)[1].lstrip("\n")
-            doc = head + text + ("\n" + tail if tail else "")
-        else:
-            doc = doc.rstrip("\n") + ("\n\n" if doc else "") + text
-        with open(args.out, "w") as f:
-            f.write(doc)
+        write_section(args.out, BEGIN, END, text)
     return text
 
 

@@ -34,6 +34,8 @@ import tempfile
 import time
 from pathlib import Path
 
+from markdown_section import write_section  # benchmarks/ is the script's directory
+
 ROOT = Path(__file__).resolve().parents[1]
 MODELS = ROOT / "torch_pjrt" / "_models.py"
 PROJECT_PYTHON = ROOT / ".venv" / "bin" / "python"
@@ -312,17 +314,6 @@ def report(results: dict, steps: int, warmup: int, install_s: float, venv: Path)
     return "\n".join(lines)
 
 
-def write_section(path: str, section: str) -> None:
-    old = open(path).read() if os.path.exists(path) else ""
-    if BEGIN in old and END in old:
-        head, rest = old.split(BEGIN, 1)
-        new = head + section.rstrip("\n") + rest.split(END, 1)[1]
-    else:
-        new = (old.rstrip("\n") + "\n\n" if old.strip() else "") + section
-    with open(path, "w") as f:
-        f.write(new)
-
-
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", help="replace (or append) this section in the markdown file")
@@ -364,7 +355,7 @@ def main(argv=None) -> str:
     print(section)
     print(f"# total {time.perf_counter() - t_all:.0f} s (install {install_s:.0f} s)")
     if args.out:
-        write_section(args.out, section)
+        write_section(args.out, BEGIN, END, section)
     return section
 
 
