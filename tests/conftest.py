@@ -12,6 +12,8 @@
 - ``mode``: a fixture running a test once per eager mode (process default).
 - ``grad_mismatches``: every parameter's gradient of a tpu model against its CPU twin (training
   tests compare gradients, not only losses: a loss can match while a gradient is wrong).
+- ``metrics``/``delta``: torch.tpu.metrics() snapshots and what changed between two.
+- ``fresh_dynamo``: a fixture resetting Dynamo (and its counters) around a test.
 - ``run_python``: code in a fresh interpreter (registration, autoload and device counts are once
   per process).
 """
@@ -111,6 +113,29 @@ def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
         [sys.executable, "-c", textwrap.dedent(code)],
         capture_output=True, text=True, env={**os.environ, **env}, timeout=300,
     )
+
+
+def metrics() -> dict:
+    """torch.tpu.metrics() as a plain dict."""
+    return dict(torch.tpu.metrics())
+
+
+def delta(before: dict, after: dict) -> dict:
+    """The metrics that changed between two metrics() snapshots, by how much."""
+    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
+
+
+@pytest.fixture
+def fresh_dynamo():
+    """Dynamo without earlier graphs before and after the test; its counters (which reset()
+    keeps) cleared too. Compile test modules use it with pytest.mark.usefixtures."""
+    from torch._dynamo.utils import counters
+
+    torch._dynamo.reset()
+    counters.clear()
+    yield
+    torch._dynamo.reset()
+    counters.clear()
 
 
 def tie_groups(model: torch.nn.Module) -> list[list[str]]:

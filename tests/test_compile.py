@@ -12,25 +12,13 @@ import torch
 import torch._dynamo
 import torch.nn.functional as F
 
-from conftest import grad_mismatches, run_python
+from conftest import delta, grad_mismatches, metrics, run_python
 from torch_pjrt import _models
 
 TPU = torch.device("tpu")
 
 
-def metrics() -> dict:
-    return dict(torch.tpu.metrics())
-
-
-def delta(before: dict, after: dict) -> dict:
-    return {k: after[k] - before[k] for k in after if after[k] != before[k]}
-
-
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 # ---- training: the whole step (forward, backward, optimizer) compiled ----

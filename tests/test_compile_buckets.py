@@ -19,12 +19,7 @@ TPU = torch.device("tpu")
 VOCAB = 20
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    torch._dynamo.utils.counters.clear()  # reset() keeps the graph counts
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def captures() -> int:

@@ -13,12 +13,7 @@ from torch._dynamo.utils import counters
 TPU = torch.device("tpu")
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def f(x, w):

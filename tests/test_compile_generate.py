@@ -40,13 +40,7 @@ RTOL, ATOL = 1e-4, 1e-5
 PAD = 0
 
 
-@pytest.fixture(autouse=True)
-def fresh_dynamo():
-    torch._dynamo.reset()
-    counters.clear()
-    yield
-    torch._dynamo.reset()
-    counters.clear()
+pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 
 
 def make_model(name: str) -> torch.nn.Module:
