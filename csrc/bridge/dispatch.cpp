@@ -553,6 +553,10 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
         b.run();
         for (const at::Tensor& d : dests)
           if (pj_storage_t* s = storage_of(d); s && s->buf) check(pj_buffer_await(s->buf));
+        // A ready output buffer does not mean the execution's completion event has been
+        // delivered (its callback runs on a plugin thread): wait for the device's tracked
+        // executions too, so nothing is in flight when the op returns.
+        for (const at::Tensor& d : dests) check(pj_stream_synchronize(d.device().index()));
       } catch (const c10::Error& e) {
         TORCH_CHECK(false, "tpu debug mode: ", schema.operator_name(), " failed on inputs ",
                     describe_inputs(args), python_line(), ": ", e.what_without_backtrace());
