@@ -121,6 +121,51 @@ def _lstsq_out_meta(a, b, rcond=None, *, driver=None, solution, residuals, rank,
     return solution, residuals, rank, singular_values
 
 
+def _rnn_cell_check(op, input_gates, hidden_gates, input_bias, hidden_bias, factor, prev):
+    # the checks of PyTorch's CUDA kernels; PyTorch's own Python meta for the LSTM cell reads
+    # .device of the optional biases and fails on None (bias=False modules)
+    torch._check(input_gates.dim() == 2, lambda: f"{op}: input_gates must be 2-D")
+    torch._check(input_gates.shape == hidden_gates.shape, lambda: (
+        f"{op}: input_gates {tuple(input_gates.shape)} and hidden_gates "
+        f"{tuple(hidden_gates.shape)} differ"))
+    torch._check((input_bias is None) == (hidden_bias is None),
+                 lambda: f"{op}: input_bias and hidden_bias must both be given or both be None")
+    if input_bias is not None:
+        torch._check(input_bias.dim() == 1 and input_bias.shape == hidden_bias.shape and
+                     input_bias.numel() == input_gates.size(1),
+                     lambda: f"{op}: the biases must be 1-D with {input_gates.size(1)} elements")
+    torch._check(prev.dim() == 2 and input_gates.size(1) % factor == 0 and
+                 prev.numel() == input_gates.size(0) * input_gates.size(1) // factor,
+                 lambda: f"{op}: the state must be [{input_gates.size(0)}, "
+                         f"{input_gates.size(1) // factor}]")
+
+
+def _lstm_cell_meta(input_gates, hidden_gates, cx, input_bias=None, hidden_bias=None):
+    _rnn_cell_check("_thnn_fused_lstm_cell", input_gates, hidden_gates, input_bias, hidden_bias,
+                    4, cx)
+    return (cx.new_empty(cx.shape), cx.new_empty(cx.shape),
+            input_gates.new_empty(input_gates.shape))  # workspace: the 4 activated gates
+
+
+def _gru_cell_meta(input_gates, hidden_gates, hx, input_bias=None, hidden_bias=None):
+    _rnn_cell_check("_thnn_fused_gru_cell", input_gates, hidden_gates, input_bias, hidden_bias,
+                    3, hx)
+    # workspace [B, 5H]: r, z, n, hx and the hidden side's n pre-activation (csrc/ops/rnn.c)
+    return hx.new_empty(hx.shape), input_gates.new_empty((hx.size(0), 5 * hx.size(1)))
+
+
+def _gru_cell_backward_meta(grad_hy, workspace, has_bias):
+    torch._check(grad_hy.dim() == 2 and workspace.dim() == 2 and
+                 workspace.shape == (grad_hy.size(0), 5 * grad_hy.size(1)),
+                 lambda: "_thnn_fused_gru_cell_backward: workspace must be [B, 5 * H] for "
+                         "grad_hy [B, H]")
+    b, h = grad_hy.shape
+    gates = (grad_hy.new_empty((b, 3 * h)), grad_hy.new_empty((b, 3 * h)),
+             grad_hy.new_empty((b, h)))
+    bias = (grad_hy.new_empty((3 * h,)), grad_hy.new_empty((3 * h,))) if has_bias else (None, None)
+    return gates + bias
+
+
 def _register_missing_meta(has_kernel) -> None:
     """Meta kernels for lowered ops that PyTorch ships without one (output shapes only): the
     bridge takes result shapes from Meta and would otherwise run them on the CPU."""
@@ -128,3 +173,10 @@ def _register_missing_meta(has_kernel) -> None:
         _LIB.impl("geqrf", _geqrf_meta, "Meta")
     if not has_kernel("aten::linalg_lstsq.out", "Meta"):
         _LIB.impl("linalg_lstsq.out", _lstsq_out_meta, "Meta")
+    # the fused RNN cells (lowered in csrc/ops/rnn.c): PyTorch has no Meta kernel for the GRU
+    # ones, and its LSTM one rejects the None biases of bias=False modules, so ours replaces it
+    _LIB.impl("_thnn_fused_lstm_cell", _lstm_cell_meta, "Meta")
+    if not has_kernel("aten::_thnn_fused_gru_cell", "Meta"):
+        _LIB.impl("_thnn_fused_gru_cell", _gru_cell_meta, "Meta")
+    if not has_kernel("aten::_thnn_fused_gru_cell_backward", "Meta"):
+        _LIB.impl("_thnn_fused_gru_cell_backward", _gru_cell_backward_meta, "Meta")

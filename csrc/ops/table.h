@@ -24,6 +24,7 @@ typedef struct {
   X(foreach)           \
   X(special)           \
   X(select)            \
+  X(rnn)               \
   X(fft)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];
