@@ -261,22 +261,51 @@ static pj_val_t conv_tr(pj_lower_t *L, pj_val_t x, pj_val_t w, const conv_geom_t
 }
 
 /* Weight gradient of conv_fwd: x [N, C, sp], go [N, O, osp] -> [O, C/g, k]. The batch is
- * contracted (it is the convolution's feature dim), the window walks x with the dilation as
- * stride, and groups pair slices of x's channels with groups of go's channels
- * (batch_group_count). */
+ * contracted, so it is the convolution's feature dim; the window walks x with the dilation
+ * as stride and go's spatial dims (dilated by the stride) as the kernel.
+ *
+ * Groups are a feature_group_count, not a batch_group_count: x's features become
+ * (group, batch) pairs, [G*N, C/g, sp] with the group major, and go read as an "io" kernel
+ * [N, O, osp] already pairs its output features group by group, so the result's batch is
+ * C/g and its features O. XLA's CPU compiler rewrites a batch_group_count convolution into a
+ * dense one over all C channels with a mask (time and memory ~ C^2 for a depthwise conv);
+ * feature groups it runs as they are, so this costs what the forward does (linear in C).
+ * With G == 1 the relayout is the identity and is skipped. */
 static pj_val_t conv_wgrad(pj_lower_t *L, pj_val_t x, pj_val_t go, const int64_t *k,
                            const conv_geom_t *g, pj_dtype_t ct) {
   if (x.id < 0 || go.id < 0) return kBad;
-  conv_spec_t s = spec_init(g->nsp, "fb", "io", "fb");
-  for (int i = 0; i < g->nsp; i++) {
+  int nsp = g->nsp;
+  int64_t G = g->groups, N = x.t.dims[0], cg = x.t.dims[1] / G;
+  pj_val_t lhs = conv_operand(L, x, ct);
+  if (G > 1) {
+    int64_t d4[PJ_MAX_RANK], perm[PJ_MAX_RANK], d3[PJ_MAX_RANK];
+    d4[0] = N;
+    d4[1] = G;
+    d4[2] = cg;
+    perm[0] = 1;
+    perm[1] = 0;
+    perm[2] = 2;
+    d3[0] = G * N;
+    d3[1] = cg;
+    for (int i = 0; i < nsp; i++) {
+      d4[3 + i] = x.t.dims[2 + i];
+      perm[3 + i] = 3 + i;
+      d3[2 + i] = x.t.dims[2 + i];
+    }
+    lhs = pj_reshape(H, lhs, 3 + nsp, d4);
+    lhs = pj_transpose(H, lhs, perm);
+    lhs = pj_reshape(H, lhs, 2 + nsp, d3);
+  }
+  conv_spec_t s = spec_init(nsp, "fb", "io", "fb");
+  for (int i = 0; i < nsp; i++) {
     int64_t in = x.t.dims[2 + i], on = go.t.dims[2 + i];
     s.stride[i] = g->dil[i];
     s.rhs_dil[i] = g->stride[i];
     s.lo[i] = g->pad[i];
     s.hi[i] = g->dil[i] * (k[i] - 1) + g->stride[i] * (on - 1) + 1 - in - g->pad[i];
   }
-  s.bgc = g->groups;
-  return conv_emit(L, conv_operand(L, x, ct), conv_operand(L, go, ct), s, ct);
+  s.fgc = G;
+  return conv_emit(L, lhs, conv_operand(L, go, ct), s, ct);
 }
 
 static bool conv_geometry(pj_lower_t *L, int nsp, conv_geom_t *g) {
