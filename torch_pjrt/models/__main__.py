@@ -1,0 +1,83 @@
+"""CLI: `python -m torch_pjrt.models [run options]`, `... report`, `... list`, `... worker`."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+from . import zoos  # noqa: E402
+
+DEFAULT_DIR = os.path.join("docs", "models")
+
+
+def _default_out(zoo_list):
+    tag = zoo_list[0] if len(zoo_list) == 1 else "all"
+    return os.path.join(DEFAULT_DIR, f"results-{tag}.jsonl")
+
+
+def main(argv=None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv[:1] == ["worker"]:
+        p = argparse.ArgumentParser(prog="python -m torch_pjrt.models worker")
+        p.add_argument("--eager-mode", default="strict")
+        a = p.parse_args(argv[1:])
+        from .runner import serve
+        serve(a.eager_mode)
+        return 0
+    if argv[:1] == ["report"]:
+        p = argparse.ArgumentParser(prog="python -m torch_pjrt.models report",
+                                    description="writes the markdown report from JSONL results")
+        p.add_argument("results", nargs="*", help=f"JSONL files (default {DEFAULT_DIR}/results-*.jsonl)")
+        p.add_argument("-o", "--output", default=os.path.join("docs", "models.md"))
+        a = p.parse_args(argv[1:])
+        from .report import write_report
+        path = write_report(a.results or None, a.output)
+        print(f"wrote {path}")
+        return 0
+    cmd_list = argv[:1] == ["list"]
+    if argv[:1] in (["run"], ["list"]):
+        argv = argv[1:]
+    p = argparse.ArgumentParser(prog="python -m torch_pjrt.models",
+                                description="runs models on CPU and tpu and compares them")
+    p.add_argument("--zoo", action="append", choices=sorted(zoos.ZOOS),
+                   help="zoo to run (repeatable; default: all)")
+    p.add_argument("-k", action="append", default=[], metavar="SUBSTR",
+                   help="only models whose 'zoo/name' contains SUBSTR (repeatable: any)")
+    p.add_argument("-j", "--jobs", type=int, default=2, help="parallel workers (default 2)")
+    p.add_argument("--limit", type=int, default=0, help="at most this many models")
+    p.add_argument("--resume", action="store_true", help="skip models already in the output file")
+    p.add_argument("--timeout", type=float, default=300.0, help="seconds per model (default 300)")
+    p.add_argument("--per-worker", type=int, default=25,
+                   help="models a worker process runs before a fresh one replaces it")
+    p.add_argument("--eager-mode", default="strict", choices=("strict", "debug", "defer_and_fuse"))
+    p.add_argument("--out", help="JSONL file (default docs/models/results-<zoo>.jsonl)")
+    a = p.parse_args(argv)
+    zoo_list = a.zoo or list(zoos.ZOOS)
+    todo = zoos.select(zoo_list, a.k, 0)
+    if cmd_list:
+        for z, n in todo[: a.limit or None]:
+            print(f"{z}/{n}")
+        return 0
+    out = a.out or _default_out(zoo_list)
+    if a.resume:
+        from .runner import load_records
+        done = {(r["zoo"], r["name"]) for r in load_records(out)}
+        todo = [t for t in todo if t not in done]
+    if a.limit:
+        todo = todo[: a.limit]
+    from .runner import run_all
+    print(f"{len(todo)} models -> {out} ({a.jobs} workers, {a.timeout:.0f} s each)", flush=True)
+    recs = run_all(todo, out, jobs=a.jobs, timeout=a.timeout, per_worker=a.per_worker,
+                   eager_mode=a.eager_mode, progress=lambda s: print(s, flush=True))
+    counts = {}
+    for r in recs:
+        counts[r["status"]] = counts.get(r["status"], 0) + 1
+    print("summary: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())), flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

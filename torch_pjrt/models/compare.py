@@ -1,0 +1,466 @@
+"""One model, run on CPU and on tpu, compared: the eval-mode forward pass, one training step (loss,
+backward, SGD step: the loss, every parameter's gradient and every updated parameter), and, where
+the zoo asks for it, greedy `generate()` or a pipeline run.
+
+A zoo describes a model as a `Case`; `run_case` turns it into one result record (a dict that
+becomes a JSONL line). Statuses, worst first:
+
+- ``error``: the tpu side raised (exception type and first line, the phase, where it was raised).
+- ``mismatch``: tpu ran but a tensor differs from CPU beyond the tolerances below (the worst
+  tensor by its error over the allowed error, with its largest absolute error).
+- ``fallback``: values match but some aten ops ran on CPU through the fallback (their names and
+  counts: torch.tpu.fallback_ops()).
+- ``pass``: every compared tensor within tolerance, no fallback.
+- ``skipped``: not a tpu result: CPU itself fails, inputs cannot be synthesized, the model is too
+  large for this machine, or the zoo does not import (the reason says which).
+
+The CPU model is built once under a fixed seed and deep-copied to tpu, so both start from the same
+weights; inputs come from a seeded CPU generator and are copied. Dropout-like randomness is
+switched off (configs are built with zero dropout; `quiet_randomness` also zeroes any dropout or
+drop-path module left), so both devices compute the same function in train mode.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import time
+import traceback
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import torch
+
+# Float32 tolerances, elementwise: |tpu - cpu| <= atol + rtol * |cpu|. Gradients use an absolute
+# tolerance scaled by the tensor's largest CPU magnitude (at least 1): a gradient is a sum over
+# the batch and the layers above it, so its small elements carry the rounding of its large ones.
+TOLERANCES = {
+    "output": dict(rtol=1e-4, atol=1e-4, scaled=False),
+    "loss": dict(rtol=1e-4, atol=1e-5, scaled=False),
+    "grad": dict(rtol=1e-3, atol=1e-4, scaled=True),
+    "param": dict(rtol=1e-4, atol=1e-5, scaled=True),
+    # a few denoising steps compound rounding: the pipeline's image gets a looser bound
+    "pipeline": dict(rtol=1e-3, atol=1e-3, scaled=False),
+}
+SGD_LR = 0.01
+SEED = 0
+INPUT_SEED = 1
+
+
+class Skip(Exception):
+    """The model cannot be tested here (the message says why); not a tpu failure."""
+
+
+@dataclasses.dataclass
+class Case:
+    """What a zoo knows about one model.
+
+    build: makes the CPU model (called under torch.manual_seed(SEED)); may raise Skip.
+    inputs: gen -> keyword arguments for the eval forward pass (CPU tensors).
+    train_inputs: gen -> keyword arguments for the training step (default: `inputs`); may include
+      labels so the model computes its own loss.
+    loss: output -> scalar loss; default: the output's `.loss` when it has one, else a fixed random
+      projection of every floating output (so each output element gets its own gradient).
+    generate: keyword arguments for `model.generate(**inputs, **generate)` (greedy), or None.
+    pipeline: device -> {name: tensor}: a whole pipeline run on that device (built from the same
+      seed inside), compared under the "pipeline" tolerance; replaces forward/train when set.
+    """
+    zoo: str
+    name: str
+    build: Optional[Callable[[], torch.nn.Module]] = None
+    inputs: Optional[Callable[[torch.Generator], Dict[str, Any]]] = None
+    train_inputs: Optional[Callable[[torch.Generator], Dict[str, Any]]] = None
+    loss: Optional[Callable[[Any], torch.Tensor]] = None
+    generate: Optional[Dict[str, Any]] = None
+    pipeline: Optional[Callable[[torch.device], Dict[str, torch.Tensor]]] = None
+    info: Dict[str, Any] = dataclasses.field(default_factory=dict)
+
+
+# --- helpers -------------------------------------------------------------------------------------
+
+
+def first_line(e: BaseException) -> str:
+    msg = str(e).strip()
+    line = msg.splitlines()[0] if msg else ""
+    return f"{type(e).__name__}: {line}"[:400]
+
+
+def where(e: BaseException) -> str:
+    """The innermost frame of the traceback outside this harness: file (from site-packages or the
+    package root on) and line, so reports can group errors by where they were raised."""
+    frames = traceback.extract_tb(e.__traceback__)
+    for fr in reversed(frames):
+        if "/torch_pjrt/models/" in fr.filename:
+            continue
+        name = fr.filename
+        for marker in ("site-packages/", "/torch_pjrt/"):
+            if marker in name:
+                name = name.split(marker, 1)[1]
+                if marker == "/torch_pjrt/":
+                    name = "torch_pjrt/" + name
+                break
+        return f"{name}:{fr.lineno} ({fr.name})"
+    return ""
+
+
+def flatten(obj: Any, prefix: str = "out") -> List[Tuple[str, torch.Tensor]]:
+    """Every tensor in a (nested) model output, with a path naming it. Caches and other objects
+    that are not tensors, mappings or sequences are left out."""
+    items: List[Tuple[str, torch.Tensor]] = []
+    if isinstance(obj, torch.Tensor):
+        items.append((prefix, obj))
+    elif isinstance(obj, dict):  # ModelOutput is an OrderedDict
+        for k, v in obj.items():
+            items += flatten(v, f"{prefix}.{k}")
+    elif isinstance(obj, (list, tuple)):
+        for i, v in enumerate(obj):
+            items += flatten(v, f"{prefix}[{i}]")
+    elif hasattr(obj, "sample") and isinstance(getattr(obj, "sample"), torch.Tensor):
+        items.append((f"{prefix}.sample", obj.sample))  # diffusers outputs (dataclasses)
+    return items
+
+
+def to_device(obj: Any, device: torch.device) -> Any:
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def quiet_randomness(model: torch.nn.Module) -> None:
+    """Zero every dropout probability and drop-path rate left in the modules (configs already ask
+    for none; some layers take theirs from elsewhere)."""
+    for m in model.modules():
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
+            m.p = 0.0
+        for attr in ("drop_prob", "drop_path_prob", "dropout_prob"):
+            if isinstance(getattr(m, attr, None), float):
+                setattr(m, attr, 0.0)
+
+
+@dataclasses.dataclass
+class Diff:
+    name: str
+    ratio: float  # largest |tpu - cpu| / allowed over the elements (inf: NaN/shape/dtype problem)
+    max_abs: float
+    note: str = ""
+
+    def as_dict(self) -> dict:
+        r = {"tensor": self.name, "max_abs_err": _num(self.max_abs), "err_over_tol": _num(self.ratio)}
+        if self.note:
+            r["note"] = self.note
+        return r
+
+
+def _num(x: float):
+    return x if math.isfinite(x) else str(x)
+
+
+def diff(name: str, cpu: torch.Tensor, tpu: torch.Tensor, kind: str) -> Diff:
+    tol = TOLERANCES[kind]
+    t = tpu.detach().cpu()
+    c = cpu.detach()
+    if t.shape != c.shape:
+        return Diff(name, math.inf, math.inf, f"shape tpu {tuple(t.shape)} cpu {tuple(c.shape)}")
+    if t.dtype != c.dtype:
+        return Diff(name, math.inf, math.inf, f"dtype tpu {t.dtype} cpu {c.dtype}")
+    if c.numel() == 0:
+        return Diff(name, 0.0, 0.0)
+    if not (c.is_floating_point() or c.is_complex()):
+        bad = int((t != c).sum())
+        return Diff(name, math.inf if bad else 0.0, float(bad), f"{bad} elements differ" if bad else "")
+    if c.is_complex():
+        c, t = torch.view_as_real(c), torch.view_as_real(t)
+    c64, t64 = c.double(), t.double()
+    nan_c, nan_t = torch.isnan(c64), torch.isnan(t64)
+    if not torch.equal(nan_c, nan_t):
+        return Diff(name, math.inf, math.inf, f"NaN on {'tpu' if nan_t.sum() > nan_c.sum() else 'cpu'} "
+                    f"only ({int((nan_c != nan_t).sum())} elements)")
+    ok = ~nan_c
+    inf_c = torch.isinf(c64) & ok
+    if not torch.equal(c64[inf_c], t64[inf_c]) or bool(torch.isinf(t64[ok & ~inf_c]).any()):
+        return Diff(name, math.inf, math.inf, "inf differs")
+    fin = ok & ~inf_c
+    c64, t64 = c64[fin], t64[fin]
+    if c64.numel() == 0:
+        return Diff(name, 0.0, 0.0)
+    err = (t64 - c64).abs()
+    atol = tol["atol"] * (max(1.0, float(c64.abs().max())) if tol["scaled"] else 1.0)
+    allowed = atol + tol["rtol"] * c64.abs()
+    return Diff(name, float((err / allowed).max()), float(err.max()))
+
+
+def worst(diffs: List[Diff]) -> Optional[Diff]:
+    return max(diffs, key=lambda d: d.ratio) if diffs else None
+
+
+def projection_loss(out: Any) -> torch.Tensor:
+    """sum over floating outputs of <output, W>, W a fixed random tensor per output (drawn on CPU
+    from a seeded generator, so both devices use the same W), scaled by 1/numel."""
+    total = None
+    gen = torch.Generator().manual_seed(1234)
+    for _, t in flatten(out):
+        if not t.is_floating_point() or not t.requires_grad:
+            continue
+        w = torch.randn(t.shape, generator=gen, dtype=torch.float32).to(t.device, t.dtype)
+        term = (t * w).sum() / max(1, t.numel())
+        total = term if total is None else total + term
+    if total is None:
+        raise Skip("no floating output that requires grad: nothing to train")
+    return total
+
+
+def default_loss(out: Any) -> torch.Tensor:
+    loss = getattr(out, "loss", None)
+    if isinstance(loss, torch.Tensor) and loss.requires_grad:
+        return loss
+    if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor) and out["loss"].requires_grad:
+        return out["loss"]
+    return projection_loss(out)
+
+
+class FallbackWatch:
+    """CPU fallbacks during a with-block: the ops (with counts) that fell back."""
+
+    def __init__(self, into: List["FallbackWatch"]):
+        into.append(self)  # listed before the block runs, so an error inside still reports it
+        self.ops: Dict[str, int] = {}
+        self.count = 0
+
+    def __enter__(self):
+        self.before = dict(torch.tpu.fallback_ops())
+        self.count0 = int(torch.tpu.metrics()["cpu_fallbacks"])
+        return self
+
+    def __exit__(self, *exc):
+        self.ops = {k: v - self.before.get(k, 0) for k, v in torch.tpu.fallback_ops().items()
+                    if v != self.before.get(k, 0)}
+        self.count = int(torch.tpu.metrics()["cpu_fallbacks"]) - self.count0
+        return False
+
+
+# --- the run -------------------------------------------------------------------------------------
+
+
+class _TpuError(Exception):
+    def __init__(self, phase: str, exc: BaseException):
+        super().__init__(phase)
+        self.phase, self.exc = phase, exc
+
+
+def _on_cpu(phase: str, fn: Callable[[], Any]) -> Any:
+    try:
+        return fn()
+    except Skip:
+        raise
+    except Exception as e:  # the model or its inputs fail on CPU: not a tpu result
+        raise Skip(f"CPU fails ({phase}): {first_line(e)}") from e
+
+
+def _on_tpu(phase: str, fn: Callable[[], Any]) -> Any:
+    try:
+        out = fn()
+        torch.tpu.synchronize()
+        return out
+    except Exception as e:
+        raise _TpuError(phase, e) from e
+
+
+def _seeded_inputs(fn: Callable[[torch.Generator], Dict[str, Any]]) -> Dict[str, Any]:
+    return fn(torch.Generator().manual_seed(INPUT_SEED))
+
+
+def _param_grads(model: torch.nn.Module) -> Dict[str, Optional[torch.Tensor]]:
+    return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
+
+
+def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch]) -> List[Diff]:
+    tpu_dev = torch.device("tpu")
+    torch.manual_seed(SEED)
+    cpu = _on_cpu("build", case.build)
+    cpu = cpu.float()
+    quiet_randomness(cpu)
+    rec["params"] = sum(p.numel() for p in cpu.parameters())
+    try:
+        tpu_model = copy.deepcopy(cpu)
+    except Exception:  # some modules hold objects deepcopy refuses; rebuild from the same seed
+        torch.manual_seed(SEED)
+        tpu_model = case.build().float()
+        quiet_randomness(tpu_model)
+    inputs = _on_cpu("inputs", lambda: _seeded_inputs(case.inputs))
+    diffs: List[Diff] = []
+    phases = rec["phases"]
+
+    # eval forward
+    cpu.eval()
+    with torch.no_grad():
+        out_c = _on_cpu("forward", lambda: cpu(**inputs))
+    ref = flatten(out_c)
+    if not ref:
+        raise Skip("the forward pass returns no tensor to compare")
+    with FallbackWatch(watch):
+        tpu_model = _on_tpu("to(tpu)", lambda: tpu_model.to(tpu_dev))
+        tpu_model.eval()
+        with torch.no_grad():
+            out_t = _on_tpu("forward", lambda: tpu_model(**to_device(inputs, tpu_dev)))
+    got = dict(flatten(out_t))
+    fwd = []
+    for name, c in ref:
+        if name not in got:
+            fwd.append(Diff(name, math.inf, math.inf, "missing from the tpu output"))
+        else:
+            fwd.append(diff(name, c, got[name], "output"))
+    diffs += fwd
+    phases["forward"] = _phase_status(fwd)
+    del out_t, got
+
+    # one training step
+    trainable = [p for p in cpu.parameters() if p.requires_grad]
+    if not trainable:
+        phases["train"] = "skipped: no trainable parameter"
+    else:
+        train_inputs = _seeded_inputs(case.train_inputs or case.inputs)
+        loss_fn = case.loss or default_loss
+        cpu.train()
+        opt_c = torch.optim.SGD(cpu.parameters(), lr=SGD_LR)
+
+        def cpu_step():
+            opt_c.zero_grad(set_to_none=True)
+            loss = loss_fn(cpu(**train_inputs))
+            loss.backward()
+            return loss
+
+        try:
+            loss_c = _on_cpu("train", cpu_step)
+        except Skip as s:
+            phases["train"] = f"skipped: {s}"
+            loss_c = None
+        if loss_c is not None:
+            grads_c = {n: (g.clone() if g is not None else None) for n, g in _param_grads(cpu).items()}
+            opt_c.step()
+            tpu_model.train()
+            opt_t = torch.optim.SGD(tpu_model.parameters(), lr=SGD_LR)
+
+            def tpu_step():
+                opt_t.zero_grad(set_to_none=True)
+                loss = loss_fn(tpu_model(**to_device(train_inputs, tpu_dev)))
+                loss.backward()
+                return loss
+
+            with FallbackWatch(watch):
+                loss_t = _on_tpu("train", tpu_step)
+                grads_t = _param_grads(tpu_model)
+                tr = [diff("loss", loss_c, loss_t, "loss")]
+                for n, gc in grads_c.items():
+                    gt = grads_t.get(n)
+                    if (gc is None) != (gt is None):
+                        tr.append(Diff(f"grad {n}", math.inf, math.inf,
+                                       f"gradient on {'tpu' if gc is None else 'cpu'} only"))
+                    elif gc is not None:
+                        tr.append(diff(f"grad {n}", gc, gt, "grad"))
+                _on_tpu("sgd step", opt_t.step)
+                params_t = dict(tpu_model.named_parameters())
+                for n, pc in cpu.named_parameters():
+                    if pc.requires_grad and n in params_t:
+                        tr.append(diff(f"param {n} after SGD", pc, params_t[n], "param"))
+            rec["loss_cpu"] = float(loss_c.detach())
+            diffs += tr
+            phases["train"] = _phase_status(tr)
+
+    # greedy generation
+    if case.generate is not None:
+        gen_inputs = _seeded_inputs(case.inputs)
+        cpu.eval()
+        tpu_model.eval()
+        try:
+            with torch.no_grad():
+                toks_c = _on_cpu("generate", lambda: cpu.generate(**gen_inputs, **case.generate))
+        except Skip as s:
+            phases["generate"] = f"skipped: {s}"
+        else:
+            with FallbackWatch(watch):
+                with torch.no_grad():
+                    toks_t = _on_tpu("generate", lambda: tpu_model.generate(
+                        **to_device(gen_inputs, tpu_dev), **case.generate))
+            toks_c = toks_c if isinstance(toks_c, torch.Tensor) else toks_c.sequences
+            toks_t = toks_t if isinstance(toks_t, torch.Tensor) else toks_t.sequences
+            g = [diff("generate tokens", toks_c, toks_t, "output")]
+            diffs += g
+            phases["generate"] = _phase_status(g)
+            rec["generated"] = toks_c.tolist()
+    return diffs
+
+
+def _pipeline(case: Case, rec: dict, watch: List[FallbackWatch]) -> List[Diff]:
+    ref = _on_cpu("pipeline", lambda: case.pipeline(torch.device("cpu")))
+    with FallbackWatch(watch):
+        got = _on_tpu("pipeline", lambda: case.pipeline(torch.device("tpu")))
+    diffs = [diff(k, v, got[k], "pipeline") if k in got else
+             Diff(k, math.inf, math.inf, "missing from the tpu run") for k, v in ref.items()]
+    rec["phases"]["pipeline"] = _phase_status(diffs)
+    return diffs
+
+
+def _phase_status(diffs: List[Diff]) -> str:
+    return "pass" if all(d.ratio <= 1.0 for d in diffs) else "mismatch"
+
+
+def run_case(case: Case) -> dict:
+    """Runs one case; never raises (except KeyboardInterrupt/SystemExit). The record:
+    zoo, name, status, reason, phases, worst (for mismatches), fallback_ops, params, seconds."""
+    t0 = time.time()
+    rec: Dict[str, Any] = {"zoo": case.zoo, "name": case.name, "status": None, "reason": "",
+                           "phases": {}, **({"info": case.info} if case.info else {})}
+    watch: List[FallbackWatch] = []
+    try:
+        diffs = _pipeline(case, rec, watch) if case.pipeline else _forward_and_train(case, rec, watch)
+        fallback_ops: Dict[str, int] = {}
+        for w in watch:
+            for k, v in w.ops.items():
+                fallback_ops[k] = fallback_ops.get(k, 0) + v
+        fallback_count = sum(w.count for w in watch)
+        if fallback_count and not fallback_ops:
+            fallback_ops = {"(unnamed)": fallback_count}
+        rec["fallback_ops"] = fallback_ops
+        bad = [d for d in diffs if d.ratio > 1.0]
+        rec["compared"] = len(diffs)
+        if bad:
+            wd = worst(bad)
+            rec["status"] = "mismatch"
+            rec["worst"] = wd.as_dict()
+            rec["mismatched"] = len(bad)
+            rec["mismatched_tensors"] = [d.name for d in sorted(bad, key=lambda d: -d.ratio)[:10]]
+            rec["reason"] = (f"{len(bad)}/{len(diffs)} tensors differ; worst {wd.name}: max abs err "
+                             f"{wd.max_abs:.3g}, {wd.ratio:.3g}x the tolerance"
+                             + (f" ({wd.note})" if wd.note else ""))
+        elif fallback_ops:
+            rec["status"] = "fallback"
+            rec["reason"] = "CPU fallback: " + ", ".join(sorted(fallback_ops))
+        else:
+            rec["status"] = "pass"
+        skipped = [f"{k} {v}" for k, v in rec["phases"].items() if v.startswith("skipped")]
+        if skipped and rec["status"] == "pass":
+            rec["reason"] = "; ".join(skipped)
+    except Skip as s:
+        rec["status"] = "skipped"
+        rec["reason"] = str(s)
+    except _TpuError as e:
+        rec["status"] = "error"
+        rec["phase"] = e.phase
+        rec["reason"] = first_line(e.exc)
+        rec["where"] = where(e.exc)
+        rec["phases"][e.phase] = "error"
+        ops: Dict[str, int] = {}
+        for w in watch:
+            for k, v in w.ops.items():
+                ops[k] = ops.get(k, 0) + v
+        rec["fallback_ops"] = ops
+    except Exception as e:  # a harness or zoo bug: still a record, named as such
+        rec["status"] = "error"
+        rec["phase"] = "harness"
+        rec["reason"] = first_line(e)
+        rec["where"] = where(e)
+    rec["seconds"] = round(time.time() - t0, 2)
+    return rec

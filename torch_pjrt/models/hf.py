@@ -1,0 +1,367 @@
+"""Hugging Face Transformers: every model type of the installed library, built from its default
+config shrunk to a tiny size, through the first auto class (in the order of TASKS) that builds on
+CPU and takes inputs we can synthesize.
+
+Shrinking is generic, by config attribute name (SHRINK_INT and the list rules in `_shrink_one`),
+recursing into sub-configs (text/vision/audio/encoder/decoder); OVERRIDES holds the few
+per-architecture corrections. Parameters are counted on the meta device before anything is
+allocated, so a config the rules failed to shrink is skipped as too large instead of filling
+memory. Nothing downloads: configs come from the library's defaults and HF_HUB_OFFLINE=1 is set.
+"""
+from __future__ import annotations
+
+import inspect
+import os
+from typing import Any, Dict, List, Optional, Tuple
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
+
+import torch  # noqa: E402
+
+from .compare import Case, Skip  # noqa: E402
+
+ZOO = "hf"
+MAX_PARAMS = 50_000_000
+BATCH, SEQ, DEC_SEQ = 2, 12, 6
+HIDDEN, INTER, LAYERS, HEADS, HEAD_DIM = 32, 64, 2, 2, 16
+VOCAB, POSITIONS, IMAGE = 256, 128, 64
+
+# (auto mapping in transformers.models.auto.modeling_auto, task); the first that works is used
+TASKS = [
+    ("MODEL_FOR_CAUSAL_LM_MAPPING_NAMES", "causal_lm"),
+    ("MODEL_FOR_SEQ_TO_SEQ_CAUSAL_LM_MAPPING_NAMES", "seq2seq"),
+    ("MODEL_FOR_MASKED_LM_MAPPING_NAMES", "masked_lm"),
+    ("MODEL_FOR_SPEECH_SEQ_2_SEQ_MAPPING_NAMES", "speech_seq2seq"),
+    ("MODEL_FOR_IMAGE_CLASSIFICATION_MAPPING_NAMES", "image_cls"),
+    ("MODEL_FOR_SEQUENCE_CLASSIFICATION_MAPPING_NAMES", "seq_cls"),
+    ("MODEL_FOR_AUDIO_CLASSIFICATION_MAPPING_NAMES", "audio_cls"),
+    ("MODEL_FOR_CTC_MAPPING_NAMES", "ctc"),
+    ("MODEL_MAPPING_NAMES", "base"),
+]
+
+# integer config attributes set to a small value (only ever made smaller)
+SHRINK_INT: Dict[str, int] = {}
+for _names, _value in (
+    (("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "embedding_size",
+      "projection_dim", "hidden_dim", "word_embed_proj_dim", "model_dim", "n_embed",
+      "encoder_hidden_size", "decoder_hidden_size", "d_inner_hid", "text_embed_dim",
+      "vision_embed_dim", "proj_dim", "output_hidden_size", "classifier_proj_size",
+      "hidden_size_per_layer_input", "conv_dim_out"), HIDDEN),
+    (("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
+      "ffn_hidden_size", "mlp_dim", "moe_intermediate_size", "shared_expert_intermediate_size",
+      "decoder_intermediate_size", "d_inner", "inner_hidden_size", "expert_intermediate_size",
+      "encoder_intermediate_size", "mlp_hidden_size", "dense_intermediate_size"), INTER),
+    (("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers",
+      "decoder_layers", "num_decoder_layers", "num_encoder_layers", "decoder_num_layers",
+      "encoder_num_layers", "num_text_layers", "num_vision_layers", "num_blocks",
+      "num_hidden_groups_layers", "depth", "num_local_layers"), LAYERS),
+    (("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
+      "decoder_attention_heads", "decoder_num_attention_heads", "encoder_num_attention_heads",
+      "num_attention_heads_per_layer"), HEADS),
+    (("head_dim", "attention_head_dim", "kv_channels", "d_kv", "v_head_dim"), HEAD_DIM),
+    (("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim"), HEAD_DIM // 2),
+    (("kv_lora_rank", "q_lora_rank"), HIDDEN // 2),
+    (("vocab_size", "n_vocab", "text_vocab_size"), VOCAB),
+    (("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx",
+      "max_target_positions", "max_text_positions", "seq_length"), POSITIONS),
+    (("image_size", "img_size"), IMAGE),
+    (("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"), 4),
+    (("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts"), 2),
+    (("num_mel_bins",), 16),
+    (("mamba_n_heads",), 4),
+    (("mamba_d_head", "mamba_d_state", "ssm_state_size", "state_size"), 16),
+    (("emb_dim", "n_embd_per_head"), HIDDEN),
+    (("max_source_positions",), 32),
+    (("num_key_value_heads", "n_kv_heads", "num_kv_heads", "multi_query_group_num",
+      "num_key_value_groups"), 1),
+):
+    for _n in _names:
+        SHRINK_INT[_n] = _value
+
+# list-valued sizes: (attribute, function of the list's length giving the new list)
+SHRINK_LIST = {
+    "hidden_sizes": lambda n: [16 * 2 ** i for i in range(n)],
+    "embed_dims": lambda n: [16 * 2 ** i for i in range(n)],
+    "embed_dim_list": lambda n: [16 * 2 ** i for i in range(n)],
+    "neck_hidden_sizes": lambda n: [16 * 2 ** i for i in range(n)],
+    "depths": lambda n: [1] * n,
+    "num_layers_list": lambda n: [1] * n,
+    "encoder_layers_list": lambda n: [1] * n,
+    "num_heads": lambda n: [2 ** i for i in range(n)],
+    "num_attention_heads": lambda n: [2 ** i for i in range(n)],
+    "conv_dim": lambda n: [32] * n,
+    "mlp_ratios": lambda n: [2] * n,
+}
+
+# per-architecture corrections applied after the generic rules: model_type -> {attr: value}
+OVERRIDES: Dict[str, Dict[str, Any]] = {
+    "reformer": {"axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 16],
+                 "attn_layers": ["local", "lsh"], "max_position_embeddings": 128,
+                 "local_attn_chunk_length": 4, "lsh_attn_chunk_length": 4},
+    "funnel": {"block_sizes": [1, 1], "block_repeats": [1, 1]},
+    "longformer": {"attention_window": [4, 4]},
+    "led": {"attention_window": [4, 4]},
+    "big_bird": {"attention_type": "original_full"},
+    "bigbird_pegasus": {"attention_type": "original_full"},
+    "transfo-xl": {"cutoffs": [64, 128], "div_val": 1, "d_embed": 32},
+    "xlnet": {"d_head": 16},
+    "fsmt": {"src_vocab_size": VOCAB, "tgt_vocab_size": VOCAB},
+    "prophetnet": {"ngram": 2, "num_buckets": 8},
+    "diffllama": {"num_key_value_heads": 2},
+    "mamba2": {"num_heads": 4, "head_dim": 16, "n_groups": 1},
+    "xlm-prophetnet": {"ngram": 2, "num_buckets": 8},
+}
+
+DROPOUT_WORDS = ("dropout", "drop_prob", "pdrop", "layerdrop", "drop_path", "drop_rate",
+                 "mask_time_prob", "mask_feature_prob")
+
+
+def available() -> Tuple[bool, str]:
+    try:
+        import transformers  # noqa: F401
+    except Exception as e:  # pragma: no cover (depends on the environment)
+        return False, f"transformers does not import: {type(e).__name__}: {e}"
+    return True, ""
+
+
+def names() -> List[str]:
+    from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
+    return sorted(CONFIG_MAPPING_NAMES)
+
+
+def _class_for(model_type: str, mapping: str):
+    import transformers
+    from transformers.models.auto import modeling_auto
+    cls_name = getattr(modeling_auto, mapping, {}).get(model_type)
+    if isinstance(cls_name, (list, tuple)):
+        cls_name = cls_name[0]
+    if not cls_name:
+        return None
+    return getattr(transformers, cls_name, None)
+
+
+def _shrink_one(cfg) -> None:
+    from transformers import PretrainedConfig
+    for k, v in list(vars(cfg).items()):
+        if k.startswith("_"):
+            continue
+        if isinstance(v, PretrainedConfig):
+            _shrink_one(v)
+        elif isinstance(v, dict) and k.endswith("_config") and "model_type" in v:
+            _shrink_dict(v)
+        elif isinstance(v, bool):
+            continue
+        elif isinstance(v, float) and any(w in k for w in DROPOUT_WORDS):
+            setattr(cfg, k, 0.0)
+        elif isinstance(v, int) and k in SHRINK_INT and v > SHRINK_INT[k]:
+            setattr(cfg, k, SHRINK_INT[k])
+        elif isinstance(v, (list, tuple)) and v and k in SHRINK_LIST and all(
+                isinstance(x, int) and not isinstance(x, bool) for x in v):
+            setattr(cfg, k, type(v)(SHRINK_LIST[k](len(v))))
+    vocab = getattr(cfg, "vocab_size", None)
+    if isinstance(vocab, int) and vocab > 0:
+        for k, v in list(vars(cfg).items()):
+            if k.endswith("token_id") and isinstance(v, int) and not isinstance(v, bool) and v >= vocab:
+                setattr(cfg, k, v % vocab)
+            elif k.endswith("token_id") and isinstance(v, list):
+                setattr(cfg, k, [x % vocab if isinstance(x, int) else x for x in v])
+    # heads must divide the hidden size; kv heads must divide heads
+    heads = getattr(cfg, "num_attention_heads", None)
+    if isinstance(heads, int) and isinstance(getattr(cfg, "num_key_value_heads", None), int):
+        if heads % cfg.num_key_value_heads:
+            cfg.num_key_value_heads = heads
+    # seq2seq training shifts labels right from decoder_start_token_id; some defaults leave it unset
+    if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
+        pad = getattr(cfg, "pad_token_id", None)
+        cfg.decoder_start_token_id = pad if isinstance(pad, int) else 0
+    # multi-head latent attention: the rotary part is what head_dim names there
+    if isinstance(getattr(cfg, "qk_rope_head_dim", None), int) and "head_dim" in vars(cfg):
+        cfg.head_dim = cfg.qk_rope_head_dim
+    if hasattr(cfg, "use_cache"):
+        cfg.use_cache = False
+    # DETR-style models: the library's own backbone, not timm's, and never pretrained weights
+    if getattr(cfg, "use_timm_backbone", False):
+        cfg.use_timm_backbone = False
+    if getattr(cfg, "use_pretrained_backbone", False):
+        cfg.use_pretrained_backbone = False
+
+
+def _shrink_dict(d: dict) -> None:
+    for k, v in list(d.items()):
+        if isinstance(v, float) and any(w in k for w in DROPOUT_WORDS):
+            d[k] = 0.0
+        elif isinstance(v, int) and not isinstance(v, bool) and k in SHRINK_INT and v > SHRINK_INT[k]:
+            d[k] = SHRINK_INT[k]
+
+
+def small_config(model_type: str):
+    from transformers import AutoConfig
+    cfg = AutoConfig.for_model(model_type)
+    _shrink_one(cfg)
+    for k, v in OVERRIDES.get(model_type, {}).items():
+        setattr(cfg, k, v)
+    if hasattr(cfg, "num_labels"):
+        cfg.num_labels = 3
+    return cfg
+
+
+def _param_count_meta(cls, cfg) -> int:
+    with torch.device("meta"):
+        m = cls(cfg)
+    return sum(p.numel() for p in m.parameters())
+
+
+def _text_cfg(cfg):
+    try:
+        return cfg.get_text_config(decoder=True)
+    except Exception:
+        return cfg
+
+
+def _vision_cfg(cfg):
+    return getattr(cfg, "vision_config", None) or cfg
+
+
+def _image_hw(cfg) -> Tuple[int, int, int]:
+    v = _vision_cfg(cfg)
+    size = getattr(v, "image_size", None) or getattr(v, "img_size", None) or IMAGE
+    if isinstance(size, (list, tuple)):
+        h, w = int(size[0]), int(size[-1])
+    else:
+        h = w = int(size)
+    return int(getattr(v, "num_channels", None) or getattr(v, "num_channels_in", None) or 3), h, w
+
+
+def _signature(model) -> set:
+    try:
+        return set(inspect.signature(model.forward).parameters)
+    except (TypeError, ValueError):
+        return set()
+
+
+def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool) -> Dict[str, Any]:
+    """Keyword inputs from the model's main input name and forward signature."""
+    sig = _signature(model)
+    main = getattr(model, "main_input_name", "input_ids")
+    tcfg = _text_cfg(cfg)
+    vocab = int(getattr(tcfg, "vocab_size", None) or VOCAB)
+    low = min(3, vocab - 1)
+    kw: Dict[str, Any] = {}
+    if main == "input_ids":
+        kw["input_ids"] = torch.randint(low, vocab, (BATCH, SEQ), generator=gen)
+        if "attention_mask" in sig:
+            kw["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    elif main == "pixel_values":
+        c, h, w = _image_hw(cfg)
+        kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
+    elif main == "input_features":
+        if getattr(cfg, "num_mel_bins", None) and getattr(cfg, "max_source_positions", None):
+            frames = 2 * int(cfg.max_source_positions)  # whisper-style: conv stride 2 over frames
+            kw["input_features"] = torch.randn(BATCH, int(cfg.num_mel_bins), frames, generator=gen)
+        else:
+            feat = int(getattr(cfg, "input_feat_per_channel", 0) * getattr(cfg, "input_channels", 1)
+                       or getattr(cfg, "feature_size", 0) or getattr(cfg, "num_mel_bins", 0) or 16)
+            kw["input_features"] = torch.randn(BATCH, 32, feat, generator=gen)
+        if "attention_mask" in sig and "num_mel_bins" not in vars(cfg):
+            kw["attention_mask"] = torch.ones(BATCH, kw["input_features"].shape[1], dtype=torch.long)
+    elif main == "input_values":
+        kw["input_values"] = torch.randn(BATCH, 1600, generator=gen)
+    else:
+        raise Skip(f"inputs cannot be synthesized: main input {main!r}")
+    # multimodal models (text + image): both inputs when the config has a vision part
+    if main == "input_ids" and "pixel_values" in sig and getattr(cfg, "vision_config", None) is not None:
+        c, h, w = _image_hw(cfg)
+        kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
+    if main == "pixel_values" and "input_ids" in sig and getattr(cfg, "text_config", None) is not None:
+        kw["input_ids"] = torch.randint(low, vocab, (BATCH, SEQ), generator=gen)
+        if "attention_mask" in sig:
+            kw["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    is_ed = bool(getattr(cfg, "is_encoder_decoder", False))
+    labels_vocab = vocab
+    if with_labels:
+        if task in ("causal_lm", "masked_lm"):
+            kw["labels"] = kw["input_ids"].clone()
+        elif task in ("seq2seq", "speech_seq2seq"):
+            kw["labels"] = torch.randint(low, labels_vocab, (BATCH, DEC_SEQ), generator=gen)
+        elif task in ("image_cls", "seq_cls", "audio_cls"):
+            kw["labels"] = torch.randint(0, int(getattr(cfg, "num_labels", 2)), (BATCH,), generator=gen)
+    if is_ed and "labels" not in kw and "decoder_input_ids" in sig:
+        kw["decoder_input_ids"] = torch.randint(low, labels_vocab, (BATCH, DEC_SEQ), generator=gen)
+    return kw
+
+
+def _try_task(model_type: str, mapping: str, task: str) -> Optional[Case]:
+    cls = _class_for(model_type, mapping)
+    if cls is None:
+        return None
+    cfg = small_config(model_type)
+    n = _param_count_meta(cls, cfg)
+    if n > MAX_PARAMS:
+        raise Skip(f"too large after shrinking: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
+
+    def build():
+        return cls(cfg)
+
+    probe = build()
+    # Inputs must synthesize and the CPU forward must run for the task to be chosen; a failing
+    # task falls through to the next one.
+    with torch.no_grad():
+        probe.eval()
+        probe(**make_inputs(probe, cfg, task, torch.Generator().manual_seed(0), with_labels=False))
+    del probe
+    name_cls = cls.__name__
+    case = Case(
+        zoo=ZOO, name=model_type, build=build,
+        inputs=lambda g: make_inputs(build_sig, cfg, task, g, with_labels=False),
+        train_inputs=lambda g: make_inputs(build_sig, cfg, task, g, with_labels=True),
+        info={"class": name_cls, "task": task},
+    )
+    build_sig = _SigHolder(cls)
+    if task == "causal_lm":
+        tcfg = _text_cfg(cfg)
+        pad = getattr(tcfg, "pad_token_id", None)
+        eos = getattr(tcfg, "eos_token_id", None)
+        if pad is None:
+            pad = eos[0] if isinstance(eos, list) and eos else (eos if isinstance(eos, int) else 0)
+        case.generate = {"max_new_tokens": 4, "do_sample": False, "num_beams": 1,
+                         "pad_token_id": pad, "use_cache": True}
+    return case
+
+
+class _SigHolder:
+    """Stands in for the model in make_inputs: what it reads is the class's forward signature and
+    main input name, which do not need an instance."""
+
+    def __init__(self, cls):
+        self.forward = cls.forward
+        self.main_input_name = getattr(cls, "main_input_name", "input_ids")
+
+
+def make_case(model_type: str) -> Case:
+    ok, why = available()
+    if not ok:
+        return Case(zoo=ZOO, name=model_type, build=_raise(why))
+    failures = []
+    for mapping, task in TASKS:
+        try:
+            case = _try_task(model_type, mapping, task)
+        except Skip as s:
+            failures.append(f"{task}: {s}")
+            continue
+        except Exception as e:
+            from .compare import first_line
+            failures.append(f"{task}: {first_line(e)}")
+            continue
+        if case is not None:
+            if failures:
+                case.info["fell_through"] = failures
+            return case
+    why = "; ".join(failures) if failures else "no auto model class for this model type"
+    return Case(zoo=ZOO, name=model_type, build=_raise(f"no task builds on CPU: {why}"[:600]))
+
+
+def _raise(reason: str):
+    def build():
+        raise Skip(reason)
+    return build

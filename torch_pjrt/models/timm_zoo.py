@@ -1,0 +1,88 @@
+"""timm: every name in `timm.list_models()`, built without pretrained weights, 10 classes, at a
+small input size: 64x64 where the model accepts an `img_size` (and in any case for convolutional
+models that take any size), else its default input size. Parameters are counted on the meta device
+first; a model over MAX_PARAMS is skipped as too large for this machine (2 cores, 24 GiB, shared
+by two workers), with its count."""
+from __future__ import annotations
+
+from typing import List, Tuple
+
+import torch
+
+from .compare import Case, Skip
+
+ZOO = "timm"
+MAX_PARAMS = 30_000_000
+SMALL = 64
+BATCH = 2
+NUM_CLASSES = 10
+
+
+def available() -> Tuple[bool, str]:
+    try:
+        import timm  # noqa: F401
+    except Exception as e:
+        return False, f"timm does not import: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    return True, ""
+
+
+def names() -> List[str]:
+    import timm
+    return list(timm.list_models())
+
+
+def _create(name: str, **kw):
+    import timm
+    return timm.create_model(name, pretrained=False, num_classes=NUM_CLASSES, **kw)
+
+
+def _zero_drop() -> dict:
+    return {"drop_rate": 0.0, "drop_path_rate": 0.0}
+
+
+def _plan(name: str):
+    """(kwargs for create_model, input size (C, H, W), parameter count), chosen on meta."""
+    attempts = [dict(img_size=SMALL, **_zero_drop()), dict(**_zero_drop()), {}]
+    last = None
+    for kw in attempts:
+        try:
+            with torch.device("meta"):
+                m = _create(name, **kw)
+        except Exception as e:  # the model does not take these kwargs: try fewer
+            last = e
+            continue
+        n = sum(p.numel() for p in m.parameters())
+        cfg = getattr(m, "pretrained_cfg", None) or getattr(m, "default_cfg", None) or {}
+        c, h, w = tuple(cfg.get("input_size", (3, 224, 224)))
+        fixed = bool(cfg.get("fixed_input_size", False))
+        if "img_size" in kw:
+            h = w = SMALL
+        elif not fixed:
+            h, w = min(h, SMALL), min(w, SMALL)
+        return kw, (c, h, w), n
+    raise Skip(f"CPU fails (build): {type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''}")
+
+
+def make_case(name: str) -> Case:
+    kw, size, n = _plan(name)
+    if n > MAX_PARAMS:
+        raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
+
+    def build():
+        return _create(name, **kw)
+
+    def inputs(gen: torch.Generator):
+        return {"x": torch.randn(BATCH, *size, generator=gen)}
+
+    def train_inputs(gen: torch.Generator):
+        return inputs(gen)
+
+    def loss(out):
+        logits = out if isinstance(out, torch.Tensor) else out[0]
+        target = torch.arange(logits.shape[0]) % logits.shape[-1]
+        return torch.nn.functional.cross_entropy(logits.float().reshape(logits.shape[0], -1),
+                                                 target.to(logits.device))
+
+    return Case(zoo=ZOO, name=name, build=build, inputs=inputs, train_inputs=train_inputs,
+                loss=loss, info={"input": list(size), "kwargs": {k: v for k, v in kw.items()
+                                                                 if k == "img_size"}})
