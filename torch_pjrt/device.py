@@ -234,8 +234,24 @@ def get_device_properties(device: _DeviceLike = None) -> _DeviceProperties:
         platform_version=_C.platform_version(),
         plugin_path=_C.plugin_path(),
         api_version=tuple(_C.api_version()),
-        total_memory=0,
+        total_memory=_total_memory(index),
     )
+
+
+def _total_memory(index: int) -> int:
+    try:
+        return int(_C.mem_get_info(index)[1])
+    except NotImplementedError:  # the plugin does not say
+        return 0
+
+
+def mem_get_info(device: _DeviceLike = None) -> tuple[int, int]:
+    """(free, total) bytes of the device's memory, as torch.cuda.mem_get_info.
+
+    From the plugin's memory statistics; on the CPU plugin, whose buffers are host memory, the
+    host's available and physical memory. NotImplementedError when the plugin reports neither."""
+    free, total = _C.mem_get_info(_property_index(device))
+    return int(free), int(total)
 
 
 def get_amp_supported_dtype() -> list[torch.dtype]:

@@ -12,6 +12,8 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include "torch_pjrt/memory_info.h"
+
 namespace torch_pjrt {
 namespace {
 
@@ -55,6 +57,16 @@ class PjrtAllocator final : public c10::DeviceAllocator {
       agg.peak = peak;
     }
     return stats;
+  }
+
+  // torch.accelerator.get_memory_info: (free, total) bytes from the plugin's statistics, or on
+  // the CPU plugin from the host (memory_info.c). A plugin that says nothing raises
+  // NotImplementedError, as PyTorch's own allocators without the query do.
+  std::pair<size_t, size_t> getMemoryInfo(c10::DeviceIndex device) override {
+    check_stats_device(device);
+    int64_t free_bytes = 0, total_bytes = 0;
+    check(pj_device_memory_info(device, &free_bytes, &total_bytes));
+    return {static_cast<size_t>(free_bytes), static_cast<size_t>(total_bytes)};
   }
 
   // No accumulated (allocated/freed totals) statistics are kept.

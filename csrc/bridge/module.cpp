@@ -14,6 +14,7 @@
 
 extern "C" {
 #include "torch_pjrt/metrics.h"
+#include "torch_pjrt/memory_info.h"
 }
 
 namespace py = pybind11;
@@ -51,6 +52,12 @@ void bind_runtime(py::module_& m) {
           return std::string(pj_runtime_device_kind(runtime(), checked_device(device)));
         }),
         py::arg("device") = -1);
+  m.def("mem_get_info", wrap_pybind_function([](int device) {
+          int64_t free_bytes = 0, total_bytes = 0;
+          check(pj_device_memory_info(checked_device(device), &free_bytes, &total_bytes));
+          return std::make_pair(free_bytes, total_bytes);
+        }),
+        py::arg("device") = -1, "(free, total) bytes of the device's memory.");
   m.def("platform_name",
         wrap_pybind_function([] { return std::string(pj_runtime_platform_name(runtime())); }));
   m.def("platform_version", wrap_pybind_function([] {
