@@ -928,31 +928,24 @@ TITAN_STEPS = 10
 
 
 def _titan_main(args: list[str]) -> None:
-    """Runs torchtitan.train (as torchrun's per-rank script) with three substitutions for what
+    """Runs torchtitan.train (as torchrun's per-rank script) with two substitutions for what
     torch 2.13 does not give a PrivateUse1 device named tpu; everything else (the trainer, the
     llama3 model, its FSDP2 parallelization with bf16 params, selective activation
     checkpointing, AdamW, the dataloader, the loss) is torchtitan's own code, unchanged.
 
-    1. The CPU PJRT plugin reports no device memory size (get_device_properties().total_memory
-       is 0), which torchtitan's memory monitor divides by: its percentages read 0.
-    2. FlexAttention: torch.nn.attention.flex_attention refuses tensors outside
+    1. FlexAttention: torch.nn.attention.flex_attention refuses tensors outside
        CUDA/CPU/HPU/MPS, and torch.compile(flex_attention) or create_block_mask send device
        tpu to Inductor's Pallas code generator (which needs JAX). The block mask is made
        eagerly (create_block_mask runs on tpu) and attention is scaled_dot_product_attention
        under the dense boolean mask of the same mask_mod (flex_attention.create_mask): the
        same masked softmax attention.
-    3. torch.distributed.set_timeout, which torchtitan calls after the first step, is newer
+    2. torch.distributed.set_timeout, which torchtitan calls after the first step, is newer
        than torch 2.13: ProcessGroup.set_timeout (every backend of the group) stands in.
     """
     import runpy
 
     from torch.nn.attention.flex_attention import create_block_mask, create_mask
-    from torchtitan.components import metrics
     from torchtitan.models.common import attention
-
-    to_pct = metrics.DeviceMemoryMonitor._to_pct
-    metrics.DeviceMemoryMonitor._to_pct = (
-        lambda self, m: to_pct(self, m) if self.device_capacity else 0.0)
 
     attention._compiled_create_block_mask = create_block_mask
 
