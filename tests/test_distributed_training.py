@@ -718,7 +718,6 @@ def _check_ddp(results: list[dict], devices: int) -> None:
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.long
 def test_ddp_tiny_gpt_one_device_per_rank():
     """DDP on tpu:0 and tpu:1 (TORCH_PJRT_CPU_DEVICE_COUNT=2)."""
     _check_ddp(_launch("ddp", world=2, devices=2), devices=2)
@@ -774,7 +773,6 @@ BF16_LOSS_RTOL = 1e-2
 BF16_PARAM_TOL = dict(rtol=1e-2, atol=1e-3)
 
 
-@pytest.mark.long
 def test_fsdp2_tiny_gpt():
     from torch.distributed.tensor import Shard
 
@@ -842,7 +840,6 @@ def test_dtensor_tensor_parallel_and_mpmd():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.long
 def test_2d_mesh_fsdp_dp_tp_4_ranks():
     results = _launch("mesh2d", world=4, devices=4, timeout=300)
     # CPU: the dp groups see the two halves of the global batch (the tp ranks of a group the
@@ -874,7 +871,6 @@ def test_2d_mesh_fsdp_dp_tp_4_ranks():
     assert not problems, "\n".join(problems)
 
 
-@pytest.mark.long
 def test_dcp_save_2_ranks_load_4_and_1():
     ckpt = tempfile.mkdtemp(prefix="tpu_dist_dcp_")
     saved = _launch("dcp", world=2, devices=2, mode="save", ckpt=ckpt)
