@@ -729,10 +729,74 @@ bool run_per_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   return true;
 }
 
+// Advanced indexing takes index tensors on the CPU, as CUDA does: PyTorch's index and
+// index_put kernels (make_info / expandTensors, IndexingUtils.h) move every index to self's
+// device, and their schemas skip the generated device check. That holds for index (also its
+// out= form), index_put(_), _index_put_impl_ and the composites over them (_unsafe_index,
+// _unsafe_index_put); every other op with an index argument (index_select, gather, scatter,
+// take, put_, index_add_, index_copy_, index_fill_, masked_select, masked_fill_,
+// masked_scatter_) is device-checked on CUDA and raises here too (CallBuilder's same-device
+// error). The indices move once, here, before any lowering runs: a bool mask becomes its
+// nonzero columns on the CPU and those go over (what expandTensors does; no device-side count,
+// so no host sync, and the call sees plain integer indices); other index tensors are copied
+// as they are. Tensors of another tpu device are left alone (they raise the same-device error).
+bool takes_cpu_indices(const std::string& base) {
+  return base == "index" || base == "index_put" || base == "_index_put_impl" ||
+         base == "_unsafe_index" || base == "_unsafe_index_put";
+}
+
+void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                       const std::string& base) {
+  if (!takes_cpu_indices(base)) return;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+  at::Tensor self;
+  std::optional<size_t> at_indices;
+  for (size_t a = 0; a < nargs; a++) {
+    const c10::IValue& v = (*stack)[first + a];
+    if (schema.arguments()[a].name() == "self" && v.isTensor()) self = v.toTensor();
+    if (schema.arguments()[a].name() == "indices" && v.isList()) at_indices = a;
+  }
+  if (!at_indices || !self.defined() || self.device().type() != c10::DeviceType::PrivateUse1)
+    return;
+  c10::IValue& v = (*stack)[first + *at_indices];
+  const c10::impl::GenericList given = v.toList();
+  bool any_cpu = false;
+  for (const c10::IValue& e : given)
+    any_cpu = any_cpu || (e.isTensor() && e.toTensor().defined() && e.toTensor().is_cpu());
+  if (!any_cpu) return;
+  c10::impl::GenericList moved(given.elementType());  // a new list: the caller's stays as it is
+  for (const c10::IValue& e : given) {
+    if (!e.isTensor() || !e.toTensor().defined() || !e.toTensor().is_cpu()) {
+      moved.push_back(e);
+      continue;
+    }
+    const at::Tensor& index = e.toTensor();
+    if (index.scalar_type() != at::kBool || index.dim() == 0) {
+      // uint8 masks keep their (deprecated) path, warning included; 0-d masks too
+      moved.push_back(index.to(self.device()));
+      continue;
+    }
+    // The mask covers self's dims from here on; its sizes must match them (CPU's IndexError;
+    // a dim past self's end raises self.size()'s own IndexError, as it does on CPU).
+    const int64_t at_dim = static_cast<int64_t>(moved.size());
+    for (const auto j : c10::irange(index.dim()))
+      TORCH_CHECK_INDEX(index.size(j) == self.size(at_dim + j), "The shape of the mask ",
+                        index.sizes(), " at index ", j,
+                        " does not match the shape of the indexed tensor ", self.sizes(),
+                        " at index ", at_dim + j);
+    const at::Tensor nz = index.nonzero().to(self.device());  // [count, mask dims]
+    for (const auto j : c10::irange(index.dim())) moved.push_back(nz.select(1, j));
+  }
+  v = c10::IValue(std::move(moved));
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string base = base_name(op.schema());
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
+  indices_to_device(op, stack, base);
   if (run_per_device(op, stack, base)) return;
   if (run_in_parts(op, stack, base)) return;
   lowered_call(op, stack, base);
