@@ -122,17 +122,12 @@ c10::Scalar local_scalar_dense(const at::Tensor& self) {
   return host.item();
 }
 
+// view(dtype): PyTorch's own metadata rules (sizes, strides and offset rescaled by the element
+// size ratio, its checks and messages), on the same storage. Reading or writing a view whose
+// element type differs from the storage buffer's is a bitcast in the program's view prologue /
+// epilogue (view_io.c, pj_view_bitcast), for any pair of element sizes.
 at::Tensor view_dtype(const at::Tensor& self, at::ScalarType dtype) {
-  TORCH_CHECK_NOT_IMPLEMENTED(static_cast<int64_t>(c10::elementSize(dtype)) == self.element_size() ||
-                                  dtype == self.scalar_type(),
-                              "view(dtype) with a different element size is not supported on tpu");
-  if (dtype == self.scalar_type()) return self.alias();
-  // same element size: a reinterpreting view of the same storage
-  auto out = at::detail::make_tensor<c10::TensorImpl>(
-      c10::Storage(self.storage()), self.key_set(), c10::scalarTypeToTypeMeta(dtype));
-  out.unsafeGetTensorImpl()->set_sizes_and_strides(self.sizes(), self.strides(),
-                                                   self.storage_offset());
-  return out;
+  return at::native::view_dtype(self, dtype);
 }
 
 // _efficientzerotensor (autograd's zero gradients, e.g. sgn's backward): a zero-filled tensor.
