@@ -14,6 +14,7 @@ typedef struct {
   X(reduce)            \
   X(linalg)            \
   X(linalg_decomp)     \
+  X(linalg_eig)        \
   X(shape)             \
   X(index)             \
   X(nn)                \
