@@ -43,7 +43,8 @@ CONFIGS = {
 
 def _close(tpu_value, cpu_value, rtol=1e-4, atol=1e-5, what=""):
     assert tpu_value.device.type == "tpu", what
-    torch.testing.assert_close(tpu_value.cpu(), cpu_value, rtol=rtol, atol=atol, msg=lambda m: f"{what}: {m}")
+    torch.testing.assert_close(tpu_value.cpu(), cpu_value, rtol=rtol, atol=atol,
+                               msg=lambda m: f"{what}: {m}")
 
 
 class _Readout(nn.Module):
@@ -111,7 +112,8 @@ def _train(cpu_model: _Readout, make_inputs, fallbacks, steps=3, lr=0.05, forwar
                 c, t = pad_packed_sequence(c)[0], pad_packed_sequence(t)[0]
             _close(t, c.detach(), rtol=max(rtol, forward_rtol), atol=atol,
                    what=f"step {step} {name}")
-        _close(losses[1].detach(), losses[0].detach(), rtol=rtol, atol=atol, what=f"step {step} loss")
+        _close(losses[1].detach(), losses[0].detach(), rtol=rtol, atol=atol,
+               what=f"step {step} loss")
         problems += [f"step {step}: {p}"
                      for p in grad_mismatches(cpu_model, tpu_model, rtol=rtol, atol=atol)]
         cpu_opt.step()
@@ -358,6 +360,36 @@ def test_fused_gru_cell_op_and_workspace(bias, fallbacks):
     fallbacks.assert_none()
 
 
+@pytest.mark.parametrize("presized", [True, False], ids=["sized", "empty"])
+def test_fused_cells_out_variants(presized, fallbacks):
+    ig4, hg4, st = _rand(B, 4 * HID, seed=21), _rand(B, 4 * HID, seed=22), _rand(B, HID, seed=23)
+    ig3, hg3 = _rand(B, 3 * HID, seed=24), _rand(B, 3 * HID, seed=25)
+    cases = (
+        (torch.ops.aten._thnn_fused_lstm_cell.out, (ig4, hg4, st),
+         _lstm_reference(ig4, hg4, st, None, None)),
+        (torch.ops.aten._thnn_fused_gru_cell.out, (ig3, hg3, st),
+         _gru_reference(ig3, hg3, st, None, None)),
+    )
+    for op, args, ref in cases:
+        outs = {f"out{k}": torch.empty(r.shape if presized else (0,), device=TPU)
+                for k, r in enumerate(ref)}
+        got = op(*[a.to(TPU) for a in args], **outs)
+        for k, (g, r) in enumerate(zip(got, ref)):
+            assert g is outs[f"out{k}"]
+            _close(g, r, what=f"{op} out{k}")
+    fallbacks.assert_none()
+
+
+@pytest.mark.parametrize("kind", ["lstm", "gru"])
+def test_float64_training(kind, fallbacks):
+    model = _Readout(_make(kind, seed=16, num_layers=2, bidirectional=True).double())
+
+    def make(step):
+        return _rand(T, B, IN, seed=160 + step).double()
+
+    _train(model, make, fallbacks, steps=2)
+
+
 def test_fused_cell_shape_errors_are_runtime_errors():
     # the Meta kernels check the ops' contracts (the CUDA kernels' checks) before any lowering
     ig = torch.randn(B, 4 * HID, device=TPU)
@@ -390,6 +422,7 @@ def test_bad_input_raises_like_cpu(kind):
 # ---- modes, bfloat16, torch.compile ----
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_training_in_every_eager_mode(kind, mode, fallbacks):
     model = _Readout(_make(kind, seed=13, num_layers=2, bidirectional=True))
@@ -420,6 +453,7 @@ def test_bfloat16_forward(kind, fallbacks):
 # torch._dynamo.config.allow_rnn it traces them, and AOTAutograd decomposes aten::lstm / gru /
 # rnn_* into matmuls and pointwise ops (PyTorch's decompositions): the compiled graph holds no
 # fused cell. Both ways must train like CPU without a fallback.
+@pytest.mark.slow
 @pytest.mark.parametrize("kind, bias, allow_rnn", [
     ("lstm", True, True), ("lstm", False, True), ("gru", True, True), ("rnn_tanh", True, True),
     ("lstm", True, False), ("gru", False, False),
