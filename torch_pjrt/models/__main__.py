@@ -70,8 +70,11 @@ def main(argv=None) -> int:
         todo = todo[: a.limit]
     from .runner import run_all
     print(f"{len(todo)} models -> {out} ({a.jobs} workers, {a.timeout:.0f} s each)", flush=True)
-    recs = run_all(todo, out, jobs=a.jobs, timeout=a.timeout, per_worker=a.per_worker,
-                   eager_mode=a.eager_mode, progress=lambda s: print(s, flush=True))
+    try:
+        recs = run_all(todo, out, jobs=a.jobs, timeout=a.timeout, per_worker=a.per_worker,
+                       eager_mode=a.eager_mode, progress=lambda s: print(s, flush=True))
+    except KeyboardInterrupt:
+        return 130
     counts = {}
     for r in recs:
         counts[r["status"]] = counts.get(r["status"], 0) + 1

@@ -332,10 +332,27 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch]) -> Lis
             loss.backward()
             return loss
 
+        # A training step that draws random numbers (Gumbel sampling, random masking left in a
+        # model's code) cannot match across devices: their generators differ. Detected by
+        # running the CPU step on a copy under another seed first.
         try:
+            twin = copy.deepcopy(cpu)
+            torch.manual_seed(SEED + 1)
+            with torch.no_grad():
+                loss_twin = loss_fn(twin(**train_inputs)).detach()
+            del twin
+        except Exception:
+            loss_twin = None
+        try:
+            torch.manual_seed(SEED)
             loss_c = _on_cpu("train", cpu_step)
         except Skip as s:
             phases["train"] = f"skipped: {s}"
+            loss_c = None
+        if loss_c is not None and loss_twin is not None and not torch.allclose(
+                loss_twin, loss_c.detach(), rtol=1e-6, atol=0.0, equal_nan=True):
+            phases["train"] = ("skipped: the training step uses the random number generator (CPU's "
+                               "loss differs under another seed)")
             loss_c = None
         if loss_c is not None:
             grads_c = {n: (g.clone() if g is not None else None) for n, g in _param_grads(cpu).items()}
@@ -344,6 +361,7 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch]) -> Lis
             opt_t = torch.optim.SGD(tpu_model.parameters(), lr=SGD_LR)
 
             def tpu_step():
+                torch.manual_seed(SEED)
                 opt_t.zero_grad(set_to_none=True)
                 loss = loss_fn(tpu_model(**to_device(train_inputs, tpu_dev)))
                 loss.backward()

@@ -126,8 +126,14 @@ def available() -> Tuple[bool, str]:
 
 
 def names() -> List[str]:
+    """Every model type of CONFIG_MAPPING that has a class in one of the TASKS auto mappings
+    (sub-configs such as `clip_text_model` have none: they are parts of another model type)."""
+    from transformers.models.auto import modeling_auto
     from transformers.models.auto.configuration_auto import CONFIG_MAPPING_NAMES
-    return sorted(CONFIG_MAPPING_NAMES)
+    with_class = set()
+    for mapping, _ in TASKS:
+        with_class |= set(getattr(modeling_auto, mapping, {}))
+    return sorted(t for t in CONFIG_MAPPING_NAMES if t in with_class)
 
 
 def _class_for(model_type: str, mapping: str):

@@ -174,9 +174,17 @@ def render(recs: List[dict]) -> str:
     return "\n".join(lines)
 
 
-def write_report(paths: Optional[List[str]] = None, output: str = os.path.join("docs", "models.md")) -> str:
+def write_report(paths: Optional[List[str]] = None, output: str = os.path.join("docs", "models.md"),
+                 notes: Optional[str] = os.path.join("docs", "models", "NOTES.md")) -> str:
+    """`notes`: a hand-written markdown file (how this run was made, what it left out) placed
+    after the introduction, when it exists."""
     paths = paths or sorted(glob.glob(os.path.join("docs", "models", "results-*.jsonl")))
     text = render(latest(paths))
+    if notes and os.path.exists(notes):
+        with open(notes, encoding="utf-8") as f:
+            extra = f.read().strip()
+        marker = "## Tolerances (float32)"
+        text = text.replace(marker, f"## Notes on this run\n\n{extra}\n\n{marker}", 1)
     os.makedirs(os.path.dirname(os.path.abspath(output)), exist_ok=True)
     with open(output, "w", encoding="utf-8") as f:
         f.write(text)

@@ -26,6 +26,21 @@ import time
 from typing import Dict, Iterable, List, Optional, Tuple
 
 RESULT_PREFIX = "@@torch_pjrt.models@@ "
+# live workers of this driver: killed when it exits or is terminated (each is in its own session,
+# so a driver that died would otherwise leave them running their current model)
+_LIVE: "set[Worker]" = set()
+_LIVE_LOCK = threading.Lock()
+
+
+_STOPPING = threading.Event()  # set on interrupt: results of killed workers are not recorded
+
+
+def kill_live_workers() -> None:
+    _STOPPING.set()
+    with _LIVE_LOCK:
+        live = list(_LIVE)
+    for w in live:
+        w.close(kill=True)
 
 
 def _versions() -> Dict[str, str]:
@@ -69,6 +84,8 @@ class Worker:
         self.sel = selectors.DefaultSelector()
         self.sel.register(self.proc.stdout, selectors.EVENT_READ)
         self.done = 0
+        with _LIVE_LOCK:
+            _LIVE.add(self)
 
     def ask(self, zoo: str, name: str, timeout: float) -> Tuple[Optional[dict], str]:
         """(record, "") or (None, why it did not come back)."""
@@ -133,6 +150,8 @@ class Worker:
         except (OSError, subprocess.TimeoutExpired):
             pass
         finally:
+            with _LIVE_LOCK:
+                _LIVE.discard(self)
             self.sel.close()
             self.log.close()
             try:
@@ -170,6 +189,8 @@ def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeo
         worker: Optional[Worker] = None
         try:
             while True:
+                if _STOPPING.is_set():
+                    return
                 try:
                     _, zoo, name = q.get_nowait()
                 except queue.Empty:
@@ -178,8 +199,10 @@ def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeo
                     worker = Worker(eager_mode, log_dir)
                 t0 = time.time()
                 rec, why = worker.ask(zoo, name, timeout)
+                if _STOPPING.is_set():
+                    return
                 if rec is None:
-                    rec = {"zoo": zoo, "name": name, "status": "error", "phase": "worker",
+                    rec = {"zoo": zoo, "name": name, "status": "error", "phase": "worker", "phases": {},
                            "reason": why, "seconds": round(time.time() - t0, 2)}
                     worker.close(kill=True)
                     worker = None
@@ -192,10 +215,26 @@ def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeo
                 worker.close()
 
     threads = [threading.Thread(target=loop, daemon=True) for _ in range(max(1, jobs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
+    old_term = signal.getsignal(signal.SIGTERM)
+
+    def on_term(signum, frame):
+        raise KeyboardInterrupt
+
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, on_term)
+    try:
+        for t in threads:
+            t.start()
+        for t in threads:
+            while t.is_alive():
+                t.join(timeout=1.0)
+    except KeyboardInterrupt:
+        progress("interrupted: killing the workers; rerun with --resume to continue")
+        kill_live_workers()
+        raise
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGTERM, old_term)
     try:
         os.rmdir(log_dir)
     except OSError:

@@ -26,9 +26,37 @@ def available() -> Tuple[bool, str]:
     return True, ""
 
 
+SIZE_WORDS = ("test", "atto", "femto", "pico", "nano", "micro", "tiny", "xxs", "xs", "mini",
+              "small", "s", "lite", "b0", "18", "mobile")
+
+
+def _size_rank(name: str) -> int:
+    parts = name.replace(".", "_").split("_")
+    for i, w in enumerate(SIZE_WORDS):
+        if w in parts or (len(w) > 2 and w in name):
+            return i
+    return len(SIZE_WORDS)
+
+
 def names() -> List[str]:
+    """Every model of timm.list_models(), ordered so that a partial sweep (--limit, or one cut
+    short) covers the most families: round-robin over timm's model modules (resnet, vit, ...),
+    each module's small variants (test_, tiny, small, ...) first."""
     import timm
-    return list(timm.list_models())
+    all_names = set(timm.list_models())
+    per_module = []
+    for mod in timm.list_modules():
+        ms = sorted((n for n in timm.list_models(module=mod) if n in all_names),
+                    key=lambda n: (_size_rank(n), n))
+        per_module.append(ms)
+    ordered, seen = [], set()
+    for i in range(max(map(len, per_module), default=0)):
+        for ms in per_module:
+            if i < len(ms) and ms[i] not in seen:
+                ordered.append(ms[i])
+                seen.add(ms[i])
+    ordered += sorted(all_names - seen)
+    return ordered
 
 
 def _create(name: str, **kw):
