@@ -89,6 +89,17 @@ def test_tpu_exception_is_an_error_with_phase():
     assert rec["reason"] == "RuntimeError: no lowering for this"
 
 
+def test_random_training_step_is_not_compared_and_says_why():
+    class Noisy(_Net):
+        def forward(self, x):
+            y = self.lin(x)
+            return y + torch.rand_like(y) if self.training else y  # RNG in train mode only
+    rec = run_case(Case(zoo="test", name="noisy", build=Noisy, inputs=_inputs))
+    assert rec["phases"]["forward"] == "pass"
+    assert rec["phases"]["train"].startswith("skipped: the training step uses the random number")
+    assert rec["status"] == "pass" and "train skipped" in rec["reason"]
+
+
 _lib = torch.library.Library("pjrt_zoo_test", "DEF")
 _lib.define("twice(Tensor x) -> Tensor")
 _lib.impl("twice", lambda x: x * 2, "CPU")  # CPU kernel only: tpu takes the fallback

@@ -338,8 +338,8 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch]) -> Lis
         try:
             twin = copy.deepcopy(cpu)
             torch.manual_seed(SEED + 1)
-            with torch.no_grad():
-                loss_twin = loss_fn(twin(**train_inputs)).detach()
+            # with grad enabled: the default loss picks outputs that require grad
+            loss_twin = loss_fn(twin(**train_inputs)).detach()
             del twin
         except Exception:
             loss_twin = None
