@@ -147,8 +147,17 @@ def _class_for(model_type: str, mapping: str):
     return getattr(transformers, cls_name, None)
 
 
+def _per_layer(values: list, n: int) -> list:
+    """A per-layer list (layer_types and the like) cut to n layers, keeping each kind of layer
+    it had while there is room: [sliding x5, full] -> [sliding, full]."""
+    kinds = list(dict.fromkeys(values))[:n]
+    return kinds + [values[-1]] * (n - len(kinds))
+
+
 def _shrink_one(cfg) -> None:
     from transformers import PretrainedConfig
+    layers_before = {k: v for k, v in vars(cfg).items()
+                     if k in ("num_hidden_layers", "n_layer", "num_layers") and isinstance(v, int)}
     for k, v in list(vars(cfg).items()):
         if k.startswith("_"):
             continue
@@ -165,6 +174,15 @@ def _shrink_one(cfg) -> None:
         elif isinstance(v, (list, tuple)) and v and k in SHRINK_LIST and all(
                 isinstance(x, int) and not isinstance(x, bool) for x in v):
             setattr(cfg, k, type(v)(SHRINK_LIST[k](len(v))))
+    # per-layer lists of layer kinds must keep the new number of layers
+    for lk, before in layers_before.items():
+        after = getattr(cfg, lk, before)
+        if after >= before:
+            continue
+        for k, v in list(vars(cfg).items()):
+            if (isinstance(v, (list, tuple)) and len(v) == before and v
+                    and all(isinstance(x, str) for x in v)):
+                setattr(cfg, k, type(v)(_per_layer(list(v), after)))
     vocab = getattr(cfg, "vocab_size", None)
     if isinstance(vocab, int) and vocab > 0:
         for k, v in list(vars(cfg).items()):
