@@ -226,6 +226,21 @@ def test_eigvals(dt, fallbacks):
     fallbacks.assert_none()
 
 
+def test_out_variants(fallbacks):
+    a = gen(torch.float32, 4, 4, seed=12)
+    wc, _ = torch.linalg.eig(a)
+    w = torch.empty(4, dtype=torch.complex64, device=TPU)
+    v = torch.empty(4, 4, dtype=torch.complex64, device=TPU)
+    r = torch.linalg.eig(a.to(TPU), out=(w, v))
+    assert r[0] is w and r[1] is v
+    check_values(w.cpu(), wc, a)
+    check_vectors(a, w.cpu(), v.cpu())
+    e = torch.empty(4, dtype=torch.complex64, device=TPU)
+    assert torch.linalg.eigvals(a.to(TPU), out=e) is e
+    check_values(e.cpu(), wc, a)
+    fallbacks.assert_none()
+
+
 @pytest.mark.parametrize("dt", (torch.float32, torch.float64, torch.complex64))
 def test_backward_gauge_invariant(dt, fallbacks):
     """linalg_eig_backward is built from other ops: it must run on the device and give CPU's

@@ -335,8 +335,10 @@ static pj_val_t eigvecs(pj_lower_t *L, pj_val_t T, pj_val_t Q) {
   return SEL(at, as_cplx(L, U("real", V), dt), V);
 }
 
-/* linalg_eig(self) -> (eigenvalues, eigenvectors) and _linalg_eigvals(self) -> eigenvalues.
- * Shapes, dtypes and the square check come from the Meta kernels. */
+/* linalg_eig(self) -> (eigenvalues, eigenvectors) and _linalg_eigvals(self) -> eigenvalues;
+ * linalg_eigvals reaches the device only as its out= overload (the functional form is
+ * composite over _linalg_eigvals). Shapes, dtypes and the square check come from the Meta
+ * kernels. */
 static pj_status_t *lower_eig(pj_lower_t *L) {
   bool vectors = pj_nout(L) > 1;
   pj_val_t A = pj_tensor(L, "self");
@@ -371,5 +373,6 @@ static pj_status_t *lower_eig(pj_lower_t *L) {
 const pj_lowering_entry_t pj_lowerings_linalg_eig[] = {
     {"linalg_eig", lower_eig},
     {"_linalg_eigvals", lower_eig},
+    {"linalg_eigvals", lower_eig},
     {NULL, NULL},
 };
