@@ -68,9 +68,20 @@ def _zero_drop() -> dict:
     return {"drop_rate": 0.0, "drop_path_rate": 0.0}
 
 
-def _plan(name: str):
-    """(kwargs for create_model, input size (C, H, W), parameter count), chosen on meta."""
-    attempts = [dict(img_size=SMALL, **_zero_drop()), dict(**_zero_drop()), {}]
+def _cpu_runs(name: str, kw: dict, size) -> bool:
+    try:
+        m = _create(name, **kw).eval()
+        with torch.no_grad():
+            m(torch.randn(1, *size))
+        return True
+    except Exception:
+        return False
+
+
+def _plan(name: str, small: bool = True):
+    """(kwargs for create_model, input size (C, H, W), parameter count), chosen on meta. With
+    small=False, the model's own input size (for models that reject a small one)."""
+    attempts = ([dict(img_size=SMALL, **_zero_drop())] if small else []) + [dict(**_zero_drop()), {}]
     last = None
     for kw in attempts:
         try:
@@ -85,7 +96,7 @@ def _plan(name: str):
         fixed = bool(cfg.get("fixed_input_size", False))
         if "img_size" in kw:
             h = w = SMALL
-        elif not fixed:
+        elif small and not fixed:
             h, w = min(h, SMALL), min(w, SMALL)
         return kw, (c, h, w), n
     raise Skip(f"CPU fails (build): {type(last).__name__}: {str(last).splitlines()[0] if str(last) else ''}")
@@ -95,6 +106,10 @@ def make_case(name: str) -> Case:
     kw, size, n = _plan(name)
     if n > MAX_PARAMS:
         raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
+    if not _cpu_runs(name, kw, size):  # e.g. a patch grid that 64x64 does not divide: full size
+        kw, size, n = _plan(name, small=False)
+        if n > MAX_PARAMS:
+            raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
 
     def build():
         return _create(name, **kw)
