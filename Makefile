@@ -1,8 +1,15 @@
-# Builds the runtime (C11), the bridge (C++17) into torch_pjrt/_C*.so, and the C unit tests.
+# Builds the runtime (C11), the bridge (C++17, or C++20 for torch >= 2.14) into
+# torch_pjrt/_C*.so, and the C unit tests.
 # Usage: make -j2 [PYTHON=.venv/bin/python]; make ctest; make ctest-asan
 PYTHON ?= python3
-TORCH_DIR := $(shell $(PYTHON) -c "import torch,os;print(os.path.dirname(torch.__file__))")
-TORCH_ABI := $(shell $(PYTHON) -c "import torch;print(int(torch._C._GLIBCXX_USE_CXX11_ABI))")
+# One interpreter start for what the bridge needs to know of PYTHON's torch: its directory,
+# C++ ABI, release, and the C++ standard its headers require (ATen's headers from 2.14 on
+# refuse anything older than C++20; 2.13's are built and tested with C++17).
+TORCH_INFO := $(shell $(PYTHON) -c "import torch,os;v=torch.__version__.split('+')[0];print(os.path.dirname(torch.__file__),int(torch._C._GLIBCXX_USE_CXX11_ABI),v,'c++20' if tuple(map(int,v.split('.')[:2]))>=(2,14) else 'c++17')")
+TORCH_DIR := $(word 1,$(TORCH_INFO))
+TORCH_ABI := $(word 2,$(TORCH_INFO))
+TORCH_VER := $(word 3,$(TORCH_INFO))
+CXX_STD := $(word 4,$(TORCH_INFO))
 EXT := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 PYINC := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
 HDR := build/include/pjrt_c_api.h
@@ -17,13 +24,20 @@ export TORCH_PJRT_PLUGIN
 C_SRCS := $(wildcard csrc/runtime/*.c csrc/hlo/*.c csrc/graph/*.c csrc/ops/*.c)
 CXX_SRCS := $(wildcard csrc/bridge/*.cpp)
 C_OBJS := $(patsubst csrc/%.c,build/obj/%.o,$(C_SRCS))
-CXX_OBJS := $(patsubst csrc/%.cpp,build/obj/%.o,$(CXX_SRCS))
+# The bridge's objects are compiled against one torch's headers: each release gets its own
+# directory, so switching a checkout between venvs of two releases never links objects of the
+# other one (and switching back relinks without recompiling). The C layers know no torch.
+CXX_OBJ_DIR := build/obj/torch-$(TORCH_VER)
+CXX_OBJS := $(patsubst csrc/%.cpp,$(CXX_OBJ_DIR)/%.o,$(CXX_SRCS))
+# Names the torch the library was last linked for; rewritten only when that changes, so the
+# library is relinked exactly when PYTHON's torch (release, ABI or location) differs.
+TORCH_STAMP := build/torch-link.stamp
 C_TESTS := $(patsubst tests/c/%.c,build/tests/%,$(wildcard tests/c/test_*.c))
 
 CFLAGS ?= -O2 -g
 CFLAGS += -std=c11 -D_DEFAULT_SOURCE -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include
 CXXFLAGS ?= -O2 -g
-CXXFLAGS += -std=c++17 -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include \
+CXXFLAGS += -std=$(CXX_STD) -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/include -Ibuild/include \
   -Icsrc/bridge -isystem $(TORCH_DIR)/include -isystem $(TORCH_DIR)/include/torch/csrc/api/include \
   -isystem $(PYINC) -D_GLIBCXX_USE_CXX11_ABI=$(TORCH_ABI) -DTORCH_EXTENSION_NAME=_C \
   -DTORCH_API_INCLUDE_EXTENSION_H
@@ -51,20 +65,25 @@ FORCE:
 
 build/obj/runtime/runtime.o: $(CODE_ID_HDR)
 
+$(TORCH_STAMP): FORCE
+	@mkdir -p $(dir $@)
+	@printf '%s\n' "$(TORCH_INFO)" > $@.tmp; \
+	  if cmp -s $@.tmp $@; then rm -f $@.tmp; else mv -f $@.tmp $@; fi
+
 # -MMD: each object depends on exactly the headers it includes (build/obj/**/*.d).
 build/obj/%.o: csrc/%.c $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-build/obj/%.o: csrc/%.cpp $(HDR)
+$(CXX_OBJ_DIR)/%.o: csrc/%.cpp $(HDR)
 	@mkdir -p $(dir $@)
 	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
 
 -include $(C_OBJS:.o=.d) $(CXX_OBJS:.o=.d)
 
 # Link to a temporary name and rename: a process that has the old library mapped keeps it.
-$(EXT_SO): $(C_OBJS) $(CXX_OBJS)
-	$(CXX) -o $@.tmp $^ $(LDFLAGS_EXT) && mv -f $@.tmp $@
+$(EXT_SO): $(C_OBJS) $(CXX_OBJS) $(TORCH_STAMP)
+	$(CXX) -o $@.tmp $(C_OBJS) $(CXX_OBJS) $(LDFLAGS_EXT) && mv -f $@.tmp $@
 
 # C unit tests: the C layers only, no PyTorch. ASan variant rebuilds everything instrumented.
 build/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(C_SRCS) $(HDR) $(CODE_ID_HDR)
