@@ -1,19 +1,29 @@
 #!/usr/bin/env bash
 # Sets up (scripts/setup.sh, then the test-only packages of requirements-test.txt) and runs every
 # test: the C unit tests (plain and under AddressSanitizer) and the Python test suite.
+# `--torch RELEASE` first (e.g. --torch 2.14.1; or TORCH_VERSION): the same on that release, in
+# the venv scripts/setup.sh keeps for it (.venv-torchRELEASE); by default torch 2.13.0 in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-bash scripts/setup.sh
+TORCH=${TORCH_VERSION:-2.13.0}
+if [ "${1:-}" = "--torch" ]; then
+  TORCH=${2:?--torch needs a release, e.g. 2.14.1}
+  shift 2
+fi
+# setup.sh's venv for that release (its default for --torch without --venv)
+if [ "$TORCH" = 2.13.0 ]; then VENV=.venv; else VENV=.venv-torch$TORCH; fi
+bash scripts/setup.sh --torch "$TORCH"
+VPY=$VENV/bin/python
 # test-only dependencies; torch stays the one setup.sh pinned (--constraint makes that explicit)
-.venv/bin/python -m pip install --quiet --disable-pip-version-check -r requirements-test.txt \
-  --constraint <(.venv/bin/python -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
-make -j2 PYTHON=.venv/bin/python ctest
-make -j2 PYTHON=.venv/bin/python ctest-asan
+"$VPY" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt \
+  --constraint <("$VPY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
+make -j2 PYTHON="$VPY" ctest
+make -j2 PYTHON="$VPY" ctest-asan
 # `--long`: only the multi-process suites marked `long` (too long for CI's budget; their results
 # are in docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 if [ "${1:-}" = "--long" ]; then
   shift
-  .venv/bin/python -m pytest -q tests -m long "$@"
+  "$VPY" -m pytest -q tests -m long "$@"
 else
-  .venv/bin/python -m pytest -q tests -m "not long" "$@"
+  "$VPY" -m pytest -q tests -m "not long" "$@"
 fi
