@@ -20,6 +20,7 @@
 #include "eager_mode.h"
 #include "ivalue_map.h"
 #include "meta_cache.h"
+#include "view_index_put.h"
 extern "C" {
 #include "../ops/dynamic.h"
 #include "torch_pjrt/transfer.h"
@@ -797,6 +798,7 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
   indices_to_device(op, stack, base);
+  if (index_put_into_view(op, stack)) return;
   if (run_per_device(op, stack, base)) return;
   if (run_in_parts(op, stack, base)) return;
   lowered_call(op, stack, base);
