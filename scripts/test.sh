@@ -19,8 +19,8 @@ VPY=$VENV/bin/python
   --constraint <("$VPY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
 make -j2 PYTHON="$VPY" ctest
 make -j2 PYTHON="$VPY" ctest-asan
-# `--long`: only the multi-process suites marked `long` (too long for CI's budget; their results
-# are in docs/distributed.md); otherwise everything else. Other arguments go to pytest.
+# `--long`: only the tests marked `long` (the TorchTitan run: it needs torchtitan installed
+# aside, see docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 if [ "${1:-}" = "--long" ]; then
   shift
   "$VPY" -m pytest -q tests -m long "$@"
