@@ -100,6 +100,15 @@ def test_random_training_step_is_not_compared_and_says_why():
     assert rec["status"] == "pass" and "train skipped" in rec["reason"]
 
 
+def test_random_eval_forward_is_skipped_with_the_reason():
+    class Masked(_Net):
+        def forward(self, x):
+            return self.lin(x) * (torch.rand(x.shape[0], 1) > 0.5)  # random masking in eval too
+    rec = run_case(Case(zoo="test", name="masked", build=Masked, inputs=_inputs))
+    assert rec["status"] == "skipped"
+    assert rec["reason"].startswith("CPU's eval forward pass uses the random number generator")
+
+
 _lib = torch.library.Library("pjrt_zoo_test", "DEF")
 _lib.define("twice(Tensor x) -> Tensor")
 _lib.impl("twice", lambda x: x * 2, "CPU")  # CPU kernel only: tpu takes the fallback
