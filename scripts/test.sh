@@ -21,9 +21,11 @@ make -j2 PYTHON="$VPY" ctest
 make -j2 PYTHON="$VPY" ctest-asan
 # `--long`: only the tests marked `long` (the TorchTitan run: it needs torchtitan installed
 # aside, see docs/distributed.md); otherwise everything else. Other arguments go to pytest.
+# The suite runs on PYTEST_WORKERS worker processes (pytest-xdist; default 2, 0 = in this one).
+WORKERS=(-n "${PYTEST_WORKERS:-2}")
 if [ "${1:-}" = "--long" ]; then
   shift
-  "$VPY" -m pytest -q tests -m long "$@"
+  "$VPY" -m pytest -q tests -m long "${WORKERS[@]}" "$@"
 else
-  "$VPY" -m pytest -q tests -m "not long" "$@"
+  "$VPY" -m pytest -q tests -m "not long" "${WORKERS[@]}" "$@"
 fi
