@@ -85,27 +85,38 @@ $(CXX_OBJ_DIR)/%.o: csrc/%.cpp $(HDR)
 $(EXT_SO): $(C_OBJS) $(CXX_OBJS) $(TORCH_STAMP)
 	$(CXX) -o $@.tmp $(C_OBJS) $(CXX_OBJS) $(LDFLAGS_EXT) && mv -f $@.tmp $@
 
-# C unit tests: the C layers only, no PyTorch. ASan variant rebuilds everything instrumented.
-build/tests/%: tests/c/%.c $(wildcard tests/c/*.h) $(C_SRCS) $(HDR) $(CODE_ID_HDR)
+# C unit tests: the C layers only, no PyTorch. They link the runtime's own objects (built once,
+# for the extension too); the ASan variant compiles the C sources once, instrumented, into
+# build/obj-asan and links every test against those.
+ASAN_FLAGS := -fsanitize=address,undefined -fno-omit-frame-pointer
+C_OBJS_ASAN := $(patsubst csrc/%.c,build/obj-asan/%.o,$(C_SRCS))
+C_TESTS_ASAN := $(patsubst build/tests/%,build/tests-asan/%,$(C_TESTS))
+TEST_DEPS := $(wildcard tests/c/*.h csrc/include/torch_pjrt/*.h) $(HDR)
+
+build/tests/%: tests/c/%.c $(TEST_DEPS) $(C_OBJS)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
+	$(CC) $(CFLAGS) -Itests/c $< $(C_OBJS) -o $@ -ldl -lpthread -lm
 
 ctest: $(C_TESTS)
 	@set -e; for t in $(C_TESTS); do echo "== $$t"; ./$$t; done
 
-ctest-asan:
-	$(MAKE) -B TEST_SAN="-fsanitize=address,undefined -fno-omit-frame-pointer" \
-	  C_TESTS="$(patsubst build/tests/%,build/tests-asan/%,$(C_TESTS))" ctest-asan-run
-
-build/tests-asan/%: tests/c/%.c $(wildcard tests/c/*.h) $(C_SRCS) $(HDR) $(CODE_ID_HDR)
+build/obj-asan/%.o: csrc/%.c $(HDR)
 	@mkdir -p $(dir $@)
-	$(CC) $(CFLAGS) $(TEST_SAN) -Itests/c $< $(C_SRCS) -o $@ -ldl -lpthread -lm
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -MMD -MP -c $< -o $@
 
-ctest-asan-run: $(C_TESTS)
-	@set -e; for t in $(C_TESTS); do echo "== $$t"; \
+build/obj-asan/runtime/runtime.o: $(CODE_ID_HDR)
+
+-include $(C_OBJS_ASAN:.o=.d)
+
+build/tests-asan/%: tests/c/%.c $(TEST_DEPS) $(C_OBJS_ASAN)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $(ASAN_FLAGS) -Itests/c $< $(C_OBJS_ASAN) -o $@ -ldl -lpthread -lm
+
+ctest-asan: $(C_TESTS_ASAN)
+	@set -e; for t in $(C_TESTS_ASAN); do echo "== $$t"; \
 	  ASAN_OPTIONS=detect_leaks=1:protect_shadow_gap=0 LSAN_OPTIONS=suppressions=$(CURDIR)/tests/c/lsan.supp ./$$t; done
 
 clean:
-	rm -rf build/obj build/tests build/tests-asan $(EXT_SO)
+	rm -rf build/obj build/obj-asan build/tests build/tests-asan $(EXT_SO)
 
-.PHONY: all ctest ctest-asan ctest-asan-run clean
+.PHONY: all ctest ctest-asan clean

@@ -19,8 +19,9 @@ VPY=$VENV/bin/python
   --constraint <("$VPY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
 make -j2 PYTHON="$VPY" ctest
 make -j2 PYTHON="$VPY" ctest-asan
-# `--long`: only the tests marked `long` (the TorchTitan run: it needs torchtitan installed
-# aside, see docs/distributed.md); otherwise everything else. Other arguments go to pytest.
+# `--long`: only the tests marked `long` (the slowest multi-process, cache and model-zoo runs,
+# outside CI's 20-minute budget, and the TorchTitan run, which needs torchtitan installed aside:
+# docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 # The suite runs on PYTEST_WORKERS worker processes (pytest-xdist; default 2, 0 = in this one).
 WORKERS=(-n "${PYTEST_WORKERS:-2}")
 if [ "${1:-}" = "--long" ]; then

@@ -3,8 +3,8 @@
 - Imports torch_pjrt explicitly (autoload does the same at ``import torch`` once the package is
   installed; the explicit import keeps the tests working from a plain checkout).
 - Registers the ``slow`` marker. Slow tests still run by default; deselect with ``-m "not slow"``.
-- Registers the ``long`` marker: tests outside CI (the TorchTitan run, which needs torchtitan
-  installed aside). ``bash scripts/test.sh`` leaves them out; ``bash scripts/test.sh --long``
+- Registers the ``long`` marker: tests outside CI's 20-minute budget (the slowest
+  multi-process, cache and model-zoo runs) or needing extra installs (the TorchTitan run). ``bash scripts/test.sh`` leaves them out; ``bash scripts/test.sh --long``
   runs only them (results and runtimes: docs/distributed.md).
 - ``fallbacks``: a fixture measuring CPU fallbacks during a test. It never skips anything; a test
   that claims "no fallback" calls ``fallbacks.assert_none()``, whose message names the ops that
@@ -47,7 +47,7 @@ def pytest_configure(config):
         "markers", "slow: long-running test (runs by default; deselect with -m 'not slow')"
     )
     config.addinivalue_line(
-        "markers", "long: outside CI (needs extra installs); bash scripts/test.sh --long runs these"
+        "markers", "long: outside CI (time budget, extra installs); bash scripts/test.sh --long runs these"
     )
 
 

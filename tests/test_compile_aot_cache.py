@@ -7,6 +7,8 @@ lifted constant (its position ids) from the forward graph, which a reloaded grap
 as that constant (graph_runner.GraphRunner._describe)."""
 from __future__ import annotations
 
+import pytest
+
 from conftest import run_python
 
 STEP = """
@@ -47,6 +49,7 @@ def _run(tmp_path, options="{}"):
     return dict(zip(res[::2], map(int, res[1::2]))), losses
 
 
+@pytest.mark.long
 def test_second_process_loads_aot_graphs_and_trains_the_same(tmp_path):
     first, losses1 = _run(tmp_path)
     assert first["hits"] == 0 and first["saved"] == first["misses"] > 0, first
@@ -60,6 +63,7 @@ def test_second_process_loads_aot_graphs_and_trains_the_same(tmp_path):
     assert losses2 == losses1
 
 
+@pytest.mark.long
 def test_options_are_part_of_the_key_and_the_cache_can_be_off(tmp_path):
     _run(tmp_path)
     other, _ = _run(tmp_path, '{"debug_dir": None, "capture": False}')

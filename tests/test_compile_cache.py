@@ -55,6 +55,7 @@ def test_second_process_loads_instead_of_compiling(tmp_path, expected):
     assert second["values"] == pytest.approx(expected, rel=1e-5)
 
 
+@pytest.mark.long
 def test_corrupted_and_truncated_entries_are_replaced(tmp_path, expected):
     first = run(tmp_path)
     files = entries(tmp_path)
@@ -73,6 +74,7 @@ def test_corrupted_and_truncated_entries_are_replaced(tmp_path, expected):
     assert third["compiles"] == 0 and third["stats"]["disk_cache_corrupt_entries"] == 0
 
 
+@pytest.mark.long
 def test_concurrent_processes_share_one_directory(tmp_path, expected):
     e = dict(os.environ, TORCH_PJRT_CACHE_DIR=str(tmp_path))
     procs = [subprocess.Popen([sys.executable, "-c", textwrap.dedent(WORKLOAD)],

@@ -718,6 +718,7 @@ def _check_ddp(results: list[dict], devices: int) -> None:
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.long
 def test_ddp_tiny_gpt_one_device_per_rank():
     """DDP on tpu:0 and tpu:1 (TORCH_PJRT_CPU_DEVICE_COUNT=2)."""
     _check_ddp(_launch("ddp", world=2, devices=2), devices=2)

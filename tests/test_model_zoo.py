@@ -151,12 +151,14 @@ def test_hf_models(name):
         assert all(len(seq) == 12 + 4 for seq in rec["generated"])
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not _importable("diffusers"), reason="diffusers does not import")
 @pytest.mark.parametrize("name", ["unet2d_condition", "dit_transformer2d"])
 def test_diffusers_models(name):
     _assert_pass(zoos.run_one("diffusers", name))
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not _importable("diffusers"), reason="diffusers does not import")
 @pytest.mark.xfail(strict=True, reason="DDPMScheduler.step multiplies a CPU 0-d tensor by a tpu "
                    "tensor (cpu_scalar * tpu): 'Attempting to copy from device cpu to device meta'")
@@ -181,6 +183,7 @@ def test_timm_and_torchvision(zoo, names):
 # --- the subprocess driver: JSONL, resume, timeout -----------------------------------------------
 
 
+@pytest.mark.long
 def test_runner_writes_resumable_jsonl_and_records_timeouts(tmp_path):
     out = tmp_path / "r.jsonl"
     cmd = [sys.executable, "-m", "torch_pjrt.models", "--zoo", "hf", "-k", "hf/distilbert",
