@@ -171,6 +171,7 @@ def _rss_bytes() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_training_memory_flat_1000_steps(fallbacks):
     torch.manual_seed(0)

@@ -53,6 +53,7 @@ def tiny_gpt(seed):
 # ---- inference ----
 
 
+@pytest.mark.long
 def test_causal_lm_sequence_buckets_inference(fallbacks):
     cpu = tiny_gpt(1).eval()
     sizes = [8, 16, 32]
@@ -122,6 +123,7 @@ def test_mark_dynamic_batch_buckets_float_input_several_outputs():
 # ---- training ----
 
 
+@pytest.mark.long
 def test_causal_lm_sequence_buckets_training_gradients(fallbacks):
     cpu = tiny_gpt(4)
     tpu = copy.deepcopy(cpu).to(TPU)

@@ -121,7 +121,7 @@ def compare(cpu_out, tpu_out, what: str) -> None:
 
 
 @pytest.mark.parametrize("how", ["compile_config", "default", "explicit"])
-@pytest.mark.parametrize("name", ["llama", "gpt2"])
+@pytest.mark.parametrize("name", [pytest.param("llama", marks=pytest.mark.long), "gpt2"])
 def test_generate_static_cache_compiled(name, how, fallbacks):
     cpu = make_model(name)
     tpu = copy.deepcopy(cpu).to(TPU)

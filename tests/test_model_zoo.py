@@ -140,6 +140,7 @@ def test_diff_tolerances():
 HF_FEW = ["gpt2", "bert", "t5"]
 
 
+@pytest.mark.long
 @pytest.mark.skipif(not _importable("hf"), reason="transformers does not import")
 @pytest.mark.parametrize("name", HF_FEW)
 def test_hf_models(name):

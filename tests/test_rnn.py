@@ -422,7 +422,7 @@ def test_bad_input_raises_like_cpu(kind):
 # ---- modes, bfloat16, torch.compile ----
 
 
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("kind", ["lstm", "gru"])
 def test_training_in_every_eager_mode(kind, mode, fallbacks):
     model = _Readout(_make(kind, seed=13, num_layers=2, bidirectional=True))
@@ -453,7 +453,7 @@ def test_bfloat16_forward(kind, fallbacks):
 # torch._dynamo.config.allow_rnn it traces them, and AOTAutograd decomposes aten::lstm / gru /
 # rnn_* into matmuls and pointwise ops (PyTorch's decompositions): the compiled graph holds no
 # fused cell. Both ways must train like CPU without a fallback.
-@pytest.mark.slow
+@pytest.mark.long
 @pytest.mark.parametrize("kind, bias, allow_rnn", [
     ("lstm", True, True), ("lstm", False, True), ("gru", True, True), ("rnn_tanh", True, True),
     ("lstm", True, False), ("gru", False, False),
