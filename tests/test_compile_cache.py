@@ -93,6 +93,7 @@ def test_concurrent_processes_share_one_directory(tmp_path, expected):
     assert after["compiles"] == 0 and after["stats"]["disk_cache_misses"] == 0
 
 
+@pytest.mark.long
 def test_size_bound_evicts_least_recently_used(tmp_path):
     first = run(tmp_path, TORCH_PJRT_CACHE_MAX_BYTES="12000")
     assert first["stats"]["disk_cache_evictions"] > 0
@@ -100,6 +101,7 @@ def test_size_bound_evicts_least_recently_used(tmp_path):
     assert total <= 12000
 
 
+@pytest.mark.long
 def test_zero_disables(tmp_path):
     r = run("0")
     assert r["stats"]["dir"] == ""
@@ -116,6 +118,7 @@ def test_keys_name_the_plugin_and_our_own_sources():
     assert ident.startswith(torch_pjrt._C.platform_name()), ident
 
 
+@pytest.mark.long
 def test_memory_cache_is_bounded_and_evicted_programs_reload(tmp_path):
     """With TORCH_PJRT_PROGRAM_CACHE_MAX=16, 40 distinct programs evict the least recently used
     from memory (a process compiling thousands of programs would otherwise run out of code

@@ -55,6 +55,7 @@ def _result(r) -> dict:
     return dict(zip(line[::2], map(int, line[1::2])))
 
 
+@pytest.mark.long
 @pytest.mark.slow
 def test_aot_compiled_training_function_saves_and_loads(tmp_path):
     cache = str(tmp_path / "cache")
