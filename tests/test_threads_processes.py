@@ -41,22 +41,29 @@ class _nothing:
         return False
 
 
-def test_threads_issuing_ops_at_once_get_cpus_results(fallbacks):
-    modes = ["strict", "defer_and_fuse", "debug", "strict", "defer_and_fuse", "strict"]
-    results, errors = {}, []
+def _run_threads(fn, n: int) -> list:
+    """Runs fn(0..n-1) on n threads at once; returns (k, error) for each thread that raised."""
+    errors = []
 
     def run(k):
         try:
-            results[k] = _work(k, modes[k])
-        except BaseException as e:  # reported below, with the thread's number
+            fn(k)
+        except BaseException as e:  # reported by the caller, with the thread's number
             errors.append((k, repr(e)))
 
-    threads = [threading.Thread(target=run, args=(k,)) for k in range(len(modes))]
+    threads = [threading.Thread(target=run, args=(k,)) for k in range(n)]
     for t in threads:
         t.start()
     for t in threads:
         t.join(timeout=300)
     assert not any(t.is_alive() for t in threads), "a thread hung"
+    return errors
+
+
+def test_threads_issuing_ops_at_once_get_cpus_results(fallbacks):
+    modes = ["strict", "defer_and_fuse", "debug", "strict", "defer_and_fuse", "strict"]
+    results = {}
+    errors = _run_threads(lambda k: results.__setitem__(k, _work(k, modes[k])), len(modes))
     assert not errors, errors
     for k, (cpu, dev) in results.items():
         for j, (c, d) in enumerate(zip(cpu, dev)):
@@ -68,23 +75,14 @@ def test_backward_on_several_threads_matches_cpu(fallbacks):
     from torch_pjrt._models import MLP, init_weights
 
     pairs = [(init_weights(MLP(), seed=s), init_weights(MLP(), seed=s).to(TPU)) for s in range(4)]
-    errors = []
-
     def train(k):
-        try:
-            cpu, dev = pairs[k]
-            g = torch.Generator().manual_seed(100 + k)
-            x, y = torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
-            for m, dv in ((cpu, "cpu"), (dev, TPU)):
-                torch.nn.functional.cross_entropy(m(x.to(dv)), y.to(dv)).backward()
-        except BaseException as e:
-            errors.append((k, repr(e)))
+        cpu, dev = pairs[k]
+        g = torch.Generator().manual_seed(100 + k)
+        x, y = torch.randn(8, 32, generator=g), torch.randint(0, 10, (8,), generator=g)
+        for m, dv in ((cpu, "cpu"), (dev, TPU)):
+            torch.nn.functional.cross_entropy(m(x.to(dv)), y.to(dv)).backward()
 
-    threads = [threading.Thread(target=train, args=(k,)) for k in range(len(pairs))]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=300)
+    errors = _run_threads(train, len(pairs))
     assert not errors, errors
     for k, (cpu, dev) in enumerate(pairs):
         assert not grad_mismatches(cpu, dev, rtol=1e-4, atol=1e-5), (k, grad_mismatches(cpu, dev))
