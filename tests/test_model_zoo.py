@@ -161,8 +161,6 @@ def test_diffusers_models(name):
 
 @pytest.mark.long
 @pytest.mark.skipif(not _importable("diffusers"), reason="diffusers does not import")
-@pytest.mark.xfail(strict=True, reason="DDPMScheduler.step multiplies a CPU 0-d tensor by a tpu "
-                   "tensor (cpu_scalar * tpu): 'Attempting to copy from device cpu to device meta'")
 def test_diffusers_ddpm_pipeline():
     _assert_pass(zoos.run_one("diffusers", "ddpm_pipeline"))
 

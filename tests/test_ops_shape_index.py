@@ -319,6 +319,22 @@ def test_put_with_bool_mask_values(no_fallback):
     run_both(fn2, [sample(X)], grad=False)
 
 
+@pytest.mark.parametrize("shape,mrank", [((4,), 1), ((2, 5), 2), ((2, 5, 3), 2), ((0, 3), 1)])
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_put_with_all_false_or_empty_mask(shape, mrank, accumulate, no_fallback):
+    # no true position: nothing is written (vits' spline and higgs_audio's audio-token mask hit
+    # this: values with no rows once compiled a gather of row 0, out of bounds)
+    x = torch.randn(shape)
+    m = torch.zeros(shape[:mrank], dtype=torch.bool)
+    v = torch.randn((0,) + shape[mrank:])
+    want = x.clone().index_put_((m,), v, accumulate=accumulate)
+    got = x.to(TPU).index_put_((m.to(TPU),), v.to(TPU), accumulate=accumulate)
+    torch.testing.assert_close(got.cpu(), want, rtol=0, atol=0)
+    y = x.to(TPU)
+    y[m.to(TPU)] += v.to(TPU)
+    torch.testing.assert_close(y.cpu(), x, rtol=0, atol=0)
+
+
 def test_one_hot_and_embedding_module(no_fallback):
     labels = torch.tensor([0, 3, 4, 1])
     torch.testing.assert_close(F.one_hot(labels.to(TPU), 5).cpu(), F.one_hot(labels, 5))

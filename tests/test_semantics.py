@@ -342,6 +342,27 @@ def test_mixed_devices_raise():
     assert_same(torch.ones(3, device=TPU) + torch.tensor(2.0), torch.full((3,), 3.0))
 
 
+@pytest.mark.parametrize("op", [torch.mul, torch.add, torch.sub, torch.div, torch.maximum])
+@pytest.mark.parametrize("sdtype,xdtype", [(torch.float32, torch.float32),
+                                           (torch.float64, torch.float32),
+                                           (torch.int64, torch.float32),
+                                           (torch.float32, torch.int32),
+                                           (torch.int64, torch.int16)])
+def test_cpu_0d_tensor_in_either_position(op, sdtype, xdtype):
+    # CUDA accepts a CPU 0-d tensor as either operand (schedulers write `alpha_t * sample`);
+    # results and dtypes (0-d tensors promote by category only) follow CPU's.
+    s = torch.tensor(3, dtype=sdtype)
+    x = (torch.arange(1, 7).reshape(2, 3) * 2).to(xdtype)
+    for a, b in [(s, x), (x, s)]:
+        want = op(a, b)
+        got = op(a.to(TPU) if a.dim() else a, b.to(TPU) if b.dim() else b)
+        assert got.device.type == "tpu" and got.dtype == want.dtype and got.shape == want.shape
+        torch.testing.assert_close(got.cpu(), want)  # division may round in the last bit
+    out = torch.empty(0, dtype=want.dtype, device=TPU)
+    op(s, x.to(TPU), out=out)
+    torch.testing.assert_close(out.cpu(), op(s, x))
+
+
 # --- torch.tpu -------------------------------------------------------------------------------
 
 

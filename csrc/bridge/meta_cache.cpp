@@ -110,8 +110,16 @@ at::Tensor meta_tensor(const TensorSpec& s) {
   return at::empty_strided(s.sizes, s.strides, at::TensorOptions().dtype(s.dtype).device(c10::kMeta));
 }
 
+// tpu tensors become meta tensors. So do CPU 0-d tensors (not wrapped Python numbers): CUDA and
+// TensorIterator accept them beside device tensors in any position, but PyTorch's Python meta
+// kernels for out= variants check that an input on another device than `out` is not the
+// first argument ("copy from device cpu to device meta"). As a meta 0-d tensor it promotes
+// exactly as the CPU one does (dim-0 tensors promote by category whatever their device).
 at::Tensor meta_like(const at::Tensor& t) {
-  if (!t.defined() || t.device().type() != c10::DeviceType::PrivateUse1) return t;
+  if (!t.defined()) return t;
+  const bool cpu_scalar = t.device().type() == c10::DeviceType::CPU && t.dim() == 0 &&
+                          !t.unsafeGetTensorImpl()->is_wrapped_number();
+  if (t.device().type() != c10::DeviceType::PrivateUse1 && !cpu_scalar) return t;
   return at::empty_strided(t.sizes(), t.strides(), t.options().device(c10::kMeta));
 }
 

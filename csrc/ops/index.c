@@ -778,6 +778,9 @@ static pj_val_t index_put_mask(pj_lower_t *L, const index_plan_t *p, pj_val_t x,
   pj_val_t vb = pj_broadcast_to(H, pj_convert(H, v, x.t.dtype), full.rank, full.dims);
   int64_t v3[3] = {P, vn, R};
   vb = pj_reshape(H, vb, 3, v3);
+  /* No rows to write: values have none (the mask is all false, which the Meta kernel's shape
+   * check has already required) or self is empty. The gather of row 0 would be out of bounds. */
+  if (vn == 0 || P * M * R == 0) return x;
   if (vn == 1) {
     int64_t b3[3] = {P, M, R}, bd[3] = {0, 1, 2}, md[1] = {1};
     pj_type_t t3 = pj_type(x.t.dtype, 3, b3);
