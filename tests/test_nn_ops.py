@@ -253,3 +253,38 @@ def test_ctc_loss(T, N, C, S, tensor_len, flat, zero_inf, red):
         return torch.nn.functional.ctc_loss(lp, tg.to(lp.device), *lens, reduction=red,
                                             zero_infinity=zero_inf)
     check(f, lp, tg, *lens, grad=True, atol=1e-5, rtol=1e-5)
+
+
+# ---- weight norm (the fused interface; wav2vec2-style positional convolutions use it) ----
+
+@pytest.mark.parametrize("shape,dim", [((4, 3, 5), 0), ((4, 3, 5), 2), ((6, 7), 0), ((6, 7), 1)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, BF])
+def test_weight_norm_interface_and_backward(shape, dim, dtype):
+    torch.manual_seed(0)
+    gshape = [1] * len(shape)
+    gshape[dim] = shape[dim]
+    v = torch.randn(shape, dtype=dtype, requires_grad=True)
+    g = (torch.rand(gshape, dtype=dtype) + 0.5).requires_grad_()
+    check(lambda v, g: torch._weight_norm_interface(v, g, dim), v, g)
+    # the backward op itself, and through autograd (torch._weight_norm on a 2+-d weight)
+    w, n = torch._weight_norm_interface(v.detach(), g.detach(), dim)
+    gw = torch.randn(shape, dtype=dtype)
+    check(lambda gw, v, g, n: torch.ops.aten._weight_norm_interface_backward(gw, v, g, n, dim),
+          gw, v.detach(), g.detach(), n)
+    check(lambda v, g: torch._weight_norm(v, g, dim), v, g, grad=True)
+
+
+def test_weight_norm_parametrized_conv_trains_like_cpu():
+    from conftest import grad_mismatches
+    torch.manual_seed(0)
+    conv = torch.nn.utils.parametrizations.weight_norm(
+        torch.nn.Conv1d(6, 6, 5, padding=2, groups=2), name="weight", dim=2)
+    tconv = torch.nn.utils.parametrizations.weight_norm(
+        torch.nn.Conv1d(6, 6, 5, padding=2, groups=2), name="weight", dim=2).to(TPU)
+    tconv.load_state_dict(conv.state_dict())
+    x = torch.randn(2, 6, 16)
+    before = fallbacks()
+    conv(x).square().mean().backward()
+    tconv(x.to(TPU)).square().mean().backward()
+    assert fallbacks() == before, "an op fell back to the CPU"
+    assert grad_mismatches(conv, tconv, rtol=1e-4, atol=1e-5) == []

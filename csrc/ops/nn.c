@@ -234,6 +234,73 @@ static pj_status_t *lower_group_norm_backward(pj_lower_t *L) {
   return NULL;
 }
 
+/* ---- weight norm (the fused interface torch._weight_norm calls: dim 0 or the last dim) ----
+ * w = v * (g / ||v||), the norm taken over every dim but `dim`; g and the norms have v's rank
+ * with size 1 outside `dim`. The backward follows CPU's kernel term by term:
+ *   s = sum(grad_w * v),  grad_g = s / norm,  grad_v = (g / norm) * grad_w - (g / norm) *
+ *   grad_g / norm * v. */
+
+typedef struct {
+  int dim;
+  pj_dtype_t ct;
+} wn_t;
+
+static bool wn_setup(pj_lower_t *L, pj_val_t v, wn_t *w) {
+  int64_t dim = pj_int(L, "dim", 0);
+  if (dim < 0) dim += v.t.rank;
+  if (v.t.rank == 0 || dim < 0 || dim >= v.t.rank) {
+    pj_fail(L, PJ_ERR_RUNTIME, "_weight_norm_interface: dim out of range for a %d-d weight",
+            v.t.rank);
+    return false;
+  }
+  w->dim = (int)dim;
+  w->ct = acc_of(v.t.dtype);
+  return true;
+}
+
+/* A per-`dim` sum [C] (or any value with g's numel) as g's shape broadcast to t. */
+static pj_val_t wn_bcast(pj_lower_t *L, pj_val_t per, const wn_t *w, pj_type_t t) {
+  return bcast_channel(L, pj_reshape(H, per, 1, &t.dims[w->dim]), t, w->dim);
+}
+
+static pj_val_t wn_as(pj_lower_t *L, pj_val_t x, int k) {
+  pj_type_t t = pj_out_type(L, k);
+  return pj_convert(H, x, t.dtype);
+}
+
+static pj_status_t *lower_weight_norm(pj_lower_t *L) {
+  pj_val_t v = pj_tensor(L, "v");
+  wn_t w;
+  if (!wn_setup(L, v, &w)) return NULL;
+  v = pj_convert(H, v, w.ct);
+  pj_val_t g = pj_convert(H, pj_tensor(L, "g"), w.ct);
+  pj_val_t norm = U("sqrt", sum_except(L, MUL(v, v), w.dim)); /* [C] */
+  pj_val_t a = DIV(pj_reshape(H, g, 1, &v.t.dims[w.dim]), norm);
+  pj_val_t r[2] = {wn_as(L, MUL(v, wn_bcast(L, a, &w, v.t)), 0), wn_as(L, norm, 1)};
+  bool p[2] = {true, true};
+  put_results(L, r, p, 2);
+  return NULL;
+}
+
+static pj_status_t *lower_weight_norm_backward(pj_lower_t *L) {
+  pj_val_t v = pj_tensor(L, "saved_v");
+  wn_t w;
+  if (!wn_setup(L, v, &w)) return NULL;
+  v = pj_convert(H, v, w.ct);
+  int64_t c = v.t.dims[w.dim];
+  pj_val_t gw = pj_convert(H, pj_tensor(L, "grad_w"), w.ct);
+  pj_val_t g = pj_reshape(H, pj_convert(H, pj_tensor(L, "saved_g"), w.ct), 1, &c);
+  pj_val_t norm = pj_reshape(H, pj_convert(H, pj_tensor(L, "saved_norms"), w.ct), 1, &c);
+  pj_val_t s = sum_except(L, MUL(gw, v), w.dim);
+  pj_val_t grad_g = DIV(s, norm);
+  pj_val_t a = DIV(g, norm), b = DIV(MUL(a, grad_g), norm);
+  pj_val_t grad_v = SUB(MUL(wn_bcast(L, a, &w, v.t), gw), MUL(wn_bcast(L, b, &w, v.t), v));
+  pj_val_t r[2] = {wn_as(L, grad_v, 0), wn_as(L, grad_g, 1)};
+  bool p[2] = {true, true};
+  put_results(L, r, p, 2);
+  return NULL;
+}
+
 /* ---- batch norm ---- */
 
 /* Forward of the _native_batch_norm_legit family. Candidates:
@@ -1416,6 +1483,8 @@ const pj_lowering_entry_t pj_lowerings_nn[] = {
     {"native_layer_norm_backward", lower_layer_norm_backward},
     {"native_group_norm", lower_group_norm},
     {"native_group_norm_backward", lower_group_norm_backward},
+    {"_weight_norm_interface", lower_weight_norm},
+    {"_weight_norm_interface_backward", lower_weight_norm_backward},
     {"_native_batch_norm_legit", lower_batch_norm_legit},
     {"native_batch_norm", lower_batch_norm_legit},
     {"_native_batch_norm_legit_no_training", lower_batch_norm_legit},
