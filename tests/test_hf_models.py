@@ -141,3 +141,57 @@ def test_accelerate_prepare_keeps_ties_and_optimizer():
         print("ok")
     """, ACCELERATE_TORCH_DEVICE="tpu")
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr[-3000:]
+
+
+_TRAINER_RUN = """
+    import json, sys, torch, transformers
+    torch.manual_seed(0)
+    cfg = transformers.GPT2Config(n_layer=1, n_head=2, n_embd=16, vocab_size=64, n_positions=32,
+                                  resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0)
+    model = transformers.GPT2LMHeadModel(cfg)
+
+    class Data(torch.utils.data.Dataset):
+        def __init__(self):
+            self.x = torch.randint(0, 64, (12, 12), generator=torch.Generator().manual_seed(1))
+        def __len__(self):
+            return len(self.x)
+        def __getitem__(self, i):
+            return {"input_ids": self.x[i], "labels": self.x[i]}
+
+    use_cpu = sys.argv[1] == "cpu"
+    args = transformers.TrainingArguments(
+        output_dir=sys.argv[2], per_device_train_batch_size=4, num_train_epochs=1,
+        learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", seed=0,
+        use_cpu=use_cpu, dataloader_num_workers=0, disable_tqdm=True)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=Data())
+    trainer.train()
+    devices = {p.device.type for p in trainer.model.parameters()}
+    torch.save({"devices": sorted(devices),
+                "logs": [h for h in trainer.state.log_history if "loss" in h],
+                "params": {n: p.detach().cpu() for n, p in trainer.model.named_parameters()}},
+               sys.argv[2] + "/result.pt")
+"""
+
+
+def test_trainer_trains_on_tpu_like_cpu(tmp_path):
+    # transformers' Trainer puts the model on tpu by itself; Accelerate (which moves the batches)
+    # knows no tpu device and is told by ACCELERATE_TORCH_DEVICE. Two fresh interpreters: both
+    # libraries keep process-wide device state.
+    out = {}
+    for dev, env in (("cpu", {}), ("tpu", {"ACCELERATE_TORCH_DEVICE": "tpu"})):
+        d = tmp_path / dev
+        d.mkdir()
+        code = "import sys; sys.argv[1:] = " + repr([dev, str(d)]) + "\n" + \
+            __import__("textwrap").dedent(_TRAINER_RUN)
+        r = run_python(code, **env)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
+        out[dev] = torch.load(d / "result.pt")
+    cpu, tpu = out["cpu"], out["tpu"]
+    assert cpu["devices"] == ["cpu"] and tpu["devices"] == ["tpu"]
+    assert len(tpu["logs"]) == len(cpu["logs"]) == 3  # 12 samples, batches of 4
+    for c, t in zip(cpu["logs"], tpu["logs"]):
+        assert t["loss"] == pytest.approx(c["loss"], rel=1e-4, abs=1e-5), (c, t)
+        assert t["grad_norm"] == pytest.approx(c["grad_norm"], rel=1e-3), (c, t)
+    assert cpu["params"].keys() == tpu["params"].keys()
+    for n, c in cpu["params"].items():
+        torch.testing.assert_close(tpu["params"][n], c, rtol=1e-4, atol=1e-5, msg=n)
