@@ -17,6 +17,7 @@ VPY=$VENV/bin/python
 # test-only dependencies; torch stays the one setup.sh pinned (--constraint makes that explicit)
 "$VPY" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt \
   --constraint <("$VPY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
+"$VPY" -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-test-nodeps.txt
 make -j2 PYTHON="$VPY" ctest
 make -j2 PYTHON="$VPY" ctest-asan
 # `--long`: only the tests marked `long` (the slowest multi-process, cache and model-zoo runs,

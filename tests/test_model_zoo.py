@@ -165,6 +165,29 @@ def test_diffusers_ddpm_pipeline():
     _assert_pass(zoos.run_one("diffusers", "ddpm_pipeline"))
 
 
+def test_pretrained_voice_encoder_embeddings_equal_cpu():
+    # real trained weights shipped inside a PyPI package (scripts/test.sh installs it); the
+    # harness's whole case (forward and training step) is the long test below
+    from torch_pjrt.models import pretrained_zoo
+    ok, why = pretrained_zoo.available()
+    assert ok, why
+    model = pretrained_zoo._voice_encoder().eval()
+    mels = pretrained_zoo._voice_mels(torch.Generator().manual_seed(1))["mels"]
+    with torch.no_grad():
+        want = model(mels)
+        got = model.to("tpu")(mels.to("tpu"))
+    assert got.device.type == "tpu" and got.dtype == want.dtype and got.shape == want.shape == (3, 256)
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-4, atol=1e-5)
+    # distinct inputs give distinct unit embeddings (the weights are real, not a constant map)
+    sim = want @ want.T
+    assert torch.allclose(sim.diagonal(), torch.ones(3)) and (sim.triu(1)[sim.triu(1) != 0] < 0.99).all()
+
+
+@pytest.mark.long
+def test_pretrained_zoo_case():
+    _assert_pass(zoos.run_one("pretrained", "resemblyzer_voice_encoder"))
+
+
 @pytest.mark.parametrize("zoo,names", [("timm", ["test_resnet.r160_in1k", "test_vit.r160_in1k"]),
                                        ("torchvision", ["resnet18", "mobilenet_v3_small"])])
 def test_timm_and_torchvision(zoo, names):

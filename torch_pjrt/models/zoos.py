@@ -13,6 +13,7 @@ ZOOS = {
     "timm": "torch_pjrt.models.timm_zoo",
     "torchvision": "torch_pjrt.models.torchvision_zoo",
     "diffusers": "torch_pjrt.models.diffusers_zoo",
+    "pretrained": "torch_pjrt.models.pretrained_zoo",
 }
 # The name a zoo's whole sweep is recorded under when its library does not import (its model
 # list cannot be known then).
