@@ -61,3 +61,65 @@ def test_memory_info_of_a_missing_device_raises_like_cuda():
         torch.accelerator.get_memory_info(n)
     with pytest.raises(AssertionError):  # torch.cuda.mem_get_info's "Invalid device id"
         torch.tpu.mem_get_info(n)
+
+
+# --- a per-process budget (torch.tpu.set_per_process_memory_fraction) ---------------------------
+# Its own interpreter: the budget is process-wide, and other tests running beside it in the same
+# worker must not meet it.
+
+def test_memory_fraction_oom_then_recovery():
+    r = run_python("""
+        import torch
+        total = torch.tpu.get_device_properties(0).total_memory
+        keep = torch.ones(1024, device="tpu")          # 4 KiB that must survive the OOM
+        base = torch.tpu.memory_allocated()
+        frac = (base + 64 * 2**20) / total              # room for 64 MiB more
+        torch.tpu.set_per_process_memory_fraction(frac)
+        assert torch.tpu.get_per_process_memory_fraction() == frac
+        a = torch.empty(16 * 2**20, dtype=torch.uint8, device="tpu")   # 16 MiB: fits
+        try:
+            torch.empty(256 * 2**20, dtype=torch.uint8, device="tpu")  # 256 MiB: does not
+        except torch.OutOfMemoryError as e:
+            msg = str(e)
+        else:
+            raise SystemExit("no OutOfMemoryError")
+        assert "Tried to allocate 256.00 MiB" in msg and "limit of" in msg, msg
+        assert torch.tpu.memory_allocated() == base + 16 * 2**20  # the failed one counts nothing
+        # an op whose output does not fit fails the same way and leaves its inputs intact
+        big = torch.empty(40 * 2**20, dtype=torch.uint8, device="tpu")
+        try:
+            torch.cat([big, big])
+        except torch.OutOfMemoryError:
+            pass
+        else:
+            raise SystemExit("cat did not raise")
+        assert keep.sum().item() == 1024.0
+        # freeing makes room again; lifting the cap allows anything
+        del a, big
+        c = torch.empty(60 * 2**20, dtype=torch.uint8, device="tpu")
+        del c
+        torch.tpu.set_per_process_memory_fraction(1.0)
+        d = torch.ones(128 * 2**20, dtype=torch.uint8, device="tpu")
+        assert d.sum().item() == 128 * 2**20
+        # CUDA's argument checks
+        for bad, exc in ((2, TypeError), (1.5, ValueError), (-0.1, ValueError)):
+            try:
+                torch.tpu.set_per_process_memory_fraction(bad)
+            except exc:
+                pass
+            else:
+                raise SystemExit(f"{bad!r} accepted")
+        print("ok")
+    """)
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), (r.returncode, r.stdout[-2000:],
+                                                                   r.stderr[-3000:])
+
+
+def test_memory_summary_and_stats():
+    x = torch.ones(256, 256, device=TPU)
+    st = torch.tpu.memory_stats()
+    assert st["allocated_bytes.all.current"] == torch.tpu.memory_allocated() >= x.nbytes
+    s = torch.tpu.memory_summary()
+    assert isinstance(s, str) and "Allocated memory" in s and "Per-process limit" in s
+    assert "Allocated memory" in torch.tpu.memory_summary(0, abbreviated=True)
+    del x

@@ -393,6 +393,70 @@ def memory_stats(device: _DeviceLike = None) -> collections.OrderedDict:
     return collections.OrderedDict(sorted(stats.items()))
 
 
+def set_per_process_memory_fraction(fraction: float, device: _DeviceLike = None) -> None:
+    """Caps the bytes of live tpu tensors on `device` at fraction * total memory, as
+    torch.cuda's: an allocation past it raises torch.OutOfMemoryError (with the sizes) and
+    allocates nothing, and the process goes on. 1.0 lifts the cap. Tensors already allocated
+    stay; a cap below them only stops new allocations."""
+    _lazy_init()
+    index = _property_index(device)
+    if not isinstance(fraction, float):
+        raise TypeError("Invalid type for fraction argument, must be `float`")
+    if fraction < 0 or fraction > 1:
+        raise ValueError(f"Invalid fraction value: {fraction}. Allowed range: 0~1")
+    total = _total_memory(index)
+    if fraction < 1 and total <= 0:
+        raise RuntimeError("set_per_process_memory_fraction: the plugin reports no memory size "
+                           "for this device, so a fraction of it cannot be set")
+    _C.set_memory_limit(index, -1 if fraction == 1 else int(fraction * total))
+    _memory_fraction[index] = fraction
+
+
+_memory_fraction: dict = {}
+
+
+def get_per_process_memory_fraction(device: _DeviceLike = None) -> float:
+    """The fraction set by set_per_process_memory_fraction (1.0 when none was set)."""
+    _lazy_init()
+    return _memory_fraction.get(_property_index(device), 1.0)
+
+
+def _fmt_bytes(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(n) < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1024
+    return str(n)
+
+
+def memory_summary(device: _DeviceLike = None, abbreviated: bool = False) -> str:
+    """A readable table of memory_stats() for `device`, as torch.cuda.memory_summary gives (the
+    tpu allocator holds no cache, so allocated, reserved and active bytes are the same)."""
+    index = _index(device)
+    st = memory_stats(index)
+    limit = _C.memory_limit(index) if _C is not None else -1
+    free_total = None
+    if _C is not None:
+        try:
+            free_total = mem_get_info(index)
+        except (NotImplementedError, RuntimeError):
+            pass
+    rows = [("Allocated memory", _fmt_bytes(st["allocated_bytes.all.current"]),
+             _fmt_bytes(st["allocated_bytes.all.peak"])),
+            ("Live tensors' storages", str(st["num_live_storages"]), "")]
+    if not abbreviated:
+        rows.append(("Per-process limit", "none" if limit < 0 else _fmt_bytes(limit), ""))
+        if free_total is not None:
+            rows.append(("Device free / total", f"{_fmt_bytes(free_total[0])} / "
+                         f"{_fmt_bytes(free_total[1])}", ""))
+    width = 72
+    lines = ["=" * width, f" tpu memory summary, device {index}".ljust(width), "-" * width,
+             f" {'Metric':<32}{'Current':>20}{'Peak':>18} ", "-" * width]
+    lines += [f" {name:<32}{cur:>20}{peak:>18} " for name, cur, peak in rows]
+    lines.append("=" * width)
+    return "\n".join(lines) + "\n"
+
+
 # --- streams and events ------------------------------------------------------------------------
 # One stream per device (see csrc/bridge/guard.cpp): work is ordered by data dependencies, and
 # events snapshot the executions in flight, so waiting on or timing an event is real.

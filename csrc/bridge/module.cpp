@@ -103,6 +103,14 @@ void bind_memory(py::module_& m) {
   m.def("reset_peak_memory_stats",
         wrap_pybind_function([](int device) { pj_storage_reset_peak(stats_device(device)); }),
         py::arg("device"));
+  m.def("set_memory_limit",
+        wrap_pybind_function([](int device, int64_t bytes) {
+          pj_storage_set_limit(stats_device(device), bytes);
+        }),
+        py::arg("device"), py::arg("bytes"));
+  m.def("memory_limit",
+        wrap_pybind_function([](int device) { return pj_storage_limit(stats_device(device)); }),
+        py::arg("device"));
   m.def("live_storages",
         wrap_pybind_function([](int device) {
           return device < 0 ? pj_storage_live_count()

@@ -4,6 +4,8 @@
 #include "torch_pjrt/storage.h"
 
 #include <stdatomic.h>
+#include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -20,28 +22,77 @@ static _Atomic uint64_t next_id = 1;
  * rounded up to 256 bytes (plus 256 so even empty storages get distinct addresses). */
 static _Atomic uint64_t next_addr = (uint64_t)1 << 44;
 
-/* A storage's bytes and its count on its device: added at creation, removed at destruction
- * (count = +1 / -1). */
-static void account(int device, int64_t delta, int count) {
-  atomic_fetch_add(&live_count, count);
-  if (device < 0 || device >= PJ_MAX_ACCOUNTED_DEVICES) return;
-  atomic_fetch_add(&live_on[device], count);
-  int64_t now = atomic_fetch_add(&bytes_in_use[device], delta) + delta;
+/* Per-device budgets (torch.tpu.set_per_process_memory_fraction), stored as budget + 1 so that
+ * 0, the initial value, is "no budget" and a budget of 0 bytes stays expressible. */
+static _Atomic int64_t limit_plus1[PJ_MAX_ACCOUNTED_DEVICES];
+
+static void raise_peak(int device, int64_t now) {
   int64_t peak = atomic_load(&peak_bytes[device]);
   while (now > peak && !atomic_compare_exchange_weak(&peak_bytes[device], &peak, now)) {
   }
 }
 
+/* Adds a new storage's bytes to its device's count unless that would pass the device's budget
+ * (then nothing is counted and false is returned). The check and the add are one atomic step,
+ * so threads allocating at once can never pass the budget together. */
+static bool reserve(int device, int64_t nbytes) {
+  atomic_fetch_add(&live_count, 1);
+  if (device < 0 || device >= PJ_MAX_ACCOUNTED_DEVICES) return true;
+  int64_t limit = atomic_load(&limit_plus1[device]) - 1;
+  int64_t cur = atomic_load(&bytes_in_use[device]);
+  do {
+    if (limit >= 0 && nbytes > 0 && cur + nbytes > limit) {
+      atomic_fetch_sub(&live_count, 1);
+      return false;
+    }
+  } while (!atomic_compare_exchange_weak(&bytes_in_use[device], &cur, cur + nbytes));
+  atomic_fetch_add(&live_on[device], 1);
+  raise_peak(device, cur + nbytes);
+  return true;
+}
+
+static void unreserve(int device, int64_t nbytes) {
+  atomic_fetch_sub(&live_count, 1);
+  if (device < 0 || device >= PJ_MAX_ACCOUNTED_DEVICES) return;
+  atomic_fetch_sub(&live_on[device], 1);
+  atomic_fetch_sub(&bytes_in_use[device], nbytes);
+}
+
+static void put_bytes(char *buf, size_t n, int64_t b) {
+  const char *unit[] = {"bytes", "KiB", "MiB", "GiB", "TiB"};
+  double v = (double)b;
+  int u = 0;
+  while (v >= 1024.0 && u < 4) v /= 1024.0, u++;
+  if (u == 0) snprintf(buf, n, "%lld bytes", (long long)b);
+  else snprintf(buf, n, "%.2f %s", v, unit[u]);
+}
+
 pj_status_t *pj_storage_new(int device, size_t nbytes, pj_storage_t **out) {
+  *out = NULL;
+  if (nbytes > (size_t)INT64_MAX)
+    return pj_status_new(PJ_ERR_OOM, "tpu out of memory: tried to allocate %zu bytes", nbytes);
+  if (!reserve(device, (int64_t)nbytes)) {
+    char want[32], have[32], lim[32];
+    put_bytes(want, sizeof want, (int64_t)nbytes);
+    put_bytes(have, sizeof have, atomic_load(&bytes_in_use[device]));
+    put_bytes(lim, sizeof lim, pj_storage_limit(device));
+    return pj_status_new(PJ_ERR_OOM,
+                         "tpu out of memory. Tried to allocate %s. Device %d has a per-process "
+                         "limit of %s (torch.tpu.set_per_process_memory_fraction), of which %s "
+                         "is allocated by live tensors",
+                         want, device, lim, have);
+  }
   pj_storage_t *s = calloc(1, sizeof *s);
-  if (!s) return pj_status_new(PJ_ERR_OOM, "out of host memory for a storage descriptor");
+  if (!s) {
+    unreserve(device, (int64_t)nbytes);
+    return pj_status_new(PJ_ERR_OOM, "out of host memory for a storage descriptor");
+  }
   s->refs = 1;
   s->device = device;
   s->nbytes = nbytes;
   s->dtype = PJ_U8;
   s->id = atomic_fetch_add(&next_id, 1);
   s->addr = (uintptr_t)atomic_fetch_add(&next_addr, ((nbytes + 255) & ~(uint64_t)255) + 256);
-  account(device, (int64_t)nbytes, 1);
   *out = s;
   return NULL;
 }
@@ -52,7 +103,7 @@ void pj_storage_release(pj_storage_t *s) {
   if (!s) return;
   if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   pj_buffer_destroy(s->buf);
-  account(s->device, -(int64_t)s->nbytes, -1);
+  unreserve(s->device, (int64_t)s->nbytes);
   free(s);
 }
 
@@ -97,6 +148,14 @@ int64_t pj_storage_peak_bytes(int device) {
 void pj_storage_reset_peak(int device) {
   if (device >= 0 && device < PJ_MAX_ACCOUNTED_DEVICES)
     atomic_store(&peak_bytes[device], atomic_load(&bytes_in_use[device]));
+}
+void pj_storage_set_limit(int device, int64_t bytes) {
+  if (device >= 0 && device < PJ_MAX_ACCOUNTED_DEVICES)
+    atomic_store(&limit_plus1[device], bytes < 0 ? 0 : bytes + 1);
+}
+int64_t pj_storage_limit(int device) {
+  return device >= 0 && device < PJ_MAX_ACCOUNTED_DEVICES ? atomic_load(&limit_plus1[device]) - 1
+                                                          : -1;
 }
 int64_t pj_storage_live_count(void) { return atomic_load(&live_count); }
 int64_t pj_storage_live_count_on(int device) {

@@ -43,6 +43,12 @@ pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt);
 int64_t pj_storage_bytes_in_use(int device);
 int64_t pj_storage_peak_bytes(int device);
 void pj_storage_reset_peak(int device);
+/* A per-device budget for the bytes of live storages (negative: none, the default; the getter
+ * answers -1 then). pj_storage_new
+ * fails with PJ_ERR_OOM, counting nothing, when a storage would take its device past it. A
+ * budget below what is already allocated stops new allocations only. */
+void pj_storage_set_limit(int device, int64_t bytes);
+int64_t pj_storage_limit(int device);
 /* Live storages in the process, and on one device (0 for an index out of range). */
 int64_t pj_storage_live_count(void);
 int64_t pj_storage_live_count_on(int device);
