@@ -3,6 +3,8 @@ against PyTorch on the CPU: values, dtypes, shapes, gradients through autograd, 
 out= variants, non-contiguous inputs, and zero CPU fallbacks for the lowered ops."""
 from __future__ import annotations
 
+import copy
+
 import pytest
 import torch
 import torch.nn.functional as F
@@ -443,6 +445,70 @@ def test_small_cnn_trains_like_cpu():
     for p, pt in zip(m.parameters(), mt.parameters()):
         torch.testing.assert_close(pt.detach().cpu(), p.detach(), atol=1e-5, rtol=1e-4)
     assert lowered_fallbacks(before) == {}
+
+
+class _ConvBnNet(torch.nn.Module):
+    """The pieces of the conv nets whose float32 training steps the model harness flags (hgnet's
+    padded stem with a stride-1 ceil-mode max pool, depthwise / grouped / dilated / strided
+    convolutions, BatchNorm with in-place ReLU, hardswish, average pooling with ceil_mode and
+    count_include_pad=False, levit's BatchNorm1d over two rows) in one small network."""
+
+    def __init__(self):
+        super().__init__()
+        nn = torch.nn
+        self.stem = nn.Sequential(nn.Conv2d(3, 8, 3, 2, 1, bias=False), nn.BatchNorm2d(8),
+                                  nn.ReLU(inplace=True))
+        self.pool = nn.MaxPool2d(2, 1, ceil_mode=True)
+        self.dw = nn.Sequential(nn.Conv2d(8, 8, 5, 2, 2, groups=8, bias=False),
+                                nn.BatchNorm2d(8, momentum=None), nn.Hardswish())
+        self.grouped = nn.Conv2d(8, 12, 3, 1, 2, dilation=2, groups=4)
+        self.bn = nn.BatchNorm2d(12, affine=False)
+        self.avg = nn.AvgPool2d(3, 2, 1, ceil_mode=True, count_include_pad=False)
+        self.head = nn.Linear(12 * 4 * 4, 6, bias=False)  # ceil_mode: 4x4, not 3x3
+        self.bn1d = nn.BatchNorm1d(6)
+
+    def forward(self, x):
+        x = self.stem(x)
+        x = self.pool(F.pad(x, (0, 1, 0, 1)))
+        x = self.dw(x)
+        x = F.relu(self.bn(self.grouped(x)), inplace=True)
+        x = self.avg(x)
+        return self.bn1d(self.head(x.flatten(1)))
+
+
+def test_conv_bn_net_training_step_float64(fallbacks):
+    # float64 separates a wrong lowering from float32 rounding: the harness's conv nets match CPU
+    # to ~1e-13 in float64 while their float32 steps differ (amplified rounding; CPU's own float32
+    # step differs from its float64 one as much). Every gradient, updated parameter and buffer
+    # after two SGD steps, with a channels_last input, must match CPU to 1e-10.
+    torch.manual_seed(0)
+    mc = _ConvBnNet().double()
+    mt = copy.deepcopy(mc).to(TPU)
+    oc = torch.optim.SGD(mc.parameters(), lr=0.1)
+    ot = torch.optim.SGD(mt.parameters(), lr=0.1)
+    k = dict(rtol=1e-10, atol=1e-10)
+    before = fallback_ops()
+    for step in range(2):
+        x = rnd(2, 3, 21, 21, dtype=torch.float64, seed=10 + step)
+        x = x.to(memory_format=torch.channels_last)
+        proj = rnd(2, 6, dtype=torch.float64, seed=20 + step)
+        lc = (mc(x) * proj).sum()
+        lt = (mt(x.to(TPU)) * proj.to(TPU)).sum()
+        torch.testing.assert_close(lt.cpu(), lc, **k)
+        oc.zero_grad()
+        ot.zero_grad()
+        lc.backward()
+        lt.backward()
+        for (n, pc), pt in zip(mc.named_parameters(), mt.parameters()):
+            torch.testing.assert_close(pt.grad.cpu(), pc.grad, **k, msg=f"grad {n}, step {step}")
+        oc.step()
+        ot.step()
+    for (n, pc), pt in zip(mc.named_parameters(), mt.parameters()):
+        torch.testing.assert_close(pt.detach().cpu(), pc.detach(), **k, msg=n)
+    for (n, bc), bt in zip(mc.named_buffers(), mt.buffers()):
+        torch.testing.assert_close(bt.cpu(), bc, **k, msg=n)
+    assert lowered_fallbacks(before) == {}
+    fallbacks.assert_none()
 
 
 def test_tiny_gpt_attention_forward_backward():
