@@ -67,6 +67,42 @@ def test_wrong_tpu_result_is_a_mismatch_naming_the_tensor():
     assert rec["worst"]["max_abs_err"] > 1e-3
 
 
+class _Cancel(torch.nn.Module):
+    """(x + 1e4) - 1e4: float32 keeps x only to about ulp(1e4) = 1e-3, float64 exactly. On tpu in
+    float32 it adds `f32_error` more (a planted error in float32 only): about CPU's own rounding
+    error passes the float64 check, far more does not."""
+
+    def __init__(self, f32_error: float):
+        super().__init__()
+        self.shift = torch.nn.Parameter(torch.tensor(1e4))
+        self.f32_error = f32_error
+
+    def forward(self, x):
+        y = (x + self.shift) - self.shift
+        if y.device.type == "tpu" and y.dtype == torch.float32:
+            y = y + self.f32_error
+        return y * 10
+
+
+def test_float32_rounding_passes_by_the_float64_check():
+    rec = run_case(Case(zoo="test", name="cancel", build=lambda: _Cancel(torch.finfo().eps * 1e4),
+                        inputs=_inputs))
+    assert rec["status"] == "pass", rec
+    assert rec["rounding"]["mismatched"] >= 1 and rec["float64_check"].startswith("float32 rounding")
+    assert rec["phases"]["forward"].startswith("pass: float32 rounding")
+
+
+def test_float32_only_error_beyond_rounding_is_still_a_mismatch():
+    rec = run_case(Case(zoo="test", name="cancel", build=lambda: _Cancel(0.5), inputs=_inputs))
+    assert rec["status"] == "mismatch", rec
+    assert rec["float64_check"].startswith("float64 matches, but"), rec["float64_check"]
+
+
+def test_wrong_result_in_float64_too_is_a_mismatch():
+    rec = run_case(Case(zoo="test", name="net", build=lambda: _Net(tpu_offset=1e-2), inputs=_inputs))
+    assert rec["status"] == "mismatch" and rec["float64_check"].startswith("float64 differs"), rec
+
+
 def test_cpu_failure_is_skipped_not_error():
     def build():
         raise ValueError("this config is invalid")
