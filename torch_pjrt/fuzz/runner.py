@@ -1,0 +1,201 @@
+"""Runs batches of programs per eager mode, in-process or in a worker subprocess (--isolate).
+
+Outcomes per program: ok; mismatch (a wrong value, dtype, shape, stride, alias set, in-place
+effect, or exception type; or CPU raised and tpu did not); error (tpu raised where CPU did not,
+a read-back failed, or under --isolate the process crashed or hung); known (matches
+known.KNOWN); gap (an out-of-range index outside debug mode, issue 12 item 1); drift (a
+difference that disappears when the step's tpu inputs are reset to CPU's values: rounding
+amplified by a discontinuous op; the program stops there).
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import subprocess
+import sys
+import time
+
+from . import minimize as M
+from . import program as P
+
+MODES = ("strict", "debug", "defer_and_fuse")
+
+
+def program_seed(seed: int, k: int) -> int:
+    return seed * 1_000_003 + k
+
+
+def run_one(mode, seed, k, min_ops=5, max_ops=50, shrink=True) -> dict:
+    """Generates, checks and (on failure) minimizes program k of run `seed` in `mode`."""
+    ps = program_seed(seed, k)
+    prog = P.generate(ps, mode, min_ops, max_ops)
+    res = P.check(prog)
+    rec = {"k": k, "seed": ps, "mode": mode, "status": res["status"], "result": res}
+    if res["status"] in ("mismatch", "error", "gap") and shrink:
+        small = M.minimize(prog, res)
+        small_res = P.check(small)
+        if M.signature(small_res) != M.signature(res):
+            small, small_res = prog, res
+        rec["ops"] = len(small["steps"])
+        rec["program"] = small
+        rec["snippet"] = M.snippet(small, small_res)
+        rec["result"] = small_res
+    return rec
+
+
+class Summary:
+    def __init__(self, mode, progress=0, log=print):
+        self.mode, self.progress, self.log = mode, progress, log
+        self.records: list = []
+        self.counts = {s: 0 for s in ("ok", "mismatch", "error", "known", "gap", "drift")}
+
+    def add(self, rec):
+        self.counts[rec["status"]] = self.counts.get(rec["status"], 0) + 1
+        if self.progress and self.programs % self.progress == 0:
+            self.log("progress " + self.line())
+        if rec["status"] != "ok":
+            self.records.append(rec)
+
+    @property
+    def programs(self):
+        return sum(self.counts.values())
+
+    def line(self) -> str:
+        c = self.counts
+        return ("%s: %d programs, %d mismatches, %d errors (known %d, index gaps %d, drift stops %d)"
+                % (self.mode, self.programs, c["mismatch"], c["error"], c["known"], c["gap"],
+                   c["drift"]))
+
+
+def _save(out, rec):
+    if out:
+        os.makedirs(out, exist_ok=True)
+        with open(os.path.join(out, "failures.jsonl"), "a") as f:
+            f.write(json.dumps(rec, default=str) + "\n")
+
+
+def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=50,
+             timeout=300.0, log=print, shrink=True, progress=0, crash_at=None) -> Summary:
+    summary = Summary(mode, progress, log)
+    if not isolate:
+        for k in range(programs):
+            rec = run_one(mode, seed, k, min_ops, max_ops, shrink)
+            summary.add(rec)
+            if rec["status"] != "ok":
+                _report(rec, log)
+                _save(out, rec)
+        return summary
+    k = 0
+    while k < programs:
+        cmd = [sys.executable, "-m", "torch_pjrt.fuzz", "--worker", "--mode", mode, "--seed",
+               str(seed), "--start", str(k), "--programs", str(programs), "--min-ops",
+               str(min_ops), "--max-ops", str(max_ops)] + ([] if shrink else ["--no-shrink"]) + \
+            ([] if crash_at is None else ["--crash-at", str(crash_at)])
+        proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
+        current, deadline = None, time.monotonic() + timeout
+        buf = ""
+        while True:
+            wait = deadline - time.monotonic()
+            ready = select.select([proc.stdout], [], [], max(wait, 0))[0] if wait > 0 else []
+            if not ready:
+                proc.kill()
+                proc.wait()
+                rec = {"k": current, "seed": program_seed(seed, current), "mode": mode,
+                       "status": "error", "result": {"kind": "hang", "op": "?",
+                       "detail": "no answer within %.0f s" % timeout}}
+                _crash_repro(rec, mode, min_ops, max_ops, False)
+                summary.add(rec)
+                _report(rec, log)
+                _save(out, rec)
+                k = current + 1
+                break
+            line = proc.stdout.readline()
+            if not line:
+                rc = proc.wait()
+                if current is not None and rc != 0:
+                    rec = {"k": current, "seed": program_seed(seed, current), "mode": mode,
+                           "status": "error", "result": {"kind": "crash", "op": "?",
+                           "detail": "worker exited with status %d" % rc}}
+                    _crash_repro(rec, mode, min_ops, max_ops, shrink)
+                    summary.add(rec)
+                    _report(rec, log)
+                    _save(out, rec)
+                    k = current + 1
+                else:
+                    k = programs
+                break
+            buf = line.strip()
+            if buf.startswith("START "):
+                current, deadline = int(buf.split()[1]), time.monotonic() + timeout
+                continue
+            if buf.startswith("{"):
+                rec = json.loads(buf)
+                summary.add(rec)
+                if rec["status"] != "ok":
+                    _report(rec, log)
+                    _save(out, rec)
+                current = None
+                if rec["k"] == programs - 1:
+                    k = programs
+    return summary
+
+
+def _crash_repro(rec, mode, min_ops, max_ops, shrink):
+    """The program of a crash or hang (generation is deterministic and runs on CPU only),
+    minimized in fresh interpreters when `shrink`."""
+    prog = P.generate(rec["seed"], mode, min_ops, max_ops)
+    if shrink:
+        prog = M.minimize_crash(prog)
+    rec["ops"] = len(prog["steps"])
+    rec["program"] = prog
+    rec["snippet"] = M.snippet(prog, None)
+
+
+def worker(mode, seed, start, programs, min_ops, max_ops, shrink, crash_at=None):
+    """The --isolate child: announces each program before running it, then prints its record."""
+    for k in range(start, programs):
+        sys.stdout.write("START %d\n" % k)
+        sys.stdout.flush()
+        if crash_at == k:  # a planted crash (tests of --isolate)
+            os._exit(3)
+        rec = run_one(mode, seed, k, min_ops, max_ops, shrink)
+        sys.stdout.write(json.dumps(rec, default=str) + "\n")
+        sys.stdout.flush()
+
+
+def _report(rec, log):
+    r = rec["result"]
+    print_ = log
+    print_("[%s] program %s (seed %s): %s %s at step %s op %s: %s" % (
+        rec["mode"], rec["k"], rec["seed"], rec["status"], r.get("kind"), r.get("step"),
+        r.get("op"), r.get("detail", "")[:160]))
+    if rec.get("snippet") and rec["status"] in ("mismatch", "error"):
+        log(rec["snippet"])
+
+
+def _norm(detail: str) -> str:
+    import re
+
+    return re.sub(r"[-+]?\d[\d.e+-]*", "N", detail or "")[:90]
+
+
+def report(paths) -> str:
+    """Groups saved failures (failures.jsonl files) by (status, kind, op, detail with numbers
+    blanked) and prints each group's smallest reproduction."""
+    groups: dict = {}
+    for path in paths:
+        with open(path) as f:
+            for line in f:
+                rec = json.loads(line)
+                r = rec["result"]
+                key = (rec["status"], r.get("kind"), r.get("op"), _norm(r.get("detail", "")))
+                groups.setdefault(key, []).append(rec)
+    out = []
+    for key, recs in sorted(groups.items(), key=lambda kv: -len(kv[1])):
+        modes = sorted({r["mode"] for r in recs})
+        best = min(recs, key=lambda r: r.get("ops") or 1 << 30)
+        out.append("## %s %s %s x%d (%s)\n%s\nseed %s, %s ops\n%s" % (
+            key[0], key[1], key[2], len(recs), ", ".join(modes), key[3], best["seed"],
+            best.get("ops"), best.get("snippet", "")))
+    return "\n".join(out)
