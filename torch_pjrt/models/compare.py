@@ -133,8 +133,11 @@ def quiet_randomness(model: torch.nn.Module) -> None:
     """Zero every dropout probability and drop-path rate left in the modules (configs already ask
     for none; some layers take theirs from elsewhere)."""
     for m in model.modules():
-        if isinstance(m, torch.nn.modules.dropout._DropoutNd):
-            m.p = 0.0
+        kind = type(m).__name__
+        if isinstance(m, torch.nn.modules.dropout._DropoutNd) or (
+                isinstance(getattr(m, "p", None), float)
+                and any(w in kind for w in ("Dropout", "DropPath", "StochasticDepth"))):
+            m.p = 0.0  # torchvision's StochasticDepth keeps its rate in `p`
         for attr in ("drop_prob", "drop_path_prob", "dropout_prob"):
             if isinstance(getattr(m, attr, None), float):
                 setattr(m, attr, 0.0)
