@@ -85,6 +85,7 @@ def test_memory_fraction_oom_then_recovery():
             raise SystemExit("no OutOfMemoryError")
         assert "Tried to allocate 256.00 MiB" in msg and "limit of" in msg, msg
         assert torch.tpu.memory_allocated() == base + 16 * 2**20  # the failed one counts nothing
+        assert torch.tpu.memory_stats()["num_ooms"] == 1
         # an op whose output does not fit fails the same way and leaves its inputs intact
         big = torch.empty(40 * 2**20, dtype=torch.uint8, device="tpu")
         try:

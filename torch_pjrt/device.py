@@ -390,6 +390,7 @@ def memory_stats(device: _DeviceLike = None) -> collections.OrderedDict:
         stats[f"{kind}.all.current"] = current
         stats[f"{kind}.all.peak"] = peak
     stats["num_live_storages"] = _C.live_storages(index) if _C is not None else 0
+    stats["num_ooms"] = _C.oom_count(index) if _C is not None else 0
     return collections.OrderedDict(sorted(stats.items()))
 
 

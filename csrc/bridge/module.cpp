@@ -111,6 +111,9 @@ void bind_memory(py::module_& m) {
   m.def("memory_limit",
         wrap_pybind_function([](int device) { return pj_storage_limit(stats_device(device)); }),
         py::arg("device"));
+  m.def("oom_count",
+        wrap_pybind_function([](int device) { return pj_storage_oom_count(stats_device(device)); }),
+        py::arg("device"));
   m.def("live_storages",
         wrap_pybind_function([](int device) {
           return device < 0 ? pj_storage_live_count()

@@ -25,6 +25,7 @@ static _Atomic uint64_t next_addr = (uint64_t)1 << 44;
 /* Per-device budgets (torch.tpu.set_per_process_memory_fraction), stored as budget + 1 so that
  * 0, the initial value, is "no budget" and a budget of 0 bytes stays expressible. */
 static _Atomic int64_t limit_plus1[PJ_MAX_ACCOUNTED_DEVICES];
+static _Atomic int64_t oom_count[PJ_MAX_ACCOUNTED_DEVICES]; /* refusals by the budget */
 
 static void raise_peak(int device, int64_t now) {
   int64_t peak = atomic_load(&peak_bytes[device]);
@@ -43,6 +44,7 @@ static bool reserve(int device, int64_t nbytes) {
   do {
     if (limit >= 0 && nbytes > 0 && cur + nbytes > limit) {
       atomic_fetch_sub(&live_count, 1);
+      atomic_fetch_add(&oom_count[device], 1);
       return false;
     }
   } while (!atomic_compare_exchange_weak(&bytes_in_use[device], &cur, cur + nbytes));
@@ -156,6 +158,9 @@ void pj_storage_set_limit(int device, int64_t bytes) {
 int64_t pj_storage_limit(int device) {
   return device >= 0 && device < PJ_MAX_ACCOUNTED_DEVICES ? atomic_load(&limit_plus1[device]) - 1
                                                           : -1;
+}
+int64_t pj_storage_oom_count(int device) {
+  return device >= 0 && device < PJ_MAX_ACCOUNTED_DEVICES ? atomic_load(&oom_count[device]) : 0;
 }
 int64_t pj_storage_live_count(void) { return atomic_load(&live_count); }
 int64_t pj_storage_live_count_on(int device) {

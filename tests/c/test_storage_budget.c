@@ -39,6 +39,7 @@ int main(void) {
     pj_status_free(st);
   }
   EXPECT(pj_storage_bytes_in_use(DEV) == base + 600); /* the failed one counted nothing */
+  EXPECT(pj_storage_oom_count(DEV) == 1);
   pj_storage_release(a);
   OK(pj_storage_new(DEV, 600, &b)); /* room again */
   pj_storage_release(b);
@@ -57,6 +58,7 @@ int main(void) {
   for (int i = 0; i < 16; i++) pthread_create(&th[i], NULL, grab, NULL);
   for (int i = 0; i < 16; i++) pthread_join(th[i], &got[i]);
   EXPECT(atomic_load(&granted) == 5);
+  EXPECT(pj_storage_oom_count(DEV) == 2 + 11);
   EXPECT(pj_storage_bytes_in_use(DEV) == base + 500);
   for (int i = 0; i < 16; i++) pj_storage_release(got[i]);
   EXPECT(pj_storage_bytes_in_use(DEV) == base);

@@ -49,6 +49,8 @@ void pj_storage_reset_peak(int device);
  * budget below what is already allocated stops new allocations only. */
 void pj_storage_set_limit(int device, int64_t bytes);
 int64_t pj_storage_limit(int device);
+/* How many allocations the budget has refused on a device (torch.tpu.memory_stats' num_ooms). */
+int64_t pj_storage_oom_count(int device);
 /* Live storages in the process, and on one device (0 for an index out of range). */
 int64_t pj_storage_live_count(void);
 int64_t pj_storage_live_count_on(int device);
