@@ -336,3 +336,23 @@ def test_views_share_storage_on_device(tpu):
         assert v.untyped_storage().data_ptr() == ptr
         assert v._base is x
     assert x.clone().untyped_storage().data_ptr() != ptr
+
+
+@pytest.mark.parametrize("op", [torch.maximum, torch.add, torch.mul])
+def test_out_that_is_an_input_and_must_grow_raises_like_cpu(op):
+    # CPU refuses to resize an out= tensor that is also an input; on tpu the resize used to free
+    # the input's storage under the running call (a segfault, found by the fuzzer)
+    def run(dev):
+        a = torch.tensor([0.5], dtype=torch.float64, device=dev)
+        b = torch.arange(3.0, dtype=torch.float64, device=dev)[::2]
+        with pytest.raises(RuntimeError, match="doesn't match the broadcast shape"):
+            op(a, b, out=a)
+        return a
+    torch.testing.assert_close(run("tpu").cpu(), run("cpu"), rtol=0, atol=0)
+    # an out= tensor that is not an input still grows, with CPU's warning
+    for dev in ("cpu", "tpu"):
+        out = torch.zeros(1, dtype=torch.float64, device=dev)
+        with pytest.warns(UserWarning, match="resized"):
+            op(torch.ones(1, dtype=torch.float64, device=dev),
+               torch.arange(3.0, dtype=torch.float64, device=dev)[::2], out=out)
+        assert out.shape == (2,)

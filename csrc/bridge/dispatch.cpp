@@ -475,9 +475,18 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       std::vector<at::Tensor> ts = tensors_of(args[aliased]);
       std::vector<at::Tensor> ms = tensors_of(meta_returns_[r]);
       for (size_t i = 0; i < ts.size(); i++) {
-        // out= tensors of the wrong shape are resized as CPU does
-        if (i < ms.size() && ms[i].defined() && !ts[i].sizes().equals(ms[i].sizes()))
+        // out= tensors of the wrong shape are resized as CPU does, unless the out= tensor is
+        // also an input: CPU (TensorIterator) refuses that, and here the call has already
+        // described the input's storage, which a resize would free under it.
+        if (i < ms.size() && ms[i].defined() && !ts[i].sizes().equals(ms[i].sizes())) {
+          for (size_t a = 0; a < nargs; a++) {
+            if (static_cast<int>(a) == aliased || is_write(schema.arguments()[a])) continue;
+            for (const at::Tensor& in : tensors_of(args[a]))
+              TORCH_CHECK(!in.defined() || !in.is_alias_of(ts[i]), "output with shape ",
+                          ts[i].sizes(), " doesn't match the broadcast shape ", ms[i].sizes());
+          }
           at::native::resize_output(ts[i], ms[i].sizes());
+        }
         dests.push_back(ts[i]);
       }
       returns.push_back(args[aliased]);
