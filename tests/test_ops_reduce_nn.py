@@ -463,6 +463,22 @@ def test_group_norm(shape, groups, affine, dtype, fallbacks):
     check(fn, *ins, grad=True, fallbacks=fallbacks, **k)
 
 
+@pytest.mark.parametrize("layout", ["transposed", "channels_last", "sliced"])
+def test_group_norm_strided_input(layout, fallbacks):
+    # Inputs that are not dense in their suggested layout: before torch 2.14 aten::group_norm
+    # made them dense before native_group_norm; from 2.14 on it passes them as they are (the
+    # DDPM pipeline's attention output reached it so), and the lowering reads the view.
+    views = {"transposed": lambda v: v.transpose(2, 3),
+             "channels_last": lambda v: v.contiguous(memory_format=torch.channels_last),
+             "sliced": lambda v: v[:, :, 1:, ::2]}
+    x, w, b = sample((2, 6, 5, 4)), sample((6,), seed=1), sample((6,), seed=2)
+
+    def fn(v, w_, b_):
+        return F.group_norm(views[layout](v), 3, w_, b_, eps=1e-5)
+
+    check(fn, x, w, b, grad=True, fallbacks=fallbacks, rtol=1e-4, atol=1e-4)
+
+
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16], ids=str)
 @pytest.mark.parametrize("shape", [(4, 3, 5, 5), (6, 3), (4, 3, 7)])
 def test_batch_norm_training(shape, dtype, fallbacks):

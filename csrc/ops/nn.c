@@ -1071,11 +1071,19 @@ static pj_val_t sum_to(pj_lower_t *L, pj_val_t v, pj_type_t t) {
   return pj_reshape(H, v, t.rank, t.dims);
 }
 
+/* The name of the incoming gradient of _cdist_backward / _pdist_backward: `grad` in torch
+ * 2.13's schemas, `grad_output` from 2.14 on (same position, same meaning). Arguments are
+ * looked up by their schema names at run time, so asking which one is present serves both
+ * releases from one build. */
+static const char *dist_grad_name(pj_lower_t *L) {
+  return pj_arg(L, "grad_output") ? "grad_output" : "grad";
+}
+
 /* Gradient for x1: sum over j of grad[i, j] * d(dist[i, j]) / d(x1[i]). */
 static pj_status_t *lower_cdist_backward(pj_lower_t *L) {
   pj_type_t ot = pj_out_type(L, 0);
   pj_dtype_t ct = acc_of(ot.dtype);
-  pj_val_t g = pj_convert(H, pj_tensor(L, "grad"), ct);
+  pj_val_t g = pj_convert(H, pj_tensor(L, dist_grad_name(L)), ct);
   pj_val_t dist = pj_convert(H, pj_tensor(L, "cdist"), ct);
   int nb = g.t.rank - 2;
   pj_val_t x1 = batch_to(L, pj_convert(H, pj_tensor(L, "x1"), ct), g.t.dims, nb);
@@ -1155,7 +1163,7 @@ static pj_status_t *lower_pdist(pj_lower_t *L) {
     pj_set_result(L, 0, pnorm_last(L, d, p));
     return NULL;
   }
-  pj_val_t g = pj_reshape(H, pj_convert(H, pj_tensor(L, "grad"), ct), 1, &k);
+  pj_val_t g = pj_reshape(H, pj_convert(H, pj_tensor(L, dist_grad_name(L)), ct), 1, &k);
   pj_val_t dist = pj_reshape(H, pj_convert(H, pj_tensor(L, "pdist"), ct), 1, &k);
   pj_val_t c = MUL(pj_broadcast_in_dim(H, g, d.t, &d0),
                    pnorm_grad(L, d, pj_broadcast_in_dim(H, dist, d.t, &d0), p));
