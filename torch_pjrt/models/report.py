@@ -67,9 +67,17 @@ def causes(recs: List[dict]) -> Dict[str, Counter]:
 def render(recs: List[dict]) -> str:
     zoos = sorted({r["zoo"] for r in recs},
                   key=lambda z: ZOO_ORDER.index(z) if z in ZOO_ORDER else len(ZOO_ORDER))
-    versions: Dict[str, str] = {}
+    # each package's versions over the records, with the zoos that ran under each (the sweeps
+    # may come from different environments, e.g. torchvision's from the torch 2.14.1 venv)
+    seen: Dict[str, Dict[str, set]] = defaultdict(lambda: defaultdict(set))
     for r in recs:
-        versions.update(r.get("versions") or {})
+        for k, v in (r.get("versions") or {}).items():
+            seen[k][v].add(r["zoo"])
+    versions: Dict[str, str] = {}
+    for k, by_v in seen.items():
+        versions[k] = " / ".join(
+            f"{ver}" + (f" ({', '.join(sorted(zs))})" if len(by_v) > 1 else "")
+            for ver, zs in sorted(by_v.items()))
     modes = sorted({r.get("eager_mode", "strict") for r in recs})
     lines = [
         "# Model coverage",
