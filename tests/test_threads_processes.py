@@ -162,7 +162,10 @@ def test_ctrl_c_during_a_long_wait_leaves_the_process_usable():
         interrupted = False
         try:
             x.sum().item()  # waits for all of it
-            time.sleep(2)   # the interrupt lands here if the wait finished first
+            # the interrupt lands here if the wait finished first; up to 10 s, for a timer thread
+            # starved by a loaded machine (2 s was once not enough)
+            for _ in range(100):
+                time.sleep(0.1)
         except KeyboardInterrupt:
             interrupted = True
         b = torch.arange(12.0, device="tpu").reshape(3, 4)
