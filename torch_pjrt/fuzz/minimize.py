@@ -28,9 +28,9 @@ def _with(prog, steps):
     return dict(prog, steps=steps)
 
 
-def minimize(prog, result, max_checks=200, max_seconds=60.0) -> dict:
-    """The smallest program found that fails like `result`; prog itself when none is smaller."""
-    want = signature(result)
+def _budgeted(test, max_checks, max_seconds):
+    """`test` (steps -> still fails?) limited to max_checks calls and max_seconds from now; past
+    either it answers False, so the search keeps what it has."""
     t0 = time.monotonic()
     checks = [0]
 
@@ -38,10 +38,20 @@ def minimize(prog, result, max_checks=200, max_seconds=60.0) -> dict:
         if checks[0] >= max_checks or time.monotonic() - t0 > max_seconds:
             return False
         checks[0] += 1
+        return test(steps)
+    return fails
+
+
+def minimize(prog, result, max_checks=200, max_seconds=60.0) -> dict:
+    """The smallest program found that fails like `result`; prog itself when none is smaller."""
+    want = signature(result)
+
+    def same_failure(steps) -> bool:
         try:
             return signature(P.check(_with(prog, steps))) == want
         except Exception:
             return False
+    fails = _budgeted(same_failure, max_checks, max_seconds)
 
     steps = list(prog["steps"])
     if result.get("op") != "end" and 0 <= result.get("step", -1) < len(steps):
@@ -102,14 +112,8 @@ def crashes(prog, timeout=120.0):
 def minimize_crash(prog, max_checks=30, max_seconds=240.0, timeout=120.0) -> dict:
     """Delta debugging for a crash or hang: each candidate runs in its own interpreter. The
     program is first cut after the step it died in."""
-    t0 = time.monotonic()
-    checks = [0]
-
-    def fails(steps) -> bool:
-        if checks[0] >= max_checks or time.monotonic() - t0 > max_seconds:
-            return False
-        checks[0] += 1
-        return crashes(_with(prog, steps), timeout)[0]
+    fails = _budgeted(lambda steps: crashes(_with(prog, steps), timeout)[0], max_checks,
+                      max_seconds)
 
     steps = list(prog["steps"])
     died, last = crashes(prog, timeout)

@@ -78,13 +78,23 @@ def _save(out, rec):
 def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=50,
              timeout=300.0, log=print, shrink=True, progress=0, crash_at=None) -> Summary:
     summary = Summary(mode, progress, log)
+
+    def keep(rec):
+        summary.add(rec)
+        if rec["status"] != "ok":
+            _report(rec, log)
+            _save(out, rec)
+
+    def worker_failure(k, kind, detail, shrink_it):
+        """A program the worker died on (crash) or never finished (hang)."""
+        rec = {"k": k, "seed": program_seed(seed, k), "mode": mode, "status": "error",
+               "result": {"kind": kind, "op": "?", "detail": detail}}
+        _crash_repro(rec, mode, min_ops, max_ops, shrink_it)
+        keep(rec)
+
     if not isolate:
         for k in range(programs):
-            rec = run_one(mode, seed, k, min_ops, max_ops, shrink)
-            summary.add(rec)
-            if rec["status"] != "ok":
-                _report(rec, log)
-                _save(out, rec)
+            keep(run_one(mode, seed, k, min_ops, max_ops, shrink))
         return summary
     k = 0
     while k < programs:
@@ -101,26 +111,14 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
             if not ready:
                 proc.kill()
                 proc.wait()
-                rec = {"k": current, "seed": program_seed(seed, current), "mode": mode,
-                       "status": "error", "result": {"kind": "hang", "op": "?",
-                       "detail": "no answer within %.0f s" % timeout}}
-                _crash_repro(rec, mode, min_ops, max_ops, False)
-                summary.add(rec)
-                _report(rec, log)
-                _save(out, rec)
+                worker_failure(current, "hang", "no answer within %.0f s" % timeout, False)
                 k = current + 1
                 break
             line = proc.stdout.readline()
             if not line:
                 rc = proc.wait()
                 if current is not None and rc != 0:
-                    rec = {"k": current, "seed": program_seed(seed, current), "mode": mode,
-                           "status": "error", "result": {"kind": "crash", "op": "?",
-                           "detail": "worker exited with status %d" % rc}}
-                    _crash_repro(rec, mode, min_ops, max_ops, shrink)
-                    summary.add(rec)
-                    _report(rec, log)
-                    _save(out, rec)
+                    worker_failure(current, "crash", "worker exited with status %d" % rc, shrink)
                     k = current + 1
                 else:
                     k = programs
@@ -131,10 +129,7 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
                 continue
             if buf.startswith("{"):
                 rec = json.loads(buf)
-                summary.add(rec)
-                if rec["status"] != "ok":
-                    _report(rec, log)
-                    _save(out, rec)
+                keep(rec)
                 current = None
                 if rec["k"] == programs - 1:
                     k = programs
