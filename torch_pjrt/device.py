@@ -394,6 +394,10 @@ def memory_stats(device: _DeviceLike = None) -> collections.OrderedDict:
     return collections.OrderedDict(sorted(stats.items()))
 
 
+# The fraction last set per device index (the C budget is in bytes; this is what it came from).
+_memory_fraction: dict = {}
+
+
 def set_per_process_memory_fraction(fraction: float, device: _DeviceLike = None) -> None:
     """Caps the bytes of live tpu tensors on `device` at fraction * total memory, as
     torch.cuda's: an allocation past it raises torch.OutOfMemoryError (with the sizes) and
@@ -411,9 +415,6 @@ def set_per_process_memory_fraction(fraction: float, device: _DeviceLike = None)
                            "for this device, so a fraction of it cannot be set")
     _C.set_memory_limit(index, -1 if fraction == 1 else int(fraction * total))
     _memory_fraction[index] = fraction
-
-
-_memory_fraction: dict = {}
 
 
 def get_per_process_memory_fraction(device: _DeviceLike = None) -> float:
