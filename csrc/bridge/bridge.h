@@ -6,6 +6,7 @@
 
 extern "C" {
 #include "torch_pjrt/defer.h"
+#include "torch_pjrt/index_checks.h"
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/status.h"
 #include "torch_pjrt/storage.h"
@@ -18,6 +19,9 @@ namespace torch_pjrt {
 // IndexError, NotImplementedError, OutOfMemoryError, else RuntimeError) and frees the status.
 // Does nothing for NULL.
 void check(pj_status_t* st);
+// " at file:line" of the innermost Python frame outside torch's own package on the calling
+// thread, or "" (dispatch.cpp). Takes the GIL: error paths and index-check sites only.
+std::string python_line();
 // errors.cpp: the runtime, initialized on first use; throws on failure.
 pj_runtime_t* runtime();
 

@@ -38,6 +38,7 @@ CallBuilder::CallBuilder(const std::string& op, const std::string& overload, int
   c_->op = keep(op);
   c_->overload = keep(overload);
   c_->device = device;
+  c_->where = nullptr;
 }
 
 const char* CallBuilder::keep(const std::string& s) {

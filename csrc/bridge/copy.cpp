@@ -43,6 +43,9 @@ at::Tensor to_host(const at::Tensor& src) {
   check(pj_defer_flush());  // a read sees every recorded op (defer_and_fuse)
   check(pj_storage_materialize(s, to_pj_dtype(dev.scalar_type())));
   check(pj_transfer_to_host(s->buf, host.data_ptr(), host.nbytes()));
+  // A read to the host is a synchronizing point: a failed device-side index check of the
+  // ops before it raises here (index_checks.h).
+  check(pj_checks_report(s->device));
   return host;
 }
 

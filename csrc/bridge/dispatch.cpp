@@ -278,6 +278,8 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
 }
 
 // "(float32[4, 4], int64[3], 2.0)": argument summary for debug-mode messages.
+}  // namespace
+
 // " at file:line" of the innermost Python frame outside torch's own package on the calling
 // thread, or "" (no Python frame: e.g. autograd's worker thread). Only used on error paths:
 // torch's bindings release the GIL around ops, so it is taken back here.
@@ -303,6 +305,9 @@ std::string python_line() {
   return where;
 }
 
+namespace {
+
+
 std::string describe_inputs(const torch::jit::Stack& args) {
   std::ostringstream o;
   o << "(";
@@ -321,14 +326,17 @@ std::string describe_inputs(const torch::jit::Stack& args) {
   return o.str();
 }
 
-// Ops whose index arguments Debug mode checks against the bounds CPU enforces. XLA clamps or
-// drops out-of-range indices silently; in Debug mode the op first runs on host copies of its
-// inputs so that bad indices raise exactly the exception CPU raises.
+// Ops whose index arguments CPU bounds-checks. XLA clamps or drops out-of-range indices
+// silently. In Debug mode the op first runs on host copies of its inputs so that bad indices
+// raise exactly the exception CPU raises, at once; in the other modes their lowerings check on
+// the device and the error comes at the next synchronization (index_checks.h), naming the
+// Python line recorded here.
 bool checks_indices(const std::string& base) {
   static const std::set<std::string> ops = {
       "index_select", "gather", "scatter", "scatter_add", "scatter_reduce", "index",
       "_unsafe_index", "index_put", "_index_put_impl", "_unsafe_index_put", "take", "put",
-      "index_add", "index_copy", "index_fill", "embedding", "embedding_dense_backward",
+      "index_add", "index_copy", "index_fill", "index_reduce", "embedding",
+      "embedding_dense_backward", "_embedding_bag", "_embedding_bag_forward_only",
       "nll_loss_forward", "nll_loss2d_forward", "nll_loss_backward", "nll_loss2d_backward"};
   return ops.count(base) > 0;
 }
@@ -389,6 +397,12 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 
   CallBuilder b(base, schema.overload_name(), device);
   for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
+  // The source line a device-side index check names (one frame walk per indexing op).
+  std::string where;
+  if (!debug && pj_checks_enabled() && checks_indices(base)) {
+    where = python_line();
+    b.call().where = where.c_str();
+  }
 
   // Data-dependent result shapes (nonzero, masked_select, boolean-mask indexing): count on the
   // device first (a host sync), then run with the known size. See csrc/ops/dynamic.h.

@@ -96,8 +96,12 @@ class GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     return !event || pj_marker_query(as_marker(event));
   }
 
+  // Synchronizing points report a failed device-side index check (index_checks.h), as CUDA
+  // reports a device-side assert at its next synchronization.
   void synchronizeEvent(void* event) const override {
-    if (event) check(pj_marker_wait(as_marker(event)));
+    if (!event) return;
+    check(pj_marker_wait(as_marker(event)));
+    check(pj_checks_report(-1));
   }
 
   double elapsedTime(void* start, void* end, const c10::DeviceIndex) const override {
@@ -118,12 +122,14 @@ class GuardImpl final : public c10::impl::DeviceGuardImplInterface {
     const int index = checked_device(s.device_index());
     check(pj_defer_flush());
     check(pj_stream_synchronize(index));
+    check(pj_checks_report(index));
   }
 
   void synchronizeDevice(const c10::DeviceIndex index) const override {
     const int checked = checked_device(index);
     check(pj_defer_flush());
     check(pj_stream_synchronize(checked));
+    check(pj_checks_report(checked));
   }
 };
 

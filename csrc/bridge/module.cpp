@@ -137,6 +137,7 @@ void bind_sync(py::module_& m) {
           if (device >= 0) checked_device(device);  // as CUDA: a missing device raises
           check(pj_defer_flush());
           check(pj_stream_synchronize(device));
+          check(pj_checks_report(device));  // a failed device-side index check raises here
         }),
         py::arg("device") = -1, "Waits for the device's executions (-1: all devices).");
   m.def("pending_executions",

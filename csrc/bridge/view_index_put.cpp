@@ -14,7 +14,10 @@
 // elements as are written, and index_put_ on the whole storage is a scatter into the donated
 // buffer. An index out of its dimension's range must not land on another element of the storage
 // (the general path drops it, as XLA's scatter does): it is sent past the storage's end, where
-// the scatter drops it too.
+// the scatter drops it too. So the write is "_pj_index_put_unchecked" (the index_put lowering
+// without its device-side bounds check, which would blame the storage's end), and each given
+// index tensor is checked against its own dimension instead ("_pj_check_index", CPU's error
+// at the next synchronization: index_checks.h).
 //
 // Also here: CPU's dtype check of every index_put form, which the lowering (converting the
 // values) would not make.
@@ -25,6 +28,7 @@
 #include "view_index_put.h"
 
 #include "bridge.h"
+#include "call_builder.h"
 #include "eager_mode.h"
 
 
@@ -188,11 +192,26 @@ bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack
   }
   lin = at::where(valid, lin, c10::Scalar(storage_numel)).expand(result).reshape({-1});
 
+  const int device = self.device().index() < 0 ? 0 : self.device().index();
+  if (pj_checks_enabled()) {
+    const std::string where = python_line();
+    for (size_t k = 0; k < indexed.size(); k++) {
+      CallBuilder b("_pj_check_index", "", device);
+      b.add_tensor("index", idx[k]);
+      b.add_int("size", self.size(indexed[k]));
+      b.add_int("dim", static_cast<int64_t>(k));  // CPU names the index tensor's position
+      b.call().where = where.c_str();
+      b.run();
+    }
+  }
   at::Tensor flat = self.as_strided({storage_numel}, {1}, 0);
-  c10::List<std::optional<at::Tensor>> flat_idx;
-  flat_idx.push_back(lin);
-  at::_index_put_impl_(flat, flat_idx, values.expand(result).reshape({-1}), accumulate,
-                       /*unsafe=*/true);
+  CallBuilder b("_pj_index_put_unchecked", "", device);
+  b.add_tensor("self", flat);
+  b.add_tensor_list("indices", {lin});
+  b.add_tensor("values", values.expand(result).reshape({-1}));
+  b.add_bool("accumulate", accumulate);
+  b.add_out(flat);
+  b.run();
   if (fuse) check(pj_defer_flush());
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);

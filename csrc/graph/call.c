@@ -229,6 +229,7 @@ bool pj_call_decode(const unsigned char *key, size_t len, int device, pj_call_t 
   if (!r.ok || !in_range(no, 0, PJ_CALL_MAX_OUTS)) return false;
   c->nout = (int)no;
   for (int o = 0; o < c->nout; o++) rtensor(&r, &c->outs[o]);
+  c->where = NULL;
   return r.ok && r.p == r.end;
 }
 
@@ -247,7 +248,8 @@ bool pj_call_writes_slot(const pj_call_t *c, int s) {
 }
 
 pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const pj_val_t *in,
-                          const pj_val_t *scalars, pj_val_t *full, bool *written) {
+                          const pj_val_t *scalars, pj_val_t *full, bool *written,
+                          pj_check_emit_t *chk) {
   pj_val_t *slot_vals = calloc((size_t)c->nslots + 1, sizeof(pj_val_t));
   pj_val_t *scalar_vals = calloc((size_t)c->nscalars + 1, sizeof(pj_val_t));
   pj_val_t *tensor_vals = calloc((size_t)c->ntensors + 1, sizeof(pj_val_t));
@@ -272,7 +274,8 @@ pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const
                   .scalar_vals = scalar_vals,
                   .tensor_vals = tensor_vals,
                   .results = results,
-                  .has_result = has_result};
+                  .has_result = has_result,
+                  .chk = chk};
   st = fn(&L);
   if (st) goto done;
   /* Every non-empty destination needs a value; an empty one may be left alone. */
@@ -338,14 +341,15 @@ static pj_status_t *build_single(void *ctx, char **text, size_t *len) {
     }
   }
   for (int i = 0; i < c->nscalars; i++) scalars[i] = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
-  st = pj_call_emit(h, c, b->fn, in, scalars, full, written);
+  pj_check_emit_t chk = {.state = {.id = -1}, .op_index = 0};
+  st = pj_call_emit(h, c, b->fn, in, scalars, full, written, pj_checks_enabled() ? &chk : NULL);
   if (st) goto done;
   if (!pj_hlo_ok(h)) { /* the lowering's own error (its writes were skipped): report that */
     st = pj_hlo_finish(h, NULL, 0, NULL, text, len);
     goto done;
   }
-  pj_val_t outs[PJ_CALL_MAX_SLOTS];
-  int alias[PJ_CALL_MAX_SLOTS], n = 0;
+  pj_val_t outs[PJ_CALL_MAX_SLOTS + 1];
+  int alias[PJ_CALL_MAX_SLOTS + 1], n = 0;
   for (int s = 0; s < c->nslots; s++)
     if (written[s]) {
       if (n >= b->nwritten || b->written[n] != s) {
@@ -359,6 +363,11 @@ static pj_status_t *build_single(void *ctx, char **text, size_t *len) {
   if (n != b->nwritten) {
     st = pj_status_new(PJ_ERR_RUNTIME, "internal: written storages disagree for aten::%s", c->op);
     goto done;
+  }
+  pj_val_t state = pj_check_finish(h, &chk);
+  if (state.id >= 0) { /* the check state: last result, aliasing the trailing parameter */
+    alias[n] = PJ_HLO_ALIAS_LAST;
+    outs[n++] = state;
   }
   st = pj_hlo_finish(h, outs, n, alias, text, len);
 done:
@@ -482,17 +491,22 @@ pj_status_t *pj_program_for_hashed_key(uint64_t hash, const unsigned char *key, 
 
 pj_status_t *pj_run_program(pj_program_t *prog, int device, struct PJRT_Buffer **bufs,
                             const bool *donate, int nbufs, const pj_scalar_t *scalars,
-                            int nscalars, struct PJRT_Buffer **outs, int nouts) {
-  if (pj_program_num_outputs(prog) != (size_t)nouts)
+                            int nscalars, struct PJRT_Buffer **outs, int nouts,
+                            const pj_check_site_t *sites, int nsites) {
+  const size_t nprog = pj_program_num_outputs(prog);
+  const bool checks = nprog == (size_t)nouts + 1;
+  if (nprog != (size_t)nouts && !checks)
     return pj_status_new(PJ_ERR_RUNTIME, "internal: program has %zu outputs, expected %d",
-                         pj_program_num_outputs(prog), nouts);
-  size_t nargs = (size_t)nbufs + (size_t)nscalars;
+                         nprog, nouts);
+  size_t nargs = (size_t)nbufs + (size_t)nscalars + checks;
   struct PJRT_Buffer **args = calloc(nargs + 1, sizeof *args);
   bool *don = calloc(nargs + 1, sizeof *don);
   bool *owned = calloc((size_t)nscalars + 1, sizeof *owned);
+  struct PJRT_Buffer **all_outs = checks ? calloc((size_t)nouts + 2, sizeof *all_outs) : outs;
   pj_status_t *st = NULL;
   int uploaded = 0;
-  if (!args || !don || !owned) {
+  bool acquired = false;
+  if (!args || !don || !owned || !all_outs) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory");
     goto done;
   }
@@ -505,8 +519,16 @@ pj_status_t *pj_run_program(pj_program_t *prog, int device, struct PJRT_Buffer *
     st = cached_scalar_buffer(device, &scalars[uploaded], &args[nbufs + uploaded], &owned[uploaded]);
     if (st) goto done;
   }
-  st = pj_program_execute(prog, device, args, nargs, don, outs);
+  if (checks) { /* the device's check state: the last argument, donated to the last result */
+    acquired = true;
+    st = pj_checks_acquire(device, &args[nargs - 1]);
+    don[nargs - 1] = true;
+    if (st) goto done;
+  }
+  st = pj_program_execute(prog, device, args, nargs, don, all_outs);
+  if (checks && !st) memcpy(outs, all_outs, sizeof *outs * (size_t)nouts);
 done:
+  if (acquired) pj_checks_release(device, st ? NULL : all_outs[nouts], sites, nsites);
   /* buffers uploaded for this call only (see cached_scalar_buffer); PJRT keeps them alive
    * until the launched execution is done with them */
   for (int i = 0; i < uploaded; i++)
@@ -514,6 +536,7 @@ done:
   free(args);
   free(don);
   free(owned);
+  if (all_outs != outs) free(all_outs);
   return st;
 }
 
@@ -551,7 +574,10 @@ pj_status_t *pj_call_run(pj_call_t *c) {
     donate[nbufs] = w;
     bufs[nbufs++] = c->slots[s].storage->buf;
   }
-  if (!st) st = pj_run_program(prog, c->device, bufs, donate, nbufs, c->scalars, c->nscalars, outs, nwritten);
+  const pj_check_site_t site = {0, c->op, c->where};
+  if (!st)
+    st = pj_run_program(prog, c->device, bufs, donate, nbufs, c->scalars, c->nscalars, outs,
+                        nwritten, &site, 1);
   /* A donated input's memory now belongs to the output; its handle is still destroyed by the
    * swap, like any replaced buffer. */
   for (int i = 0; i < nwritten && !st; i++) {

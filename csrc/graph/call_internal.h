@@ -9,6 +9,7 @@
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/hlo.h"
+#include "torch_pjrt/index_checks.h"
 
 /* A growable byte string for cache keys. */
 typedef struct {
@@ -36,8 +37,10 @@ bool pj_call_writes_slot(const pj_call_t *c, int s);
  * before the call (read slots only), scalars[i] the call's scalar arguments. On success full[s]
  * holds every slot's value after the call and written[s] says whether the call wrote slot s
  * (a slot is written iff some destination in it is non-empty). */
+struct pj_check_emit;
 pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const pj_val_t *in,
-                          const pj_val_t *scalars, pj_val_t *full, bool *written);
+                          const pj_val_t *scalars, pj_val_t *full, bool *written,
+                          struct pj_check_emit *chk);
 
 /* Serializes program execution and the scalar-buffer cache. */
 extern pthread_mutex_t pj_run_lock;
@@ -53,9 +56,13 @@ pj_status_t *pj_program_for_hashed_key(uint64_t hash, const unsigned char *key, 
                                        void *ctx, const char *what, pj_program_t **out);
 
 /* Executes prog (caller holds pj_run_lock): arguments are bufs[0..nbufs) (donate[i] says
- * whether bufs[i] is donated) followed by a 0-d buffer per scalar. outs gets nouts buffers. */
+ * whether bufs[i] is donated) followed by a 0-d buffer per scalar. outs gets nouts buffers.
+ * A program with index checks has one result more than nouts: it then also takes the device's
+ * check state (index_checks.h) as its last argument and returns the new one, committed with
+ * `sites` (the program's ops that may check; their names and source lines). */
 pj_status_t *pj_run_program(pj_program_t *prog, int device, struct PJRT_Buffer **bufs,
                             const bool *donate, int nbufs, const pj_scalar_t *scalars,
-                            int nscalars, struct PJRT_Buffer **outs, int nouts);
+                            int nscalars, struct PJRT_Buffer **outs, int nouts,
+                            const pj_check_site_t *sites, int nsites);
 
 #endif

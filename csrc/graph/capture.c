@@ -288,7 +288,7 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
   if (st) goto done;
   pthread_mutex_lock(&pj_run_lock);
   pj_program_t *prog = NULL;
-  pj_graph_build_t build = {g, p->live, p->zeros, p->scalars, p->bind};
+  pj_graph_build_t build = {g, p->live, p->zeros, p->scalars, p->bind, false};
   char what[64];
   snprintf(what, sizeof what, "a compiled graph of %d ops", g->nops);
   st = pj_program_for_hashed_key(p->keyhash, p->key, p->keylen, pj_graph_build, &build, what,
@@ -301,9 +301,12 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
     donate[nbufs] = p->live[i]; /* its result aliases this parameter */
     bufs[nbufs++] = s->buf;
   }
+  pj_check_site_t *sites = NULL;
+  int nsites = pj_graph_sites(g, &sites);
   if (!st)
     st = pj_run_program(prog, g->device, bufs, donate, nbufs, args, p->nargs, outs,
-                        p->nresults);
+                        p->nresults, sites, nsites);
+  free(sites);
   for (int i = 0, o = 0; i < g->nst && !st; i++)
     if (p->live[i]) pj_storage_swap(storage_for(p, i, inputs, outputs), outs[o++], g->st[i].dtype);
   pthread_mutex_unlock(&pj_run_lock);
@@ -383,7 +386,8 @@ int pj_plan_draws(const pj_plan_t *p, int *device, uint64_t *increment) {
 
 pj_status_t *pj_plan_text(pj_plan_t *p, char **text) {
   size_t len = 0;
-  pj_graph_build_t build = {&p->g, p->live, p->zeros, p->scalars, p->bind};
+  /* the exported text is the program without the device's index-check state */
+  pj_graph_build_t build = {&p->g, p->live, p->zeros, p->scalars, p->bind, true};
   return pj_graph_build(&build, text, &len);
 }
 

@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "recorder.h"
+#include "../ops/lower.h"
 #include "torch_pjrt/capture.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
@@ -110,6 +111,7 @@ void pj_graph_clear(graph_t *g) {
     free(g->ops[i].key);
     free(g->ops[i].gslot);
     free(g->ops[i].scalars);
+    free(g->ops[i].site);
   }
   for (int i = 0; i < g->nst; i++) {
     if (!g->st[i].s) continue; /* a plan keeps only the storages it needs (capture.c) */
@@ -120,6 +122,30 @@ void pj_graph_clear(graph_t *g) {
   free(g->st);
   free(g->index);
   memset(g, 0, sizeof *g);
+}
+
+int pj_graph_sites(const graph_t *g, pj_check_site_t **out) {
+  int n = 0;
+  *out = NULL;
+  for (int i = 0; i < g->nops; i++) n += g->ops[i].site != NULL;
+  if (n == 0 || !(*out = malloc(sizeof **out * (size_t)n))) return 0;
+  for (int i = 0, j = 0; i < g->nops; i++) {
+    const char *site = g->ops[i].site;
+    if (site) (*out)[j++] = (pj_check_site_t){i, site, site + strlen(site) + 1};
+  }
+  return n;
+}
+
+/* "op\0where\0" of a call that names its source line (a dop's site), or NULL. */
+static char *site_of(const pj_call_t *c) {
+  if (!c->where) return NULL;
+  size_t a = strlen(c->op) + 1, b = strlen(c->where) + 1;
+  char *s = malloc(a + b);
+  if (s) {
+    memcpy(s, c->op, a);
+    memcpy(s + a, c->where, b);
+  }
+  return s;
 }
 
 /* ---- the fused program ---- */
@@ -147,8 +173,8 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
   pj_call_t *c = malloc(sizeof *c);
   pj_val_t *vals = calloc((size_t)g->nst + 1, sizeof(pj_val_t));
   int *param_of = calloc((size_t)g->nst + 1, sizeof(int));
-  pj_val_t *outs = calloc((size_t)g->nst + 1, sizeof(pj_val_t));
-  int *alias = calloc((size_t)g->nst + 1, sizeof(int));
+  pj_val_t *outs = calloc((size_t)g->nst + 2, sizeof(pj_val_t));
+  int *alias = calloc((size_t)g->nst + 2, sizeof(int));
   int total_scalars = 0;
   for (int i = 0; i < g->nops; i++) total_scalars += g->ops[i].nscalars;
   pj_val_t *scalars = calloc((size_t)total_scalars + 1, sizeof(pj_val_t));
@@ -181,6 +207,7 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
     base = pj_hlo_param(h, pj_type_scalar(PJ_I64));
   }
   int first_scalar = 0;
+  pj_check_emit_t chk = {.state = {.id = -1}};
   for (int k = 0; k < g->nops && !st; k++) {
     const dop_t *op = &g->ops[k];
     if (!pj_call_decode(op->key, op->keylen, g->device, c)) {
@@ -211,7 +238,9 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
       break;
     }
     for (int s = 0; s < c->nslots; s++) in[s] = vals[op->gslot[s]];
-    st = pj_call_emit(h, c, fn, in, scalars + first_scalar, full, written);
+    chk.op_index = k;
+    st = pj_call_emit(h, c, fn, in, scalars + first_scalar, full, written,
+                      pj_checks_enabled() && !fb->unchecked ? &chk : NULL);
     if (st) st = pj_status_wrap(st, "aten::%s (op %d of a fused run): ", c->op, k);
     for (int s = 0; s < c->nslots && !st; s++)
       if (written[s]) vals[op->gslot[s]] = full[s];
@@ -224,6 +253,11 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
       alias[n] = param_of[i];
       outs[n++] = vals[i];
     }
+  pj_val_t state = pj_check_finish(h, &chk);
+  if (state.id >= 0) { /* the check state: last result, aliasing the trailing parameter */
+    alias[n] = PJ_HLO_ALIAS_LAST;
+    outs[n++] = state;
+  }
   st = pj_hlo_finish(h, outs, n, alias, text, len);
 done:
   pj_hlo_free(h);
@@ -286,6 +320,7 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
     }
     for (int s = 0; s < c->nslots; s++) c->slots[s].storage = g->st[op->gslot[s]].s;
     memcpy(c->scalars, op->scalars, sizeof *op->scalars * (size_t)op->nscalars);
+    if (op->site) c->where = op->site + strlen(op->site) + 1;
     st = pj_call_run(c);
   }
   free(c);
@@ -344,7 +379,7 @@ static pj_status_t *flush_locked(void) {
   }
   char what[64];
   snprintf(what, sizeof what, "a fused run of %d ops", g.nops);
-  pj_graph_build_t fb = {&g, live, NULL, NULL, NULL};
+  pj_graph_build_t fb = {&g, live, NULL, NULL, NULL, false};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
   st = pj_program_for_key(k.p, k.len, pj_graph_build, &fb, what, &prog);
@@ -360,7 +395,12 @@ static pj_status_t *flush_locked(void) {
     donate[nbufs] = live[i]; /* its result aliases this parameter */
     bufs[nbufs++] = g.st[i].s->buf;
   }
-  if (!st) st = pj_run_program(prog, g.device, bufs, donate, nbufs, scalars, total_scalars, outs, nlive);
+  pj_check_site_t *sites = NULL;
+  int nsites = pj_graph_sites(&g, &sites);
+  if (!st)
+    st = pj_run_program(prog, g.device, bufs, donate, nbufs, scalars, total_scalars, outs, nlive,
+                        sites, nsites);
+  free(sites);
   for (int i = 0, o = 0; i < g.nst && !st; i++)
     if (live[i]) pj_storage_swap(g.st[i].s, outs[o++], g.st[i].dtype);
   pthread_mutex_unlock(&pj_run_lock);
@@ -475,6 +515,7 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
     return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
   }
   memcpy(op.scalars, c->scalars, sizeof(pj_scalar_t) * (size_t)c->nscalars);
+  op.site = site_of(c); /* NULL also when out of memory: the error then names no line */
   pj_status_t *st = NULL;
   pthread_mutex_lock(&mu);
   const bool cap = atomic_load(&capturing);
@@ -515,6 +556,7 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
     free(op.key);
     free(op.gslot);
     free(op.scalars);
+    free(op.site);
     return st;
   }
   for (int s = 0; s < c->nslots; s++)

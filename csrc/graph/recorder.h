@@ -19,7 +19,11 @@ typedef struct {
   int *gslot; /* graph storage of each slot */
   int nscalars;
   pj_scalar_t *scalars;
+  /* index-check site (index_checks.h): "op\0where" of a call that named its source line, else
+   * NULL. Not part of the key. */
+  char *site;
 } dop_t;
+
 
 /* A storage the graph touches. */
 typedef struct {
@@ -45,6 +49,10 @@ typedef struct {
 /* Releases everything the graph holds (storages it still references are released and marked
  * not pending) and leaves it empty. */
 void pj_graph_clear(graph_t *g);
+
+/* The index-check sites of the graph's ops that have one (index_checks.h), op index = position
+ * in g->ops; borrowed from the ops. Returns their number; *out is malloc'd (NULL when none). */
+int pj_graph_sites(const graph_t *g, pj_check_site_t **out);
 
 /* How a recorded scalar reaches a captured graph's program (a plan's binding, capture.c). The
  * eager modes pass every scalar as an argument of its own (a NULL binding). */
@@ -73,6 +81,7 @@ typedef struct {
   const bool *zeros;
   const pj_scalar_t *scalar_values;
   const pj_scalar_bind_t *bind;
+  bool unchecked; /* no index checks even when they are on (a plan's text for export) */
 } pj_graph_build_t;
 
 /* Builds the StableHLO text of the whole graph (a pj_program_for_key build callback, ctx is a

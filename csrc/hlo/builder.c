@@ -17,6 +17,8 @@ struct pj_hlo {
   int depth;
   int next_id;
   int nparams;
+  pj_val_t last;                           /* the trailing parameter, if has_last */
+  bool has_last;
   pj_code_t err_code;
   char err[1024];
 };
@@ -95,6 +97,13 @@ pj_val_t pj_hlo_param(pj_hlo_t *h, pj_type_t t) {
   pj_val_t v = {.id = h->next_id++, .sub = -1, .t = t};
   h->params[h->nparams++] = v;
   return v;
+}
+
+pj_val_t pj_hlo_param_last(pj_hlo_t *h, pj_type_t t) {
+  if (h->has_last) return pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: a second trailing parameter");
+  h->last = (pj_val_t){.id = h->next_id++, .sub = -1, .t = t};
+  h->has_last = true;
+  return h->last;
 }
 
 static bool check_ins(pj_hlo_t *h, const char *op, const pj_val_t *ins, int n) {
@@ -222,15 +231,18 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
   if (!pj_hlo_ok(h)) return pj_status_new(h->err_code, "%s", h->err);
   pj_sb_t m = {0};
   pj_sb_puts(&m, "func.func @main(");
-  for (int p = 0; p < h->nparams; p++) {
+  for (int p = 0; p < h->nparams + h->has_last; p++) {
     char tbuf[256];
+    const bool last = p == h->nparams;
+    const pj_val_t v = last ? h->last : h->params[p];
     pj_sb_puts(&m, p ? ", " : "");
-    print_val(&m, h->params[p]);
-    pj_sb_printf(&m, ": %s", pj_type_str(&h->params[p].t, tbuf, sizeof tbuf));
+    print_val(&m, v);
+    pj_sb_printf(&m, ": %s", pj_type_str(&v.t, tbuf, sizeof tbuf));
     /* Donation: result r reuses parameter p's buffer (the caller must also pass p as
      * donatable at execution; otherwise XLA copies). */
     for (int r = 0; alias && r < n; r++)
-      if (alias[r] == p) pj_sb_printf(&m, " {tf.aliasing_output = %d : i32}", r);
+      if (alias[r] == (last ? PJ_HLO_ALIAS_LAST : p))
+        pj_sb_printf(&m, " {tf.aliasing_output = %d : i32}", r);
   }
   pj_sb_puts(&m, ") -> ");
   print_val_types(&m, results, n, true);

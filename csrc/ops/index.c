@@ -4,9 +4,11 @@
  * and the data-dependent-shape protocol of dynamic.h.
  *
  * Index semantics: index values are used as given; negative values are wrapped by the indexed
- * size where PyTorch accepts them (advanced indexing, take/put, index_fill). Out-of-range
- * indices are NOT checked (CPU raises IndexError; checking needs a host sync): XLA clamps
- * gathered indices and drops out-of-range scatter updates. */
+ * size where PyTorch accepts them (advanced indexing, take/put, index_fill). XLA clamps
+ * gathered indices and drops out-of-range scatter updates, so every lowering checks the
+ * indices its caller gave against the range CPU accepts (pj_check_index: CPU's error comes at
+ * the next synchronization, index_checks.h); the shared helpers (pj_take_slices, ...) do not
+ * check the indices other lowerings compute. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -183,6 +185,7 @@ static pj_status_t *lower_gather(pj_lower_t *L) {
   pj_val_t x = at_least_1d(L, pj_tensor(L, "self"));
   pj_val_t idx = at_least_1d(L, pj_tensor(L, "index"));
   int dim = pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank);
+  if (dim >= 0) pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_DIM_RUNTIME);
   pj_set_result(L, 0, gather_points(L, x, idx, dim));
   return NULL;
 }
@@ -198,6 +201,7 @@ static pj_status_t *lower_scatter(pj_lower_t *L) {
     pj_set_result(L, 0, self);
     return NULL;
   }
+  if (dim >= 0) pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_DIM_RUNTIME);
   pj_val_t upd;
   if (pj_has(L, "src")) {
     upd = slice_to(L, at_least_1d(L, pj_convert(H, pj_tensor(L, "src"), ot.dtype)), idx.t);
@@ -299,6 +303,7 @@ static pj_status_t *lower_index_select(pj_lower_t *L) {
   pj_val_t x = at_least_1d(L, pj_tensor(L, "self"));
   pj_val_t idx = flat(L, pj_tensor(L, "index"));
   int dim = pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank);
+  if (dim >= 0) pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_SELF);
   pj_set_result(L, 0, pj_take_slices(L, x, dim, idx));
   return NULL;
 }
@@ -310,11 +315,15 @@ static pj_status_t *lower_index_update(pj_lower_t *L) {
   pj_val_t idx = flat(L, pj_tensor(L, "index"));
   int dim = pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank);
   const char *op = L->c->op;
+  if (dim < 0) return NULL;
+  const bool fill = !strcmp(op, "index_fill"), copy = !strcmp(op, "index_copy");
+  pj_check_index(L, idx, x.t.dims[dim], dim, fill,
+                 fill ? PJ_CHECK_DIM : copy ? PJ_CHECK_INDEX_COPY : PJ_CHECK_SELF);
   pj_type_t ut = x.t;
   ut.dims[dim] = idx.t.dims[0];
   pj_val_t upd;
   const char *comb = NULL;
-  if (!strcmp(op, "index_fill")) {
+  if (fill) {
     pj_val_t v = pj_has(L, "value") ? pj_scalar(L, "value") : kBad;
     upd = pj_broadcast_in_dim(H, pj_convert(H, v, ot.dtype), ut, NULL);
     idx = wrap_negative(L, idx, x.t.dims[dim]);
@@ -356,10 +365,11 @@ static pj_status_t *lower_index_reduce(pj_lower_t *L) {
   if (!comb)
     return pj_status_new(PJ_ERR_RUNTIME, "index_reduce(): Expected reduce to be one of prod, "
                          "mean, amax or amin, got %s.", reduce);
-  if (x.id < 0 || idx.id < 0 || idx.t.dims[0] == 0) {
+  if (x.id < 0 || idx.id < 0 || idx.t.dims[0] == 0 || dim < 0) {
     pj_set_result(L, 0, x);
     return NULL;
   }
+  pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_SELF);
   pj_type_t ut = x.t;
   ut.dims[dim] = idx.t.dims[0];
   pj_val_t upd = pj_reshape(H, pj_convert(H, pj_tensor(L, "source"), ot.dtype), ut.rank, ut.dims);
@@ -398,6 +408,7 @@ static pj_status_t *lower_index_reduce(pj_lower_t *L) {
 static pj_status_t *lower_take(pj_lower_t *L) {
   pj_val_t x = flat(L, pj_tensor(L, "self"));
   pj_val_t idx = pj_tensor(L, "index");
+  pj_check_index(L, idx, x.t.dims[0], 0, true, PJ_CHECK_TAKE);
   pj_set_result(L, 0, pj_gather_1d(H, x, wrap_negative(L, idx, x.t.dims[0])));
   return NULL;
 }
@@ -412,6 +423,7 @@ static pj_status_t *lower_put(pj_lower_t *L) {
     pj_set_result(L, 0, self);
     return NULL;
   }
+  pj_check_index(L, idx, x.t.dims[0], 0, true, PJ_CHECK_TAKE);
   idx = wrap_negative(L, idx, x.t.dims[0]);
   pj_val_t r = pj_scatter_1d(H, x, idx, src, pj_bool(L, "accumulate", false) ? "add" : NULL);
   pj_set_result(L, 0, pj_reshape(H, r, ot.rank, ot.dims));
@@ -703,6 +715,9 @@ static pj_status_t *index_plan(const pj_call_t *c, int64_t count, index_plan_t *
   return NULL;
 }
 
+/* The bridge's own "_pj_" calls (view_index_put.cpp) check their indices themselves. */
+static bool internal_call(pj_lower_t *L) { return !strncmp(L->c->op, "_pj_", 4); }
+
 /* The index tensors of a plan as one [B..., nidx] i64 value (negative indices wrapped). */
 static pj_val_t plan_indices(pj_lower_t *L, const index_plan_t *p, int64_t count) {
   pj_val_t parts[PJ_MAX_RANK], mc[PJ_MAX_RANK];
@@ -717,8 +732,10 @@ static pj_val_t plan_indices(pj_lower_t *L, const index_plan_t *p, int64_t count
   }
   int mk = 0;
   for (int k = 0; k < p->nidx; k++) {
-    pj_val_t v = p->entry[k] == p->mask_entry ? mc[mk++]
-                                              : pj_tensor_at(L, "indices", p->entry[k]);
+    const bool given = p->entry[k] != p->mask_entry; /* mask coordinates are in range */
+    pj_val_t v = given ? pj_tensor_at(L, "indices", p->entry[k]) : mc[mk++];
+    /* CPU names the index tensor's position among the given ones as its "dimension" */
+    if (given && !internal_call(L)) pj_check_index(L, v, p->self_dims[p->dims[k]], k, true, PJ_CHECK_DIM);
     v = wrap_negative(L, v, p->self_dims[p->dims[k]]);
     parts[k] = with_unit_tail(L, pj_broadcast_to(H, v, p->brank, p->bshape));
   }
@@ -826,6 +843,14 @@ static pj_status_t *lower_index_put(pj_lower_t *L) {
   v = pj_broadcast_to(H, pj_convert(H, v, ot.dtype), p.out.rank, p.out.dims);
   pj_set_result(L, 0, scatter_g(L, x, idx, v, window, nw, dims64, p.nidx, dims64, p.nidx,
                                 acc ? "add" : NULL));
+  return NULL;
+}
+
+/* "_pj_check_index" (index, size, dim): only the device-side check of an index tensor given
+ * for a dim of that size (advanced indexing's rule and error), no result. */
+static pj_status_t *lower_check_index(pj_lower_t *L) {
+  pj_check_index(L, pj_tensor(L, "index"), pj_int(L, "size", 0), (int)pj_int(L, "dim", 0), true,
+                 PJ_CHECK_DIM);
   return NULL;
 }
 
@@ -965,6 +990,8 @@ const pj_lowering_entry_t pj_lowerings_index[] = {
     {"index_put", lower_index_put},
     {"_index_put_impl", lower_index_put},
     {"_unsafe_index_put", lower_index_put},
+    {"_pj_index_put_unchecked", lower_index_put},
+    {"_pj_check_index", lower_check_index},
     {"_pj_count_nonzero", lower_count},
     {"_pj_count_masked_select", lower_count},
     {"_pj_count_index", lower_count},

@@ -8,6 +8,16 @@
 #define TORCH_PJRT_LOWER_H
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/hlo.h"
+#include "torch_pjrt/index_checks.h"
+
+/* A program's running index-check state while its ops are lowered (index_check.c; the state
+ * and its protocol: torch_pjrt/index_checks.h). Owned by the program builder, one per program;
+ * NULL in pj_lower_t when checks are off. */
+typedef struct pj_check_emit {
+  pj_val_t state; /* id < 0 until the program's first check adds the state parameter */
+  pj_val_t seq;   /* this execution's sequence number: the incoming state's counter + 1 */
+  int op_index;   /* the op being lowered, within the program (the builder sets it) */
+} pj_check_emit_t;
 
 struct pj_lower {
   pj_hlo_t *h;
@@ -17,6 +27,7 @@ struct pj_lower {
   pj_val_t *tensor_vals;  /* materialized tensor args (cache), indexed like c->tensors */
   pj_val_t *results;      /* indexed like c->outs */
   bool *has_result;
+  pj_check_emit_t *chk;   /* NULL: no index checks in this program */
 };
 
 /* Argument access. Missing arguments (not in the schema) behave as None. */
@@ -56,6 +67,20 @@ void pj_set_result(pj_lower_t *L, int k, pj_val_t v);
 
 /* Records an error; lowerings `return NULL` after it (the builder reports it). */
 #define pj_fail(L, code, ...) pj_hlo_fail((L)->h, code, __VA_ARGS__)
+
+/* Index checks (index_check.c): elements of the integer tensor value idx outside
+ * [negative_ok ? -size : 0, size) fail the program's check with CPU's error of `kind`, naming
+ * the value, `dim` and `size` (reported at the next synchronization, index_checks.h). Nothing
+ * is emitted when checks are off or idx is empty. Lowerings check the indices their user gave,
+ * never ones they computed. */
+void pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                    pj_check_kind_t kind);
+/* The same, with `ignore` exempt (nll_loss's ignore_index). */
+void pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                           pj_check_kind_t kind, int64_t ignore);
+/* The program's final check state (its last result, aliasing the trailing state parameter),
+ * or an invalid value when no op checked anything. */
+pj_val_t pj_check_finish(pj_hlo_t *h, pj_check_emit_t *chk);
 
 /* Normalizes a possibly negative dim against rank; records IndexError if out of range. */
 int pj_norm_dim(pj_lower_t *L, int64_t dim, int rank);

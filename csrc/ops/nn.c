@@ -531,6 +531,7 @@ static pj_status_t *lower_embedding_bag(pj_lower_t *L) {
   int64_t mode = pj_int(L, "mode", 0), pad = pj_int(L, "padding_idx", -1);
   int64_t k = pj_type_numel(&idx.t), nb = ot.dims[0], d = ot.rank > 1 ? ot.dims[1] : 1;
   idx = pj_reshape(H, idx, 1, &k);
+  pj_check_index(L, idx, w.t.dims[0], 0, false, PJ_CHECK_EMBEDDING_BAG);
   pj_val_t seg = bag_of_index(L, pj_tensor(L, "offsets"), nb, k);
   pj_val_t m = bag_mask(L, seg, idx, nb, pad, ct);                  /* [B, K] */
   int64_t d1 = 1, d0 = 0;
@@ -706,6 +707,8 @@ static pj_status_t *lower_nll_loss(pj_lower_t *L) {
   nll_parts_t p;
   nll_parts(L, x.t, ct, &p);
   int64_t cd = p.cdim;
+  pj_check_index_except(L, pj_tensor(L, "target"), x.t.rank ? x.t.dims[cd] : 1, 0, false,
+                        PJ_CHECK_TARGET, pj_int(L, "ignore_index", -100));
   pj_val_t picked = pj_reduce(H, SEL(p.onehot, x, cst(L, x, 0)), &cd, 1, "add");
   pj_val_t loss = U("negate", MUL(picked, p.wt));
   int64_t red = pj_int(L, "reduction", RED_MEAN);

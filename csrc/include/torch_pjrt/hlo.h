@@ -50,8 +50,14 @@ pj_val_t pj_hlo_fail(pj_hlo_t *h, pj_code_t code, const char *fmt, ...)
 bool pj_hlo_ok(const pj_hlo_t *h);
 /* Adds a function parameter (only before any op is emitted outside a region). */
 pj_val_t pj_hlo_param(pj_hlo_t *h, pj_type_t t);
+/* A parameter placed after every pj_hlo_param one, whenever it is added (at most one per
+ * function): a program input that a lowering discovers it needs while parameters of later ops
+ * are still being added (the index-check state, torch_pjrt/index_checks.h). */
+pj_val_t pj_hlo_param_last(pj_hlo_t *h, pj_type_t t);
+#define PJ_HLO_ALIAS_LAST (-2)
 /* Finishes the function returning `results`; alias[i] >= 0 marks result i as reusing (donating)
- * parameter alias[i]. The text is malloc'd and owned by the caller. */
+ * parameter alias[i], PJ_HLO_ALIAS_LAST the trailing parameter. The text is malloc'd and owned
+ * by the caller. */
 pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const int *alias,
                            char **text, size_t *len);
 

@@ -1,0 +1,67 @@
+/* Emission of device-side index checks into a program (lower.h; the state layout and how the
+ * host reads it: torch_pjrt/index_checks.h). */
+#include <stdlib.h>
+
+#include "emit.h"
+
+static pj_val_t as_vec1(pj_lower_t *L, pj_val_t v) {
+  int64_t one = 1;
+  return pj_reshape(H, v, 1, &one);
+}
+
+static pj_val_t state_element(pj_hlo_t *h, pj_val_t state, int64_t i) {
+  int64_t lo = i, hi = i + 1, st = 1;
+  return pj_reshape(h, pj_slice(h, state, &lo, &hi, &st), 0, NULL);
+}
+
+static void check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                  pj_check_kind_t kind, bool has_ignore, int64_t ignore) {
+  pj_check_emit_t *c = L->chk;
+  if (!c || idx.id < 0 || !pj_hlo_ok(H)) return;
+  int64_t n = pj_type_numel(&idx.t);
+  if (n == 0) return;
+  if (c->state.id < 0) {
+    int64_t len = PJ_CHECK_STATE_LEN;
+    c->state = pj_hlo_param_last(H, pj_type(PJ_I64, 1, &len));
+    c->seq = ADD(state_element(H, c->state, 8), pj_const_i(H, PJ_I64, 1));
+  }
+  pj_val_t i = pj_reshape(H, pj_convert(H, idx, PJ_I64), 1, &n);
+  pj_type_t vt = i.t;
+  pj_val_t lo = pj_full(H, vt, negative_ok ? (double)-size : 0);
+  pj_val_t bad = OR(CMP("LT", i, lo), CMP("GE", i, pj_full(H, vt, (double)size)));
+  if (has_ignore) bad = AND(bad, CMP("NE", i, pj_broadcast_in_dim(H, pj_const_i(H, PJ_I64, ignore), vt, NULL)));
+  pj_val_t pos = pj_iota(H, vt, 0);
+  int64_t d0 = 0;
+  pj_val_t first = pj_reduce(H, SEL(bad, pos, pj_full(H, vt, (double)n)), &d0, 1, "min");
+  pj_val_t any = CMP("LT", first, pj_const_i(H, PJ_I64, n));
+  pj_val_t at_first = CMP("EQ", pos, pj_broadcast_in_dim(H, first, vt, NULL));
+  pj_val_t value = pj_reduce(H, SEL(at_first, i, pj_full(H, vt, 0)), &d0, 1, "add");
+  pj_val_t parts[9] = {
+      as_vec1(L, pj_const_i(H, PJ_I64, 1)),        as_vec1(L, c->seq),
+      as_vec1(L, pj_const_i(H, PJ_I64, c->op_index)), as_vec1(L, pj_const_i(H, PJ_I64, kind)),
+      as_vec1(L, value),                            as_vec1(L, pj_const_i(H, PJ_I64, dim)),
+      as_vec1(L, pj_const_i(H, PJ_I64, size)),      as_vec1(L, first),
+      as_vec1(L, state_element(H, c->state, 8))};
+  pj_val_t record = pj_concat(H, parts, 9, 0);
+  /* the first failure wins: a state that already failed is kept */
+  pj_val_t fresh = CMP("EQ", state_element(H, c->state, 0), pj_const_i(H, PJ_I64, 0));
+  pj_val_t take = pj_broadcast_in_dim(H, AND(any, fresh), pj_type_with_dtype(c->state.t, PJ_BOOL), NULL);
+  c->state = SEL(take, record, c->state);
+}
+
+void pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                    pj_check_kind_t kind) {
+  check(L, idx, size, dim, negative_ok, kind, false, 0);
+}
+
+void pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                           pj_check_kind_t kind, int64_t ignore) {
+  check(L, idx, size, dim, negative_ok, kind, true, ignore);
+}
+
+pj_val_t pj_check_finish(pj_hlo_t *h, pj_check_emit_t *chk) {
+  if (!chk || chk->state.id < 0) return (pj_val_t){.id = -1, .sub = -1};
+  int64_t lo = 0, hi = 8, st = 1, one = 1;
+  pj_val_t parts[2] = {pj_slice(h, chk->state, &lo, &hi, &st), pj_reshape(h, chk->seq, 1, &one)};
+  return pj_concat(h, parts, 2, 0);
+}
