@@ -310,10 +310,6 @@ FAIL_CASES = _fail_cases()
 KNOWN_FAILURES = {
     "out_result_type": "the exception type matches (RuntimeError) but the message is the one of "
                        "PyTorch's Meta kernel for add.out, not TensorIterator's 'result type' text",
-    "tensor_index_out_of_range": "Strict mode has no device-side bounds checks (XLA clamps "
-                                 "gather indices); Debug mode checks them (tests/test_modes.py)",
-    "gather_index_out_of_range": "Strict mode has no device-side bounds checks (XLA clamps "
-                                 "gather indices); Debug mode checks them (tests/test_modes.py)",
 }
 
 

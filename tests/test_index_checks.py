@@ -1,0 +1,227 @@
+"""Device-side index checks (csrc/runtime/index_checks.c): in Strict and defer_and_fuse modes an
+out-of-range index raises CPU's exception, with CPU's message, at the next synchronizing point
+(a read to the host, synchronize, an event wait), naming the op and the Python line; Debug mode
+raises at once. The error is sticky until read, the first failure wins, and valid indices
+(negative ones where CPU accepts them, nll_loss's ignore_index) never raise."""
+from __future__ import annotations
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import run_python
+
+TPU = torch.device("tpu")
+THIS_FILE = __file__
+
+
+def t(values, d):
+    return torch.tensor(values, device=d)
+
+
+def ones(*shape, d):
+    return torch.ones(*shape, device=d)
+
+
+# name -> fn(device): one op with one bad index
+BAD = {
+    "index": lambda d: ones(4, d=d)[t([1, 10], d)],
+    "index_negative": lambda d: ones(4, d=d)[t([-5], d)],
+    "index_second_tensor": lambda d: ones(3, 4, d=d)[t([0], d), t([9], d)],
+    "index_after_slice": lambda d: ones(3, 4, d=d)[:, t([1, 10], d)],
+    "unsafe_index": lambda d: torch.ops.aten._unsafe_index(ones(4, d=d), [t([7], d)]),
+    "gather": lambda d: ones(4, d=d).gather(0, t([7], d)),
+    "gather_negative": lambda d: ones(4, d=d).gather(0, t([-1], d)),
+    "gather_dim1": lambda d: ones(4, 3, d=d).gather(1, t([[0], [5], [1], [2]], d)),
+    "index_select": lambda d: ones(4, d=d).index_select(0, t([7], d)),
+    "index_select_negative": lambda d: ones(4, d=d).index_select(0, t([-1], d)),
+    "embedding": lambda d: F.embedding(t([[1, 7]], d), ones(4, 2, d=d)),
+    "scatter": lambda d: ones(4, d=d).scatter(0, t([7], d), ones(1, d=d)),
+    "scatter_add": lambda d: ones(4, d=d).scatter_add(0, t([7], d), ones(1, d=d)),
+    "scatter_reduce": lambda d: ones(4, d=d).scatter_reduce(0, t([7], d), ones(1, d=d), "amax"),
+    "index_put": lambda d: ones(4, d=d).index_put_((t([7], d),), ones(1, d=d)),
+    "index_put_accumulate": lambda d: ones(4, d=d).index_put_((t([7], d),), ones(1, d=d),
+                                                              accumulate=True),
+    "setitem": lambda d: ones(4, 2, d=d).__setitem__(t([1, 6], d), 0.0),
+    "index_add": lambda d: ones(4, d=d).index_add(0, t([7], d), ones(1, d=d)),
+    "index_copy": lambda d: ones(4, d=d).index_copy(0, t([7], d), ones(1, d=d)),
+    "index_fill": lambda d: ones(4, d=d).index_fill(0, t([7], d), 1.0),
+    "index_reduce": lambda d: ones(4, d=d).index_reduce(0, t([7], d), ones(1, d=d), "prod"),
+    "take": lambda d: ones(4, d=d).take(t([7], d)),
+    "take_negative": lambda d: ones(4, d=d).take(t([-5], d)),
+    "put": lambda d: ones(4, d=d).put(t([7], d), ones(1, d=d)),
+    "nll_loss": lambda d: F.nll_loss(ones(2, 3, d=d), t([0, 5], d)),
+    "nll_loss_negative": lambda d: F.nll_loss(ones(2, 3, d=d), t([0, -1], d)),
+    "nll_loss_none": lambda d: F.nll_loss(ones(2, 3, d=d), t([0, 5], d), reduction="none"),
+    "nll_loss2d": lambda d: F.nll_loss(ones(2, 3, 2, 2, d=d), torch.full((2, 2, 2), 5, device=d)),
+    "cross_entropy": lambda d: F.cross_entropy(ones(2, 3, d=d), t([0, 3], d)),
+    "embedding_bag": lambda d: F.embedding_bag(t([1, 7], d), ones(4, 2, d=d), t([0], d)),
+}
+
+# the same ops with indices CPU accepts: results must equal CPU's and nothing may raise
+GOOD = {
+    "index": lambda d: ones(4, d=d).cumsum(0)[t([1, -4, 3], d)],
+    "gather": lambda d: torch.arange(12.0, device=d).view(4, 3).gather(1, t([[0], [2], [1], [2]], d)),
+    "index_select": lambda d: torch.arange(4.0, device=d).index_select(0, t([3, 0], d)),
+    "embedding": lambda d: F.embedding(t([[3, 0]], d), torch.arange(8.0, device=d).view(4, 2)),
+    "scatter": lambda d: torch.zeros(4, device=d).scatter(0, t([3], d), ones(1, d=d)),
+    "index_put_negative": lambda d: torch.zeros(4, device=d).index_put_((t([-1], d),), ones(1, d=d)),
+    "index_fill_negative": lambda d: torch.zeros(4, device=d).index_fill(0, t([-1], d), 2.0),
+    "take_negative": lambda d: torch.arange(4.0, device=d).take(t([-4, 3], d)),
+    "nll_loss_ignore_index": lambda d: F.nll_loss(torch.arange(6.0, device=d).view(2, 3),
+                                                  t([1, -100], d)),
+    "nll_loss_custom_ignore": lambda d: F.nll_loss(torch.arange(6.0, device=d).view(2, 3),
+                                                   t([1, 3], d), ignore_index=3),
+}
+
+
+def cpu_error(fn):
+    with pytest.raises(Exception) as e:
+        fn("cpu")
+    return e
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("name", list(BAD))
+def test_bad_index_raises_cpus_error_at_the_next_sync(name, mode):
+    fn = BAD[name]
+    cpu = cpu_error(fn)
+    with torch.tpu.eager_mode(mode):
+        r = fn(TPU)  # asynchronous: nothing is known yet
+        with pytest.raises(Exception) as tpu:
+            torch.tpu.synchronize()
+    assert tpu.type is cpu.type, f"CPU: {cpu.value!r}\ntpu: {tpu.value!r}"
+    msg = str(tpu.value)
+    assert msg.startswith(str(cpu.value).splitlines()[0]), msg
+    assert f"{THIS_FILE}:" in msg, msg  # the Python line of the op
+    # read once: the next synchronization is clean, and the results are still readable
+    torch.tpu.synchronize()
+    if isinstance(r, torch.Tensor):
+        r.cpu()
+
+
+@pytest.mark.parametrize("name", list(BAD))
+def test_debug_mode_raises_at_once(name):
+    fn = BAD[name]
+    cpu = cpu_error(fn)
+    with torch.tpu.eager_mode("debug"):
+        with pytest.raises(Exception) as tpu:
+            fn(TPU)
+    assert tpu.type is cpu.type
+    assert str(cpu.value).splitlines()[0] in str(tpu.value)
+    torch.tpu.synchronize()
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("name", list(GOOD))
+def test_valid_indices_never_raise(name, mode):
+    fn = GOOD[name]
+    expect = fn("cpu")
+    with torch.tpu.eager_mode(mode):
+        got = fn(TPU)
+        torch.tpu.synchronize()
+        torch.testing.assert_close(got.cpu(), expect)
+
+
+@pytest.mark.parametrize("sync", ["item", "cpu", "synchronize", "event", "print"])
+def test_every_synchronizing_point_reports(sync):
+    x = torch.arange(4.0, device=TPU)
+    y = x[t([1, 9], TPU)]
+    s = (x * 2).sum()
+    with pytest.raises(IndexError, match="index 9 is out of bounds for dimension 0 with size 4"):
+        if sync == "item":
+            s.item()
+        elif sync == "cpu":
+            s.cpu()
+        elif sync == "synchronize":
+            torch.tpu.synchronize()
+        elif sync == "event":
+            ev = torch.Event(device="tpu")
+            ev.record()
+            ev.synchronize()
+        else:
+            str(y)
+    assert s.item() == 12.0  # sticky until read: read once, then gone
+
+
+def test_first_failure_wins_and_names_its_line():
+    x = torch.arange(4.0, device=TPU)
+    x.gather(0, t([8], TPU))  # first: RuntimeError
+    line = test_first_failure_wins_and_names_its_line.__code__.co_firstlineno + 2
+    x[t([6], TPU)]  # second: would be IndexError
+    with pytest.raises(RuntimeError, match="index 8 is out of bounds") as e:
+        torch.tpu.synchronize()
+    assert f"{THIS_FILE}:{line}" in str(e.value)
+    assert "aten::gather" in str(e.value)
+    torch.tpu.synchronize()
+
+
+def test_error_in_a_fused_run_names_the_failing_op():
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        x = torch.arange(6.0, device=TPU)
+        y = (x * 2 + 1)[t([0, 1], TPU)]
+        z = y.index_select(0, t([5], TPU))  # out of range for y's 2 elements
+        w = z.exp() - 1
+        with pytest.raises(IndexError, match="index out of range in self") as e:
+            w.cpu()
+    assert "aten::index_select" in str(e.value)
+
+
+def test_training_step_after_an_error_matches_cpu():
+    # the process stays usable: a bad batch raises, the next good step equals CPU's
+    torch.manual_seed(0)
+    ref = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Flatten(), torch.nn.Linear(8, 3))
+    dev = torch.nn.Sequential(torch.nn.Embedding(8, 4), torch.nn.Flatten(), torch.nn.Linear(8, 3))
+    dev.load_state_dict(ref.state_dict())
+    dev.to(TPU)
+    with pytest.raises(IndexError):
+        dev(t([[1, 8]], TPU)).sum().item()
+    dev.zero_grad()
+    ids, target = torch.tensor([[1, 7], [0, 3]]), torch.tensor([2, 0])
+    F.cross_entropy(ref(ids), target).backward()
+    loss = F.cross_entropy(dev(ids.to(TPU)), target.to(TPU))
+    loss.backward()
+    assert loss.item() == pytest.approx(F.cross_entropy(ref(ids), target).item(), rel=1e-6)
+    for (n, p), q in zip(ref.named_parameters(), dev.parameters()):
+        torch.testing.assert_close(q.grad.cpu(), p.grad, msg=n)
+
+
+def test_indexed_write_into_a_view_checks_its_own_dim():
+    # index_put_ into a non-contiguous view takes the O(slice) path (view_index_put.cpp): the
+    # error names the view's dim and size, not the storage's end
+    kv = torch.zeros(4, 3, 8, device=TPU)
+    kc = kv.chunk(2, dim=2)[0]  # [4, 3, 4], strided
+    cpu = torch.zeros(4, 3, 8).chunk(2, dim=2)[0]
+    with pytest.raises(IndexError) as ce:
+        cpu[torch.tensor([0]), :, torch.tensor([4])] = 1.0
+    kc[t([0], TPU), :, t([4], TPU)] = 1.0
+    with pytest.raises(IndexError) as te:
+        torch.tpu.synchronize()
+    assert str(te.value).startswith(str(ce.value))
+    kc[t([1, 2], TPU), :, t([3, -1], TPU)] = 2.0  # valid, negative included: written
+    ref = torch.zeros(4, 3, 8)
+    ref.chunk(2, dim=2)[0][torch.tensor([1, 2]), :, torch.tensor([3, -1])] = 2.0
+    torch.testing.assert_close(kv.cpu(), ref)
+
+
+def test_compiled_graph_checks_too():
+    emb = torch.nn.Embedding(10, 4).to(TPU)
+    fn = torch.compile(lambda ids: emb(ids).sum(-1), backend="tpu")
+    good = t([1, 2, 3], TPU)
+    torch.testing.assert_close(fn(good).cpu(), emb(good).sum(-1).cpu())
+    r = fn(t([1, 12, 3], TPU))
+    with pytest.raises(IndexError, match="index out of range in self"):
+        r.cpu()
+    torch.testing.assert_close(fn(good).cpu(), emb(good).sum(-1).cpu())
+
+
+def test_check_bounds_0_turns_the_checks_off():
+    # XLA's behaviour: gathered indices clamp, nothing raises
+    r = run_python(
+        "import torch\n"
+        "x = torch.arange(4.0, device='tpu')\n"
+        "print(x[torch.tensor([1, 9], device='tpu')].tolist())\n"
+        "torch.tpu.synchronize()\n",
+        TORCH_PJRT_CHECK_BOUNDS="0")
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.strip().splitlines()[-1] == "[1.0, 3.0]"
