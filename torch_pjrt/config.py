@@ -25,8 +25,8 @@ Variables (the README's table lists all of them):
 
 PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
 ``import torch``; it is read by torch, not here. Native code reads two switches where they act:
-``TORCH_PJRT_CPU_FALLBACK`` (csrc/bridge/dispatch.cpp) and ``TORCH_PJRT_DUMP_ON_ERROR``
-(csrc/graph/call.c); the C runtime reads ``TORCH_PJRT_PLUGIN`` itself only when Python configured
+``TORCH_PJRT_CPU_FALLBACK`` (csrc/bridge/dispatch.cpp), ``TORCH_PJRT_DUMP_ON_ERROR``
+(csrc/graph/call.c) and ``TORCH_PJRT_CHECK_BOUNDS`` (csrc/runtime/index_checks.c); the C runtime reads ``TORCH_PJRT_PLUGIN`` itself only when Python configured
 no plugin (a path), e.g. in C tests.
 
 The values are read when :func:`load` is called (once, at registration), so a process sees

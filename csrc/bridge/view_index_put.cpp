@@ -190,7 +190,11 @@ bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack
     shape[static_cast<size_t>(p)] = self.size(d);
     lin = lin + at::arange(self.size(d), i64).mul(self.stride(d)).reshape(shape);
   }
-  lin = at::where(valid, lin, c10::Scalar(storage_numel)).expand(result).reshape({-1});
+  // With the index checks on, one bad index drops every update (CPU raises before writing
+  // anything); without them each bad one is dropped, as XLA's scatter does.
+  lin = at::where(pj_checks_enabled() ? valid.all() : valid, lin, c10::Scalar(storage_numel))
+            .expand(result)
+            .reshape({-1});
 
   const int device = self.device().index() < 0 ? 0 : self.device().index();
   if (pj_checks_enabled()) {

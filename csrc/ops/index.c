@@ -201,7 +201,9 @@ static pj_status_t *lower_scatter(pj_lower_t *L) {
     pj_set_result(L, 0, self);
     return NULL;
   }
-  if (dim >= 0) pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_DIM_RUNTIME);
+  if (dim >= 0) /* all or nothing: one bad index drops every update */
+    idx = pj_check_drop_all(L, pj_check_index(L, idx, x.t.dims[dim], dim, false,
+                                              PJ_CHECK_DIM_RUNTIME), idx, x.t.dims[dim]);
   pj_val_t upd;
   if (pj_has(L, "src")) {
     upd = slice_to(L, at_least_1d(L, pj_convert(H, pj_tensor(L, "src"), ot.dtype)), idx.t);
@@ -303,7 +305,13 @@ static pj_status_t *lower_index_select(pj_lower_t *L) {
   pj_val_t x = at_least_1d(L, pj_tensor(L, "self"));
   pj_val_t idx = flat(L, pj_tensor(L, "index"));
   int dim = pj_norm_dim(L, pj_int(L, "dim", 0), x.t.rank);
-  if (dim >= 0) pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_SELF);
+  /* CPU's kernel has its own message along dim 1 of a tensor of rank > 1 (and for an empty
+   * one of rank > 1) */
+  const pj_tensor_desc_t *sd = pj_tensor_desc(L, "self");
+  const bool data_bounds = sd && sd->rank > 1 && (dim == 1 || pj_type_numel(&x.t) == 0);
+  if (dim >= 0)
+    pj_check_index(L, idx, x.t.dims[dim], dim, false,
+                   data_bounds ? PJ_CHECK_DATA_BOUNDS : PJ_CHECK_SELF);
   pj_set_result(L, 0, pj_take_slices(L, x, dim, idx));
   return NULL;
 }
@@ -317,8 +325,15 @@ static pj_status_t *lower_index_update(pj_lower_t *L) {
   const char *op = L->c->op;
   if (dim < 0) return NULL;
   const bool fill = !strcmp(op, "index_fill"), copy = !strcmp(op, "index_copy");
-  pj_check_index(L, idx, x.t.dims[dim], dim, fill,
-                 fill ? PJ_CHECK_DIM : copy ? PJ_CHECK_INDEX_COPY : PJ_CHECK_SELF);
+  /* CPU: index_add of a 1-D tensor says "index out of range in self" (IndexError), of a higher
+   * rank one the dim and size (RuntimeError) */
+  const pj_tensor_desc_t *sd = pj_tensor_desc(L, "self");
+  const pj_check_kind_t kind = fill ? PJ_CHECK_DIM
+                               : copy ? PJ_CHECK_INDEX_COPY
+                               : sd && sd->rank > 1 ? PJ_CHECK_DIM_RUNTIME
+                                                    : PJ_CHECK_SELF;
+  idx = pj_check_drop_all(L, pj_check_index(L, idx, x.t.dims[dim], dim, fill, kind), idx,
+                          x.t.dims[dim]);
   pj_type_t ut = x.t;
   ut.dims[dim] = idx.t.dims[0];
   pj_val_t upd;
@@ -369,7 +384,8 @@ static pj_status_t *lower_index_reduce(pj_lower_t *L) {
     pj_set_result(L, 0, x);
     return NULL;
   }
-  pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_SELF);
+  idx = pj_check_drop_all(L, pj_check_index(L, idx, x.t.dims[dim], dim, false, PJ_CHECK_SELF),
+                          idx, x.t.dims[dim]);
   pj_type_t ut = x.t;
   ut.dims[dim] = idx.t.dims[0];
   pj_val_t upd = pj_reshape(H, pj_convert(H, pj_tensor(L, "source"), ot.dtype), ut.rank, ut.dims);
@@ -423,7 +439,8 @@ static pj_status_t *lower_put(pj_lower_t *L) {
     pj_set_result(L, 0, self);
     return NULL;
   }
-  pj_check_index(L, idx, x.t.dims[0], 0, true, PJ_CHECK_TAKE);
+  idx = pj_check_drop_all(L, pj_check_index(L, idx, x.t.dims[0], 0, true, PJ_CHECK_TAKE), idx,
+                          x.t.dims[0]);
   idx = wrap_negative(L, idx, x.t.dims[0]);
   pj_val_t r = pj_scatter_1d(H, x, idx, src, pj_bool(L, "accumulate", false) ? "add" : NULL);
   pj_set_result(L, 0, pj_reshape(H, r, ot.rank, ot.dims));
@@ -735,8 +752,10 @@ static pj_val_t plan_indices(pj_lower_t *L, const index_plan_t *p, int64_t count
     const bool given = p->entry[k] != p->mask_entry; /* mask coordinates are in range */
     pj_val_t v = given ? pj_tensor_at(L, "indices", p->entry[k]) : mc[mk++];
     /* CPU names the index tensor's position among the given ones as its "dimension" */
-    if (given && !internal_call(L)) pj_check_index(L, v, p->self_dims[p->dims[k]], k, true, PJ_CHECK_DIM);
-    v = wrap_negative(L, v, p->self_dims[p->dims[k]]);
+    const int64_t size = p->self_dims[p->dims[k]];
+    if (given && !internal_call(L)) /* index_put: one bad index drops every update */
+      v = pj_check_drop_all(L, pj_check_index(L, v, size, k, true, PJ_CHECK_DIM), v, size);
+    v = wrap_negative(L, v, size);
     parts[k] = with_unit_tail(L, pj_broadcast_to(H, v, p->brank, p->bshape));
   }
   return pj_concat(H, parts, p->nidx, p->brank);

@@ -14,12 +14,14 @@ static pj_val_t state_element(pj_hlo_t *h, pj_val_t state, int64_t i) {
   return pj_reshape(h, pj_slice(h, state, &lo, &hi, &st), 0, NULL);
 }
 
-static void check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
-                  pj_check_kind_t kind, bool has_ignore, int64_t ignore) {
+static const pj_val_t kNone = {.id = -1, .sub = -1};
+
+static pj_val_t check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                      pj_check_kind_t kind, bool has_ignore, int64_t ignore) {
   pj_check_emit_t *c = L->chk;
-  if (!c || idx.id < 0 || !pj_hlo_ok(H)) return;
+  if (!c || idx.id < 0 || !pj_hlo_ok(H)) return kNone;
   int64_t n = pj_type_numel(&idx.t);
-  if (n == 0) return;
+  if (n == 0) return kNone;
   if (c->state.id < 0) {
     int64_t len = PJ_CHECK_STATE_LEN;
     c->state = pj_hlo_param_last(H, pj_type(PJ_I64, 1, &len));
@@ -47,16 +49,24 @@ static void check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negat
   pj_val_t fresh = CMP("EQ", state_element(H, c->state, 0), pj_const_i(H, PJ_I64, 0));
   pj_val_t take = pj_broadcast_in_dim(H, AND(any, fresh), pj_type_with_dtype(c->state.t, PJ_BOOL), NULL);
   c->state = SEL(take, record, c->state);
+  return any;
 }
 
-void pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
-                    pj_check_kind_t kind) {
-  check(L, idx, size, dim, negative_ok, kind, false, 0);
+pj_val_t pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                        pj_check_kind_t kind) {
+  return check(L, idx, size, dim, negative_ok, kind, false, 0);
 }
 
-void pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
-                           pj_check_kind_t kind, int64_t ignore) {
-  check(L, idx, size, dim, negative_ok, kind, true, ignore);
+pj_val_t pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim,
+                               bool negative_ok, pj_check_kind_t kind, int64_t ignore) {
+  return check(L, idx, size, dim, negative_ok, kind, true, ignore);
+}
+
+pj_val_t pj_check_drop_all(pj_lower_t *L, pj_val_t bad, pj_val_t idx, int64_t size) {
+  if (bad.id < 0 || idx.id < 0) return idx;
+  pj_val_t past = pj_convert(H, pj_const_i(H, PJ_I64, size), idx.t.dtype);
+  return SEL(pj_broadcast_in_dim(H, bad, pj_type_with_dtype(idx.t, PJ_BOOL), NULL),
+             pj_broadcast_in_dim(H, past, idx.t, NULL), idx);
 }
 
 pj_val_t pj_check_finish(pj_hlo_t *h, pj_check_emit_t *chk) {

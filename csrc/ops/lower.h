@@ -70,14 +70,19 @@ void pj_set_result(pj_lower_t *L, int k, pj_val_t v);
 
 /* Index checks (index_check.c): elements of the integer tensor value idx outside
  * [negative_ok ? -size : 0, size) fail the program's check with CPU's error of `kind`, naming
- * the value, `dim` and `size` (reported at the next synchronization, index_checks.h). Nothing
- * is emitted when checks are off or idx is empty. Lowerings check the indices their user gave,
- * never ones they computed. */
-void pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
-                    pj_check_kind_t kind);
+ * the value, `dim` and `size` (reported at the next synchronization, index_checks.h). Returns
+ * whether this check failed (0-d bool), or an invalid value when nothing was emitted (checks
+ * off, idx empty). Lowerings check the indices their user gave, never ones they computed. */
+pj_val_t pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
+                        pj_check_kind_t kind);
 /* The same, with `ignore` exempt (nll_loss's ignore_index). */
-void pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
-                           pj_check_kind_t kind, int64_t ignore);
+pj_val_t pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim,
+                               bool negative_ok, pj_check_kind_t kind, int64_t ignore);
+/* All or nothing for indexed writes: idx with every element replaced by `size` (out of range,
+ * so XLA's scatter drops every update) when `bad` (a pj_check_index result) holds; idx itself
+ * when bad is invalid. CPU raises before writing anything; this keeps the destination whole
+ * at the cost of a select over the indices, not over the destination. */
+pj_val_t pj_check_drop_all(pj_lower_t *L, pj_val_t bad, pj_val_t idx, int64_t size);
 /* The program's final check state (its last result, aliasing the trailing state parameter),
  * or an invalid value when no op checked anything. */
 pj_val_t pj_check_finish(pj_hlo_t *h, pj_check_emit_t *chk);

@@ -314,6 +314,13 @@ def execute(prog, mode, every_step=None, stop_after=None, trace=None):
         op = step["op"] if step["op"] != "input" else "input"
         rc = cpu.run_step(i, step)
         rt = tpu.run_step(i, step)
+        if step.get("oor") and mode != "debug" and rt is not None and rt[0] != "exc":
+            # Strict and defer_and_fuse check indices on the device: CPU's exception comes at
+            # the next synchronizing point, so synchronize here to take it at this step
+            try:
+                torch.tpu.synchronize()
+            except Exception as e:
+                rt = ("exc", type(e).__name__, str(e).split("\n")[0][:200])
         if rc is None and rt is None:
             continue
         if rc[0] == "exc" or rt[0] == "exc":

@@ -54,6 +54,9 @@ typedef enum {
   /* RuntimeError "Index P of input takes value V which is not in the valid range [0, S)"
    * (embedding_bag) */
   PJ_CHECK_EMBEDDING_BAG,
+  /* RuntimeError "INDICES element is out of DATA bounds, id=V axis_dim=S" (CPU's index_select
+   * along dim 1 of a tensor of rank > 1) */
+  PJ_CHECK_DATA_BOUNDS,
   PJ_CHECK_KINDS
 } pj_check_kind_t;
 
