@@ -264,3 +264,19 @@ def test_indexed_write_with_a_bad_index_writes_nothing(name, mode):
             torch.tpu.synchronize()
         assert te.type is ce.type
         torch.testing.assert_close(x.cpu(), ref)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_switching_checks_in_process_keeps_both_programs_apart(mode):
+    from torch_pjrt import _C
+    x = torch.arange(4.0, device=TPU)
+    bad = t([1, 9], TPU)
+    with torch.tpu.eager_mode(mode):
+        _C._set_index_checks(False)
+        try:
+            assert x[bad].tolist() == [1.0, 3.0]  # XLA's clamping, nothing raised
+        finally:
+            _C._set_index_checks(True)
+        y = x[bad]  # same op and shapes: its checked program, not the cached unchecked one
+        with pytest.raises(IndexError, match="index 9 is out of bounds"):
+            y.cpu()

@@ -92,3 +92,45 @@ def test_list_ops_longer_than_one_call(mode, fallbacks):
     finally:
         torch.tpu.set_eager_mode("strict")
     fallbacks.assert_none("list ops over 600 tensors")
+
+
+# ---- fuzzer findings (docs/reliability.md) ----
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16, torch.int64,
+                                   torch.bool])
+@pytest.mark.parametrize("fn", [torch.sign, torch.sgn])
+def test_sign_of_nan_negative_zero_and_bool_f3_f6(fn, dtype):
+    if dtype == torch.bool:
+        x = torch.tensor([True, False])
+    elif dtype.is_floating_point:
+        x = torch.tensor([float("nan"), -0.0, 0.0, -2.5, 3.0, float("-inf")], dtype=dtype)
+    else:
+        x = torch.tensor([-3, 0, 5], dtype=dtype)
+    got, ref = fn(x.to(TPU)).cpu(), fn(x)
+    assert got.dtype == ref.dtype
+    assert torch.equal(got, ref) and torch.equal(got.signbit(), ref.signbit())
+
+
+@pytest.mark.parametrize("case", [
+    lambda d: torch.index_select(torch.zeros(1, 0, dtype=torch.bool, device=d), -1,
+                                 torch.tensor([], dtype=torch.int64, device=d)),
+    lambda d: torch.gather(torch.zeros(2, 0, device=d), 1, torch.zeros(2, 0, dtype=torch.int64,
+                                                                        device=d)),
+    lambda d: torch.zeros(0, dtype=torch.int32, device=d)[torch.tensor([], dtype=torch.int64,
+                                                                        device=d)],
+    lambda d: torch.zeros(3, 0, device=d)[torch.tensor([2, 0], device=d)],
+])
+def test_gathers_on_empty_dims_f4(case):
+    ref = case("cpu")
+    got = case(TPU).cpu()
+    assert got.dtype == ref.dtype and got.shape == ref.shape
+    assert torch.equal(got, ref)
+
+
+@pytest.mark.parametrize("k", [0, 1])
+def test_topk_of_a_0d_tensor_f5(k):
+    ref = torch.topk(torch.tensor(2.0), k, dim=-1)
+    got = torch.topk(torch.tensor(2.0, device=TPU), k, dim=-1)
+    for g, r in zip(got, ref):
+        assert g.shape == r.shape and g.dtype == r.dtype
+        assert torch.equal(g.cpu(), r)

@@ -39,6 +39,7 @@ CallBuilder::CallBuilder(const std::string& op, const std::string& overload, int
   c_->overload = keep(overload);
   c_->device = device;
   c_->where = nullptr;
+  c_->checked = pj_checks_enabled();
 }
 
 const char* CallBuilder::keep(const std::string& s) {

@@ -97,6 +97,7 @@ bool pj_call_key(const pj_call_t *c, const char *identity, pj_keybuf_t *k) {
   }
   pj_key_int(k, c->nout);
   for (int o = 0; o < c->nout; o++) ktensor(k, &c->outs[o]);
+  pj_key_int(k, c->checked);
   return !k->failed;
 }
 
@@ -229,6 +230,7 @@ bool pj_call_decode(const unsigned char *key, size_t len, int device, pj_call_t 
   if (!r.ok || !in_range(no, 0, PJ_CALL_MAX_OUTS)) return false;
   c->nout = (int)no;
   for (int o = 0; o < c->nout; o++) rtensor(&r, &c->outs[o]);
+  c->checked = rint64(&r) != 0;
   c->where = NULL;
   return r.ok && r.p == r.end;
 }
@@ -342,7 +344,7 @@ static pj_status_t *build_single(void *ctx, char **text, size_t *len) {
   }
   for (int i = 0; i < c->nscalars; i++) scalars[i] = pj_hlo_param(h, pj_type_scalar(c->scalars[i].dtype));
   pj_check_emit_t chk = {.state = {.id = -1}, .op_index = 0};
-  st = pj_call_emit(h, c, b->fn, in, scalars, full, written, pj_checks_enabled() ? &chk : NULL);
+  st = pj_call_emit(h, c, b->fn, in, scalars, full, written, c->checked ? &chk : NULL);
   if (st) goto done;
   if (!pj_hlo_ok(h)) { /* the lowering's own error (its writes were skipped): report that */
     st = pj_hlo_finish(h, NULL, 0, NULL, text, len);

@@ -240,7 +240,7 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
     for (int s = 0; s < c->nslots; s++) in[s] = vals[op->gslot[s]];
     chk.op_index = k;
     st = pj_call_emit(h, c, fn, in, scalars + first_scalar, full, written,
-                      pj_checks_enabled() && !fb->unchecked ? &chk : NULL);
+                      c->checked && !fb->unchecked ? &chk : NULL);
     if (st) st = pj_status_wrap(st, "aten::%s (op %d of a fused run): ", c->op, k);
     for (int s = 0; s < c->nslots && !st; s++)
       if (written[s]) vals[op->gslot[s]] = full[s];

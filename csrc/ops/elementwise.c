@@ -64,8 +64,8 @@ static const unary_row_t kUnary[] = {
     {"floor", "stablehlo.floor", U_OUT},
     {"ceil", "stablehlo.ceil", U_OUT},
     {"round", "stablehlo.round_nearest_even", U_OUT},
-    {"sign", "stablehlo.sign", U_OUT},
-    {"sgn", "stablehlo.sign", U_OUT},
+    {"sign", NULL, U_OUT},
+    {"sgn", NULL, U_OUT},
     {"erf", "chlo.erf", U_OUT},
     {"erfc", "chlo.erfc", U_OUT},
     {"erfinv", "chlo.erf_inv", U_OUT},
@@ -132,6 +132,13 @@ static pj_val_t unary_formula(pj_lower_t *L, const char *n, pj_val_t x) {
   if (!strcmp(n, "trunc") || !strcmp(n, "fix")) {
     if (!fl) return x;
     return SEL(CMP("LT", x, cst(L, x, 0)), U("ceil", x), U("floor", x));
+  }
+  if (!strcmp(n, "sign") || !strcmp(n, "sgn")) {
+    if (dt == PJ_BOOL) return x; /* CPU: the bools themselves */
+    if (!fl) return U("sign", x); /* integers; complex sgn is z/|z| (0 at 0) */
+    /* CPU: 0 for NaN and for -0.0 (stablehlo.sign keeps both) */
+    return SEL(CMP("GT", x, cst(L, x, 0)), cst(L, x, 1),
+               SEL(CMP("LT", x, cst(L, x, 0)), cst(L, x, -1), cst(L, x, 0)));
   }
   if (!strcmp(n, "reciprocal")) return DIV(cst(L, x, 1), x);
   if (!strcmp(n, "exp2")) return pj_binary(H, "stablehlo.power", cst(L, x, 2), x);

@@ -77,6 +77,12 @@ static pj_val_t gather_g(pj_lower_t *L, pj_val_t operand, pj_val_t idx, const in
                          int noff, const int64_t *collapsed, int ncol, const int64_t *start_map,
                          int nmap, const int64_t *slice_sizes, pj_type_t out) {
   if (operand.id < 0 || idx.id < 0) return kBad;
+  /* Nothing to read (an empty result), or slices wider than an empty operand dim (every index
+   * into it is out of range, which the index check reports): StableHLO rejects such a gather,
+   * and no element of the result depends on the operand. */
+  bool readable = pj_type_numel(&out) > 0;
+  for (int i = 0; i < operand.t.rank; i++) readable = readable && slice_sizes[i] <= operand.t.dims[i];
+  if (!readable) return pj_full(H, pj_type_with_dtype(out, operand.t.dtype), 0);
   char attrs[1024] = "dimension_numbers = #stablehlo.gather<";
   bool first = true;
   put_list(attrs, sizeof attrs, "offset_dims", offset, noff, &first);

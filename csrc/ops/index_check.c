@@ -32,12 +32,25 @@ static pj_val_t check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool n
   pj_val_t lo = pj_full(H, vt, negative_ok ? (double)-size : 0);
   pj_val_t bad = OR(CMP("LT", i, lo), CMP("GE", i, pj_full(H, vt, (double)size)));
   if (has_ignore) bad = AND(bad, CMP("NE", i, pj_broadcast_in_dim(H, pj_const_i(H, PJ_I64, ignore), vt, NULL)));
-  pj_val_t pos = pj_iota(H, vt, 0);
-  int64_t d0 = 0;
-  pj_val_t first = pj_reduce(H, SEL(bad, pos, pj_full(H, vt, (double)n)), &d0, 1, "min");
+  /* the first bad position and its value in one variadic reduce: (position, value) pairs,
+   * the smaller position wins; good elements carry position n */
+  pj_val_t pos = SEL(bad, pj_iota(H, vt, 0), pj_full(H, vt, (double)n));
+  pj_type_t s64 = pj_type_scalar(PJ_I64);
+  pj_type_t sts[4] = {s64, s64, s64, s64};
+  pj_val_t a[4];
+  pj_hlo_region_begin(H, sts, 4, a);
+  pj_val_t left = CMP("LE", a[0], a[2]);
+  pj_val_t rv[2] = {SEL(left, a[0], a[2]), SEL(left, a[1], a[3])};
+  char *region = pj_hlo_region_end(H, rv, 2);
+  if (!region) return kNone;
+  pj_val_t ins[4] = {pos, i, pj_const_i(H, PJ_I64, n), pj_const_i(H, PJ_I64, 0)}, res[2];
+  pj_type_t outs[2] = {s64, s64};
+  bool ok = pj_hlo_op_multi(H, "stablehlo.reduce", ins, 4, region, "dimensions = array<i64: 0>",
+                            outs, 2, res);
+  free(region);
+  if (!ok) return kNone;
+  pj_val_t first = res[0], value = res[1];
   pj_val_t any = CMP("LT", first, pj_const_i(H, PJ_I64, n));
-  pj_val_t at_first = CMP("EQ", pos, pj_broadcast_in_dim(H, first, vt, NULL));
-  pj_val_t value = pj_reduce(H, SEL(at_first, i, pj_full(H, vt, 0)), &d0, 1, "add");
   pj_val_t parts[9] = {
       as_vec1(L, pj_const_i(H, PJ_I64, 1)),        as_vec1(L, c->seq),
       as_vec1(L, pj_const_i(H, PJ_I64, c->op_index)), as_vec1(L, pj_const_i(H, PJ_I64, kind)),

@@ -511,6 +511,11 @@ static pj_status_t *lower_topk(pj_lower_t *L) {
   int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", -1), x.t.rank) : 0;
   int64_t k = pj_int(L, "k", 1);
   bool largest = pj_bool(L, "largest", true), sorted = pj_bool(L, "sorted", true);
+  if (x.t.rank == 0 && (k == 0 || k == 1)) { /* CPU: the 0-d input and index 0, for k 0 or 1 */
+    pj_set_result(L, 0, x);
+    pj_set_result(L, 1, pj_const_i(H, PJ_I64, 0));
+    return NULL;
+  }
   rows_t r;
   pj_val_t v = to_rows(L, x, dim, &r);
   if (k < 0 || k > r.n) return pj_status_new(PJ_ERR_RUNTIME, "selected index k out of range");

@@ -22,9 +22,11 @@ typedef struct {
 } ring_entry_t;
 
 typedef struct {
-  struct PJRT_Buffer *state; /* NULL: none yet (a zeroed one is made on first use) */
-  uint64_t launched;         /* executions with checks since the state was made */
-  ring_entry_t *ring;        /* PJ_CHECK_RING entries, made on first use */
+  struct PJRT_Buffer *state; /* NULL: none (a fresh one is made on first use) */
+  /* executions with checks on the device so far: never reset, so sequence numbers stay
+   * unique; a fresh state starts its counter ([8]) here */
+  uint64_t launched;
+  ring_entry_t *ring; /* PJ_CHECK_RING entries, made on first use, kept for the process */
 } device_checks_t;
 
 /* g_lock guards g_dev; g_dirty[d] (atomic, so a report with nothing to read takes no lock) is
@@ -34,21 +36,20 @@ static device_checks_t g_dev[MAX_DEVICES];
 static atomic_bool g_dirty[MAX_DEVICES];
 
 static pthread_once_t g_env_once = PTHREAD_ONCE_INIT;
-static bool g_enabled = true;
+static atomic_bool g_enabled = true;
 static void read_env(void) {
   const char *v = getenv("TORCH_PJRT_CHECK_BOUNDS");
-  g_enabled = !(v && (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "off")));
+  atomic_store(&g_enabled, !(v && (!strcmp(v, "0") || !strcmp(v, "false") || !strcmp(v, "off"))));
 }
 
 bool pj_checks_enabled(void) {
   pthread_once(&g_env_once, read_env);
-  return g_enabled;
+  return atomic_load(&g_enabled);
 }
 
-static void ring_free(ring_entry_t *ring) {
-  if (!ring) return;
-  for (int i = 0; i < PJ_CHECK_RING; i++) free(ring[i].sites);
-  free(ring);
+void pj_checks_set_enabled(bool on) {
+  pthread_once(&g_env_once, read_env);
+  atomic_store(&g_enabled, on);
 }
 
 pj_status_t *pj_checks_acquire(int device, struct PJRT_Buffer **state) {
@@ -58,13 +59,13 @@ pj_status_t *pj_checks_acquire(int device, struct PJRT_Buffer **state) {
     return pj_status_new(PJ_ERR_RUNTIME, "index checks: device %d out of range", device);
   device_checks_t *d = &g_dev[device];
   if (!d->state) {
-    int64_t zeros[PJ_CHECK_STATE_LEN] = {0}, n = PJ_CHECK_STATE_LEN;
-    pj_status_t *st = pj_transfer_to_device(device, zeros, PJ_I64, &n, 1, &d->state);
+    int64_t fresh[PJ_CHECK_STATE_LEN] = {0}, n = PJ_CHECK_STATE_LEN;
+    fresh[8] = (int64_t)d->launched;
+    pj_status_t *st = pj_transfer_to_device(device, fresh, PJ_I64, &n, 1, &d->state);
     if (st) {
       d->state = NULL;
       return st;
     }
-    d->launched = 0;
   }
   *state = d->state;
   return NULL;
@@ -102,11 +103,7 @@ void pj_checks_release(int device, struct PJRT_Buffer *new_state, const pj_check
   /* the donated buffer's handle is destroyed in either case (its memory went to the launch) */
   if (d->state) pj_buffer_destroy(d->state);
   d->state = new_state;
-  if (!new_state) {
-    /* the launch failed: the state it held is gone; start over */
-    d->launched = 0;
-    ring_free(d->ring);
-    d->ring = NULL;
+  if (!new_state) { /* the launch failed: the state it held (and its failures) is gone */
     pthread_mutex_unlock(&g_lock);
     return;
   }
@@ -162,50 +159,51 @@ static pj_code_t cpu_error(const int64_t *s, char *buf, size_t cap) {
   }
 }
 
+/* Reads the device's state outside the lock (the transfer waits for the checking executions).
+ * A clean state is put back for the next launches (no upload of a fresh one per sync) unless
+ * a launch made a new one meanwhile; a failed one is dropped, so the error is raised once. */
 static pj_status_t *report_one(int device) {
   if (!atomic_load(&g_dirty[device])) return NULL;
   pthread_mutex_lock(&g_lock);
   device_checks_t *d = &g_dev[device];
   struct PJRT_Buffer *state = d->state;
-  ring_entry_t *ring = d->ring;
-  uint64_t launched = d->launched;
   d->state = NULL;
-  d->ring = NULL;
-  d->launched = 0;
   atomic_store(&g_dirty[device], false);
   pthread_mutex_unlock(&g_lock);
-  if (!state) {
-    ring_free(ring);
-    return NULL;
-  }
+  if (!state) return NULL;
   int64_t s[PJ_CHECK_STATE_LEN];
   pj_status_t *st = pj_transfer_to_host(state, s, sizeof s);
-  pj_buffer_destroy(state);
   if (st) {
-    ring_free(ring);
+    pj_buffer_destroy(state);
     return pj_status_wrap(st, "reading the device-side index checks: ");
   }
-  if (!s[0]) {
-    ring_free(ring);
-    return NULL;
+  char msg[256], op[64] = "", where[512] = "";
+  bool named = false;
+  pj_code_t code = PJ_OK;
+  if (s[0]) code = cpu_error(s, msg, sizeof msg);
+  pthread_mutex_lock(&g_lock);
+  if (!s[0] && !d->state) {
+    d->state = state; /* clean: reused */
+    state = NULL;
+  } else if (s[0]) {
+    const uint64_t seq = (uint64_t)s[1];
+    const ring_entry_t *e = d->ring ? &d->ring[seq % PJ_CHECK_RING] : NULL;
+    for (int i = 0; e && e->seq == seq && i < e->n; i++)
+      if (e->sites[i].op_index == (int)s[2]) {
+        snprintf(op, sizeof op, "%s", e->sites[i].op);
+        snprintf(where, sizeof where, "%s", e->sites[i].where);
+        named = true;
+      }
   }
-  char msg[256];
-  pj_code_t code = cpu_error(s, msg, sizeof msg);
-  const uint64_t seq = (uint64_t)s[1];
-  const ring_entry_t *e = ring ? &ring[seq % PJ_CHECK_RING] : NULL;
-  const pj_check_site_t *site = NULL;
-  for (int i = 0; e && e->seq == seq && i < e->n; i++)
-    if (e->sites[i].op_index == (int)s[2]) site = &e->sites[i];
-  if (site)
-    st = pj_status_new(code, "%s\n(device-side index check of aten::%s%s, reported at the next "
-                       "synchronization; TORCH_PJRT_CHECK_BOUNDS=0 turns the checks off)", msg,
-                       site->op, site->where);
-  else
-    st = pj_status_new(code, "%s\n(device-side index check, reported at the next "
-                       "synchronization; its op ran %llu checked executions earlier, too far back "
-                       "to name)", msg, (unsigned long long)(launched - seq));
-  ring_free(ring);
-  return st;
+  pthread_mutex_unlock(&g_lock);
+  if (state) pj_buffer_destroy(state);
+  if (!s[0]) return NULL;
+  if (named)
+    return pj_status_new(code, "%s\n(device-side index check of aten::%s%s, reported at the "
+                         "next synchronization; TORCH_PJRT_CHECK_BOUNDS=0 turns the checks off)",
+                         msg, op, where);
+  return pj_status_new(code, "%s\n(device-side index check, reported at the next "
+                       "synchronization; the op is too far back to name)", msg);
 }
 
 pj_status_t *pj_checks_report(int device) {

@@ -3,7 +3,6 @@
  * buffers may still be referenced by PyTorch storages at interpreter exit). */
 #define _GNU_SOURCE
 #include "torch_pjrt/runtime.h"
-#include "torch_pjrt/index_checks.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -200,11 +199,10 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
   struct stat sb;
   long long plugin_size = stat(rt->path, &sb) == 0 ? (long long)sb.st_size : -1;
   const char *base = strrchr(rt->path, '/');
-  /* Index checks on or off (TORCH_PJRT_CHECK_BOUNDS) change the programs the lowerings build. */
-  snprintf(rt->identity, sizeof rt->identity, "%s|%s|api%d.%d|xla%s|shlo%s|%s|%lld|code%s%s",
+  snprintf(rt->identity, sizeof rt->identity, "%s|%s|api%d.%d|xla%s|shlo%s|%s|%lld|code%s",
            rt->platform, rt->platform_version, api->pjrt_api_version.major_version,
            api->pjrt_api_version.minor_version, xla, shlo, base ? base + 1 : rt->path,
-           plugin_size, PJ_CODE_ID, pj_checks_enabled() ? "" : "|unchecked");
+           plugin_size, PJ_CODE_ID);
   return NULL;
 }
 

@@ -92,6 +92,9 @@ typedef struct {
   pj_slot_t slots[PJ_CALL_MAX_SLOTS];
   int nout;
   pj_tensor_desc_t outs[PJ_CALL_MAX_OUTS];
+  /* Whether the lowering checks its indices on the device (index_checks.h): the setting when
+   * the call was made, part of the key. */
+  bool checked;
   /* Where the call came from (" at file:line" of the Python caller), named by an index-check
    * error (index_checks.h); NULL when unknown. Borrowed for the call; not part of the key. */
   const char *where;

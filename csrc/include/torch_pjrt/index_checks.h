@@ -70,8 +70,12 @@ typedef struct {
 
 struct PJRT_Buffer;
 
-/* TORCH_PJRT_CHECK_BOUNDS (read once): 0 turns the checks off (XLA's clamping); default on. */
+/* Whether calls made now check their indices: TORCH_PJRT_CHECK_BOUNDS (read once; 0 turns
+ * the checks off, XLA's clamping; default on), or what pj_checks_set_enabled set since. A call
+ * records the setting in its key (pj_call_t.checked), so programs of both kinds coexist in
+ * the caches and switching never reuses one for the other. */
 bool pj_checks_enabled(void);
+void pj_checks_set_enabled(bool on);
 
 /* Locks the device's check state and gives its buffer (a zeroed one is made when there is
  * none) for a launch that donates it. Always pair with pj_checks_release, also on failure. */
