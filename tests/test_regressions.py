@@ -134,3 +134,18 @@ def test_topk_of_a_0d_tensor_f5(k):
     for g, r in zip(got, ref):
         assert g.shape == r.shape and g.dtype == r.dtype
         assert torch.equal(g.cpu(), r)
+
+
+@pytest.mark.parametrize("values", [(0, 5, 6), (1, 5, 6), (2, 1), (1, 3, 1), (1, 1, 1)])
+def test_index_put_value_shape_is_checked_when_nothing_is_written_f8(values):
+    def run(d):
+        empty = len(values) == 3 and values[1] == 5
+        x = torch.zeros(0, 5, 5, device=d) if empty else torch.zeros(3, 1, device=d)
+        idx = torch.tensor([], dtype=torch.int64, device=d) if empty else \
+            torch.tensor([0], device=d)
+        return x.index_put_((idx,), torch.ones(*values, device=d))
+    with pytest.raises(RuntimeError) as cpu:
+        run("cpu")
+    with pytest.raises(RuntimeError) as tpu:
+        run(TPU)
+    assert str(cpu.value).splitlines()[0] in str(tpu.value)

@@ -858,6 +858,20 @@ static pj_status_t *lower_index_put(pj_lower_t *L) {
     pj_set_result(L, 0, index_put_mask(L, &p, x, v, acc));
     return NULL;
   }
+  /* CPU's kernel (not its Meta) checks that values broadcast to the indexing result, also
+   * when nothing is written */
+  bool fits = v.t.rank <= p.out.rank; /* right-aligned (x[i] = v strips v's leading 1s first) */
+  for (int i = 1; fits && i <= v.t.rank; i++) {
+    int64_t a = v.t.dims[v.t.rank - i], b = p.out.dims[p.out.rank - i];
+    fits = a == b || a == 1;
+  }
+  if (!fits) {
+    char a[160], b[160];
+    dims_str(a, sizeof a, v.t.dims, v.t.rank);
+    dims_str(b, sizeof b, p.out.dims, p.out.rank);
+    return pj_status_new(PJ_ERR_RUNTIME, "shape mismatch: value tensor of shape %s cannot be "
+                         "broadcast to indexing result of shape %s", a, b);
+  }
   if (pj_type_numel(&p.out) == 0) {
     pj_set_result(L, 0, x);
     return NULL;
