@@ -213,8 +213,11 @@ def test_compiled_graph_checks_too():
     good = t([1, 2, 3], TPU)
     torch.testing.assert_close(fn(good).cpu(), emb(good).sum(-1).cpu())
     r = fn(t([1, 12, 3], TPU))
-    with pytest.raises(IndexError, match="index out of range in self"):
+    with pytest.raises(IndexError, match="index out of range in self") as e:
         r.cpu()
+    # the user's line of the embedding (the lambda above), not the graph's generated code
+    line = test_compiled_graph_checks_too.__code__.co_firstlineno + 2
+    assert f"{THIS_FILE}:{line} (in a compiled graph)" in str(e.value)
     torch.testing.assert_close(fn(good).cpu(), emb(good).sum(-1).cpu())
 
 

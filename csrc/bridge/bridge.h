@@ -2,6 +2,8 @@
 // Each function is defined in the file named beside it.
 #pragma once
 #include <ATen/ATen.h>
+#include <string>
+#include <unordered_map>
 #include <c10/core/Allocator.h>
 
 extern "C" {
@@ -22,6 +24,9 @@ void check(pj_status_t* st);
 // " at file:line" of the innermost Python frame outside torch's own package on the calling
 // thread, or "" (dispatch.cpp). Takes the GIL: error paths and index-check sites only.
 std::string python_line();
+// Where python_line() finds a compiled graph's generated code (file "<eval_with_key>.N"), it
+// names the user's line of the node instead: lines[generated line] (dispatch.cpp).
+void set_source_lines(const std::string& file, std::unordered_map<int, std::string> lines);
 // errors.cpp: the runtime, initialized on first use; throws on failure.
 pj_runtime_t* runtime();
 

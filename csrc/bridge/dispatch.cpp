@@ -283,6 +283,16 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
 // " at file:line" of the innermost Python frame outside torch's own package on the calling
 // thread, or "" (no Python frame: e.g. autograd's worker thread). Only used on error paths:
 // torch's bindings release the GIL around ops, so it is taken back here.
+// Compiled graphs (torch_pjrt/compile/graph_runner.py): line of a graph's generated code ->
+// the user's source line of the node on it, per generated file ("<eval_with_key>.N").
+std::mutex g_source_mu;
+std::unordered_map<std::string, std::unordered_map<int, std::string>> g_source_lines;
+
+void set_source_lines(const std::string& file, std::unordered_map<int, std::string> lines) {
+  std::lock_guard<std::mutex> g(g_source_mu);
+  g_source_lines[file] = std::move(lines);
+}
+
 std::string python_line() {
   if (!Py_IsInitialized()) return "";
   PyGILState_STATE gil = PyGILState_Ensure();
@@ -295,6 +305,14 @@ std::string python_line() {
     if (!file) PyErr_Clear();
     if (file && !std::strstr(file, "/torch/"))
       where = std::string(" at ") + file + ":" + std::to_string(PyFrame_GetLineNumber(f));
+    if (file && std::strncmp(file, "<eval_with_key>", 15) == 0) {  // a compiled graph's code
+      std::lock_guard<std::mutex> g(g_source_mu);
+      auto it = g_source_lines.find(file);
+      if (it != g_source_lines.end()) {
+        auto line = it->second.find(PyFrame_GetLineNumber(f));
+        if (line != it->second.end()) where = " at " + line->second + " (in a compiled graph)";
+      }
+    }
     Py_DECREF(code);
     PyFrameObject* back = PyFrame_GetBack(f);  // new reference
     Py_DECREF(f);

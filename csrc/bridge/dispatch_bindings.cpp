@@ -40,6 +40,10 @@ void bind_dispatch(pybind11::module_& m) {
         "Device-side index checks for the ops called from now on (TORCH_PJRT_CHECK_BOUNDS sets "
         "the start value); programs of both kinds stay cached under their own keys.");
   m.def("_index_checks", [] { return pj_checks_enabled(); });
+  m.def("_set_source_lines", [](const std::string& file, std::unordered_map<int, std::string> lines) {
+    set_source_lines(file, std::move(lines));
+  }, "A compiled graph's generated-code lines -> its nodes' user source lines (index-check "
+     "errors name those).");
   m.def("_eager_mode", [] { return static_cast<int>(eager_mode()); });
   m.def("_defer_flush", [] { check(pj_defer_flush()); },
         "Runs the ops recorded by the defer_and_fuse mode.");

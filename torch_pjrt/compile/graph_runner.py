@@ -32,7 +32,9 @@ backend="tpu").aot_compile(...)``, ``save_compiled_function`` and, in another pr
 """
 from __future__ import annotations
 
+import linecache
 import os
+import re
 
 import torch
 from torch._inductor.output_code import OutputCode
@@ -44,6 +46,32 @@ from ..device import _C
 def _entry(plan, layout, out_storages, sequence_type, device):
     """The per-call object of a captured graph (C++: runs the plan and rebuilds the outputs)."""
     return _C._GraphEntry(plan, out_storages, layout, sequence_type is tuple, device)
+
+
+_ASSIGNED = re.compile(r"\s*(\w+) = ")
+_FILE_LINE = re.compile(r'File "([^"]+)", line (\d+)')
+_registered: set[str] = set()
+
+
+def _register_source_lines(gm: torch.fx.GraphModule) -> None:
+    """Tells the bridge the user's source line of each node on each line of the graph's
+    generated code (from the node's recorded stack trace), so a device-side index check in a
+    compiled graph names the user's line, not the generated one. Once per generated file."""
+    code = getattr(gm.forward, "__code__", None)
+    file = code.co_filename if code is not None else ""
+    if not file.startswith("<eval_with_key>") or file in _registered:
+        return
+    _registered.add(file)
+    nodes = {n.name: n for n in gm.graph.nodes}
+    sites = {}
+    for number, text in enumerate(linecache.getlines(file), 1):
+        m = _ASSIGNED.match(text)
+        node = nodes.get(m.group(1)) if m else None
+        found = _FILE_LINE.findall(node.meta.get("stack_trace") or "") if node is not None else []
+        if found:
+            sites[number] = "%s:%s" % found[-1]
+    if sites:
+        _C._set_source_lines(file, sites)
 
 
 class GraphRunner(OutputCode):
@@ -133,6 +161,7 @@ class GraphRunner(OutputCode):
             return self.gm(*args)
 
     def _capture(self, sig, args):
+        _register_source_lines(self.gm)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         with modes.eager_mode("defer_and_fuse"):
             _C._capture_begin()
