@@ -149,3 +149,35 @@ def test_index_put_value_shape_is_checked_when_nothing_is_written_f8(values):
     with pytest.raises(RuntimeError) as tpu:
         run(TPU)
     assert str(cpu.value).splitlines()[0] in str(tpu.value)
+
+
+@pytest.mark.parametrize("dst,src", [((1, 1), (1, 0, 1)), ((), (1,)), ((2, 3), (4,)),
+                                     ((0, 1), (0, 2)), ((2, 3), (1, 2, 3)), ((2, 3), (1, 3))])
+@pytest.mark.parametrize("src_device", ["tpu", "cpu"])
+def test_copy_requires_the_source_to_broadcast_also_when_empty_f8(dst, src, src_device):
+    def run(d, sd):
+        x = torch.zeros(dst, device=d)
+        if dst == (1, 1):
+            x = x[3:3]  # an empty view
+        return x.copy_(torch.ones(*src, device=sd))
+    try:
+        ref = run("cpu", "cpu")
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError) as got:
+            run(TPU, src_device if src_device == "cpu" else TPU)
+        assert str(got.value).splitlines()[0] == str(e).splitlines()[0]
+    else:
+        assert torch.equal(run(TPU, src_device if src_device == "cpu" else TPU).cpu(), ref)
+
+
+def test_take_and_put_on_an_empty_tensor_raise_like_cpu():
+    for fn in (lambda d: torch.take(torch.zeros(0, device=d), torch.tensor([0], device=d)),
+               lambda d: torch.zeros(0, device=d).put_(torch.tensor([0], device=d),
+                                                       torch.ones(1, device=d))):
+        with pytest.raises(IndexError) as cpu:
+            fn("cpu")
+        with pytest.raises(IndexError) as got:
+            fn(TPU)
+        assert str(cpu.value) in str(got.value)
+    x = torch.zeros(0, device=TPU)
+    assert torch.take(x, torch.tensor([], dtype=torch.int64, device=TPU)).shape == (0,)

@@ -96,6 +96,11 @@ void cross_device_copy(const at::Tensor& src, const at::Tensor& dst) {
 }  // namespace
 
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  // CPU's copy_ (TensorIterator) requires the source to broadcast to the destination, also
+  // when nothing is copied: the same errors (infer_size's for shapes that do not broadcast)
+  const std::vector<int64_t> shape = at::infer_size(dst.sizes(), self.sizes());
+  TORCH_CHECK(dst.sizes().equals(shape), "output with shape ", dst.sizes(),
+              " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   if (dst.numel() == 0) return dst;
   if (is_tpu(self) && is_tpu(dst)) {
     if (self.device() == dst.device()) {

@@ -359,6 +359,10 @@ static pj_val_t index_vectors(pj_hlo_t *h, pj_val_t idx) {
 
 pj_val_t pj_gather_1d(pj_hlo_t *h, pj_val_t operand, pj_val_t indices) {
   if (operand.id < 0 || indices.id < 0) return kBad;
+  /* an empty operand has nothing to read (every index into it is out of range) and StableHLO
+   * rejects a slice of 1 there; no result element depends on it */
+  if (operand.t.dims[0] == 0 || pj_type_numel(&indices.t) == 0)
+    return pj_full(h, pj_type_with_dtype(indices.t, operand.t.dtype), 0);
   int r = indices.t.rank;
   pj_val_t iv = index_vectors(h, indices);
   char attrs[320];

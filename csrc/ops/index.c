@@ -430,6 +430,8 @@ static pj_status_t *lower_index_reduce(pj_lower_t *L) {
 static pj_status_t *lower_take(pj_lower_t *L) {
   pj_val_t x = flat(L, pj_tensor(L, "self"));
   pj_val_t idx = pj_tensor(L, "index");
+  if (x.t.dims[0] == 0 && pj_type_numel(&idx.t) > 0) /* CPU's shape check, not a data one */
+    return pj_status_new(PJ_ERR_INDEX, "take(): tried to take from an empty tensor");
   pj_check_index(L, idx, x.t.dims[0], 0, true, PJ_CHECK_TAKE);
   pj_set_result(L, 0, pj_gather_1d(H, x, wrap_negative(L, idx, x.t.dims[0])));
   return NULL;
@@ -445,6 +447,8 @@ static pj_status_t *lower_put(pj_lower_t *L) {
     pj_set_result(L, 0, self);
     return NULL;
   }
+  if (x.t.dims[0] == 0)
+    return pj_status_new(PJ_ERR_INDEX, "put_(): Tried to put elements into an empty tensor");
   idx = pj_check_drop_all(L, pj_check_index(L, idx, x.t.dims[0], 0, true, PJ_CHECK_TAKE), idx,
                           x.t.dims[0]);
   idx = wrap_negative(L, idx, x.t.dims[0]);
