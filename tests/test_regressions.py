@@ -181,3 +181,40 @@ def test_take_and_put_on_an_empty_tensor_raise_like_cpu():
         assert str(cpu.value) in str(got.value)
     x = torch.zeros(0, device=TPU)
     assert torch.take(x, torch.tensor([], dtype=torch.int64, device=TPU)).shape == (0,)
+
+
+KERNEL_CHECKS = {
+    "mm": lambda d: torch.ones(2, 2, device=d) @ torch.ones(2, 2, dtype=torch.bfloat16, device=d),
+    "mm_double": lambda d: torch.mm(torch.ones(2, 2, dtype=torch.float64, device=d),
+                                    torch.ones(2, 2, device=d)),
+    "bmm": lambda d: torch.bmm(torch.ones(1, 2, 2, device=d),
+                               torch.ones(1, 2, 2, dtype=torch.bfloat16, device=d)),
+    "matmul_3d": lambda d: torch.ones(1, 2, 2, device=d) @ torch.ones(1, 2, 2, dtype=torch.float64,
+                                                                     device=d),
+    "baddbmm": lambda d: torch.baddbmm(torch.ones(1, 2, 2, device=d), torch.ones(1, 2, 2, device=d),
+                                       torch.ones(1, 2, 2, dtype=torch.bfloat16, device=d)),
+    "conv1d_bias": lambda d: torch.nn.functional.conv1d(
+        torch.ones(1, 2, 3, device=d), torch.ones(1, 2, 1, device=d), torch.ones(2, device=d)),
+    "conv_transpose2d_bias": lambda d: torch.nn.functional.conv_transpose2d(
+        torch.ones(1, 4, 3, 3, device=d), torch.ones(4, 1, 2, 2, device=d),
+        torch.ones(3, device=d), groups=2),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("name", list(KERNEL_CHECKS))
+def test_cpu_kernel_checks_raise_at_the_call_in_every_mode_f9(name, mode):
+    fn = KERNEL_CHECKS[name]
+    with pytest.raises(RuntimeError) as cpu:
+        fn("cpu")
+    with torch.tpu.eager_mode(mode):
+        with pytest.raises(RuntimeError) as got:
+            fn(TPU)  # at the call, not at the next flush
+    assert str(got.value).splitlines()[0] == str(cpu.value).splitlines()[0]
+
+
+def test_conv_with_a_right_bias_still_matches_cpu():
+    x, w, b = torch.randn(1, 4, 5, 5), torch.randn(4, 2, 3, 3), torch.randn(4)
+    torch.testing.assert_close(
+        torch.nn.functional.conv_transpose2d(x.to(TPU), w.to(TPU), b.to(TPU), groups=2).cpu(),
+        torch.nn.functional.conv_transpose2d(x, w, b, groups=2), rtol=1e-4, atol=1e-5)

@@ -2,6 +2,7 @@
 // Each function is defined in the file named beside it.
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/core/stack.h>
 #include <string>
 #include <unordered_map>
 #include <c10/core/Allocator.h>
@@ -27,6 +28,9 @@ std::string python_line();
 // Where python_line() finds a compiled graph's generated code (file "<eval_with_key>.N"), it
 // names the user's line of the node instead: lines[generated line] (dispatch.cpp).
 void set_source_lines(const std::string& file, std::unordered_map<int, std::string> lines);
+// kernel_checks.cpp: CPU's errors for arguments its kernels reject but the Meta kernels accept
+// (mm/bmm dtypes, convolution's bias shape, ...), raised before the op runs or is recorded.
+void cpu_kernel_checks(const std::string& base, const torch::jit::Stack& args);
 // errors.cpp: the runtime, initialized on first use; throws on failure.
 pj_runtime_t* runtime();
 

@@ -8,7 +8,6 @@
 #include <ATen/native/Resize.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
-#include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR: behaviour that changed in 2.14
 
 #include <algorithm>
 #include <cstring>
@@ -398,18 +397,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   torch::jit::Stack args(stack->end() - nargs, stack->end());
   const bool debug = eager_mode() == EagerMode::kDebug;
   if (debug && checks_indices(base)) check_like_cpu(op, args);
-#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 14
-  // Before torch 2.14, CPU's group-norm kernel refuses inputs that are not dense in their
-  // suggested layout (its Meta kernel does not check; aten::group_norm makes its input dense
-  // first): same error here, although the lowering could compute them. From 2.14 on CPU's
-  // kernel takes any layout and aten::group_norm passes its input as it is, so the lowering
-  // reads the strided view like any other.
-  if (base == "native_group_norm" && args[0].isTensor()) {
-    const at::Tensor& x = args[0].toTensor();
-    TORCH_CHECK(x.is_contiguous(x.suggest_memory_format()),
-                "Expected X.is_contiguous(memory_format) to be true, but got false.");
-  }
-#endif
+  cpu_kernel_checks(base, args);  // CPU kernels' checks their Meta kernels lack
   const int device = call_device(args);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
 
