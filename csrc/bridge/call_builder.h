@@ -46,10 +46,12 @@ class CallBuilder {
   void describe(const at::Tensor& t, pj_tensor_desc_t* d, bool reading);
   int slot_for(const at::Tensor& t, bool reading);
 
-  struct FreeDeleter {
-    void operator()(pj_call_t* p) const { std::free(p); }
+  // pj_call_t is ~200 KB of fixed arrays: its buffer comes from a per-thread pool and goes
+  // back to it (call_builder.cpp), not through malloc/free for every op.
+  struct PoolDeleter {
+    void operator()(pj_call_t* p) const;
   };
-  std::unique_ptr<pj_call_t, FreeDeleter> c_;
+  std::unique_ptr<pj_call_t, PoolDeleter> c_;
   std::deque<std::string> strings_;
   std::unordered_map<pj_storage_t*, int> slots_;
   std::vector<bool> slot_read_;

@@ -358,6 +358,9 @@ bool checks_indices(const std::string& base) {
   return ops.count(base) > 0;
 }
 
+// Set when a Meta kernel refused an op's arguments (the error is then the Meta kernel's).
+thread_local bool meta_refused = false;
+
 void check_like_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
   auto host = [](const at::Tensor& t) {
     return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 ? t.cpu() : t;
@@ -469,7 +472,13 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   // 1. Output metadata from the Meta kernel (also raises CPU's errors for bad input).
   bool fresh_returns = false;
   for (const c10::Argument& r : schema.returns()) fresh_returns = fresh_returns || !is_write(r);
-  std::optional<std::vector<c10::IValue>> meta = meta_returns(op, args);
+  std::optional<std::vector<c10::IValue>> meta;
+  try {
+    meta = meta_returns(op, args);
+  } catch (...) {  // c10::Error, or a Python Meta kernel's exception (python_error)
+    meta_refused = true;  // see structured_kernel
+    throw;
+  }
   if (!meta) meta = returns_like_self(base, schema, args);
   if (!meta) {
     // No Meta kernel. Data-dependent output shapes (nonzero, masked_select, ...) cannot be
@@ -847,6 +856,31 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   boxed_fallback(op, stack);
 }
 
+// The kernel of the structured ops registered below (DirectStructuredKernels). Where the Meta
+// kernel (PyTorch's Python refs, for many) refuses the arguments, its message and type can
+// differ from CPU's ("Promotion of int.add/sub_(float) ..." against CPU's "result type Float
+// can't be cast to ..."): the call then goes to the composite kernel it replaced, whose C++
+// meta function raises CPU's error (or, where it accepts, runs the op through its out= form).
+// Only refusals by the Meta kernel take that path: nothing has run yet.
+void structured_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
+  torch::jit::Stack call(stack->end() - n, stack->end());
+  meta_refused = false;
+  try {
+    boxed_fallback(op, &call);
+  } catch (...) {
+    if (!meta_refused) throw;
+    meta_refused = false;
+    // The composite kernel is not reachable through PrivateUse1 any more; PrivateUse3's slot
+    // (a backend nobody registers kernels for) still holds it, from the alias key. It creates
+    // its outputs and calls the out= form by the tensors' own (tpu) dispatch key.
+    op.redispatchBoxed(c10::DispatchKeySet(c10::DispatchKey::PrivateUse3), stack);
+    return;
+  }
+  torch::jit::drop(*stack, static_cast<size_t>(n));
+  for (c10::IValue& r : call) stack->push_back(std::move(r));
+}
+
 std::map<std::string, int64_t> fallback_ops() {
   std::lock_guard<std::mutex> g(fallback_mu);
   return fallback_counts;
@@ -857,6 +891,7 @@ std::map<std::string, int64_t> fallback_ops() {
 TORCH_LIBRARY_IMPL(_, PrivateUse1, m) {
   m.fallback(torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::boxed_fallback>());
 }
+
 
 namespace {
 // _foreach_* overloads with a one-program lowering (csrc/ops/foreach.c): their composite
@@ -923,3 +958,40 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : kForeachOverloads)
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
 }
+
+namespace {
+
+// Structured ops (add.Tensor, mul_.Tensor, sin, ...) have CompositeExplicitAutogradNonFunctional
+// kernels for their functional and in-place forms, which a backend without its own kernel
+// gets instead of the fallback: they compute the output metadata with a TensorIterator and
+// call the out= form, so every such op took two dispatches, that metadata computation and the
+// out= form's Meta lookup. Where a lowering exists, the functional forms go to the boxed kernel
+// directly: one dispatch, metadata from the cached Meta result (meta_cache.cpp). Registered
+// when the library loads (after libtorch registered every aten op, and after this file's
+// explicit registrations above, which it skips: it is the last static object here).
+struct DirectStructuredKernels {
+  DirectStructuredKernels() {
+    auto& d = c10::Dispatcher::singleton();
+    static torch::Library lib(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                              __FILE__, __LINE__);
+    for (const c10::OperatorName& name : d.getAllOpNames()) {
+      if (name.name.rfind("aten::", 0) != 0) continue;
+      auto op = d.findOp(name);
+      if (!op || op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse1) ||
+          op->hasKernelForDispatchKey(c10::DispatchKey::PrivateUse3) ||
+          !op->hasKernelForDispatchKey(c10::DispatchKey::CompositeExplicitAutogradNonFunctional))
+        continue;
+      // In-place forms keep the composite kernel: its C++ meta function checks that the
+      // result type casts to self's (mul_ of a float tensor by a complex one raises on CPU),
+      // which the Python Meta kernels of some of them do not.
+      const std::string base = torch_pjrt::base_name(op->schema());
+      if (base != name.name.substr(6) || !pj_lowering_find(base.c_str())) continue;
+      const std::string full = name.name.substr(6) +
+                               (name.overload_name.empty() ? "" : "." + name.overload_name);
+      lib.impl(full.c_str(),
+               torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::structured_kernel>());
+    }
+  }
+} direct_structured_kernels;
+
+}  // namespace

@@ -484,7 +484,7 @@ pj_status_t *pj_program_for_hashed_key(uint64_t hash, const unsigned char *key, 
     if (st && text && getenv("TORCH_PJRT_DUMP_ON_ERROR"))
       st = pj_status_wrap(st, "program:\n%s\n", text);
     free(text);
-    if (st) return pj_status_wrap(st, "%s: ", what);
+    if (st) return what ? pj_status_wrap(st, "%s: ", what) : st;
     pj_disk_cache_store(key, len, p);
   }
   *out = pj_cache_insert(key, len, p);
@@ -550,7 +550,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   pj_runtime_t *rt;
   PJ_TRY(pj_runtime_get(&rt));
   pj_keybuf_t k = {0};
-  if (!pj_call_key(c, pj_runtime_identity(rt), &k)) {
+  if (!pj_call_key(c, pj_runtime_key_identity(rt), &k)) {
     free(k.p);
     return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
   }
@@ -562,12 +562,12 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   struct PJRT_Buffer *bufs[PJ_CALL_MAX_SLOTS], *outs[PJ_CALL_MAX_SLOTS];
   bool donate[PJ_CALL_MAX_SLOTS];
   int nbufs = 0;
-  char what[96];
-  snprintf(what, sizeof what, "aten::%s", c->op);
   single_build_t b = {c, fn, written, nwritten};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
-  pj_status_t *st = pj_program_for_key(k.p, k.len, build_single, &b, what, &prog);
+  /* the op's name is put on an error here, not formatted for every call */
+  pj_status_t *st = pj_program_for_key(k.p, k.len, build_single, &b, NULL, &prog);
+  if (st) st = pj_status_wrap(st, "aten::%s: ", c->op);
   for (int s = 0; s < c->nslots && !st; s++) {
     if (!c->slots[s].read) continue;
     st = pj_storage_materialize(c->slots[s].storage, c->slots[s].dtype);

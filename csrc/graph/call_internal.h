@@ -46,7 +46,7 @@ pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const
 extern pthread_mutex_t pj_run_lock;
 
 /* Finds the program for a key: memory cache, then the disk cache, then build(ctx, &text, &len)
- * and compile (stored in both caches). `what` names it in errors. */
+ * and compile (stored in both caches). `what` names it in errors (NULL: the caller does). */
 pj_status_t *pj_program_for_key(const unsigned char *key, size_t len,
                                 pj_status_t *(*build)(void *ctx, char **text, size_t *len),
                                 void *ctx, const char *what, pj_program_t **out);

@@ -219,7 +219,7 @@ static pj_status_t *plan_new(graph_t *g, const pj_draw_t *draws, int ndraws,
   pj_runtime_t *rt;
   st = pj_runtime_get(&rt);
   if (!st && !pj_graph_key(g, p->live, p->zeros, p->scalars, p->bind, p->nscalars,
-                           pj_runtime_identity(rt), &key))
+                           pj_runtime_key_identity(rt), &key))
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
   if (st) goto fail;
   p->key = key.p;

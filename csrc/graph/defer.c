@@ -368,7 +368,7 @@ static pj_status_t *flush_locked(void) {
   pj_runtime_t *rt;
   st = pj_runtime_get(&rt);
   if (st) goto done;
-  if (!pj_graph_key(&g, live, NULL, NULL, NULL, 0, pj_runtime_identity(rt), &k)) {
+  if (!pj_graph_key(&g, live, NULL, NULL, NULL, 0, pj_runtime_key_identity(rt), &k)) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
     goto done;
   }

@@ -3,6 +3,7 @@
  * buffers may still be referenced by PyTorch storages at interpreter exit). */
 #define _GNU_SOURCE
 #include "torch_pjrt/runtime.h"
+#include "torch_pjrt/exec.h"
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -27,6 +28,7 @@ struct pj_runtime {
   char platform_version[128];
   char path[1024];
   char identity[2048];
+  char key_identity[17]; /* digest of identity (pj_runtime_key_identity) */
 };
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -203,6 +205,8 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
            rt->platform, rt->platform_version, api->pjrt_api_version.major_version,
            api->pjrt_api_version.minor_version, xla, shlo, base ? base + 1 : rt->path,
            plugin_size, PJ_CODE_ID);
+  snprintf(rt->key_identity, sizeof rt->key_identity, "%016llx",
+           (unsigned long long)pj_hash_bytes(rt->identity, strlen(rt->identity), 0));
   return NULL;
 }
 
@@ -261,6 +265,7 @@ void pj_runtime_api_version(const pj_runtime_t *rt, int *major, int *minor) {
   *minor = rt->api->pjrt_api_version.minor_version;
 }
 const char *pj_runtime_identity(const pj_runtime_t *rt) { return rt->identity; }
+const char *pj_runtime_key_identity(const pj_runtime_t *rt) { return rt->key_identity; }
 const PJRT_Api *pj_runtime_api(const pj_runtime_t *rt) { return rt->api; }
 PJRT_Client *pj_runtime_client(const pj_runtime_t *rt) { return rt->client; }
 PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device) {

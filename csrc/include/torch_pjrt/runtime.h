@@ -27,8 +27,12 @@ const char *pj_runtime_device_kind(const pj_runtime_t *rt, int device);
 const char *pj_runtime_plugin_path(const pj_runtime_t *rt);
 /* "major.minor" of the plugin's PJRT C API. */
 void pj_runtime_api_version(const pj_runtime_t *rt, int *major, int *minor);
-/* Stable text identifying plugin build + API version + platform: part of every cache key. */
+/* Stable text identifying plugin build + API version + platform (its digest, below, is part of
+ * every cache key). */
 const char *pj_runtime_identity(const pj_runtime_t *rt);
+/* The identity as a 16-hex-digit digest: what program cache keys hold (every op's key starts
+ * with it, so the full text would be hashed and compared on every cache hit). */
+const char *pj_runtime_key_identity(const pj_runtime_t *rt);
 /* Chooses the plugin file and the CPU plugin's device count before the first pj_runtime_get.
  * The Python front resolves names (cpu/cuda/tpu) to files; without a call the runtime uses
  * TORCH_PJRT_PLUGIN when it is a path. Fails once the runtime is initialized. */
