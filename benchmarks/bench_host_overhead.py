@@ -12,12 +12,15 @@ per build.
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
+import sys
 import time
 
 import torch
 
-from torch_pjrt import _models
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_eager  # noqa: E402  (the tiny-GPT setup and training loop)
 
 
 def dispatch_us() -> float:
@@ -54,26 +57,7 @@ def chain_us(mode: str) -> float:
 
 
 def gpt_ms(mode: str) -> float:
-    data = _models.CharDataset(_models.zen_corpus(), block=32)
-    g = torch.Generator().manual_seed(0)
-    batches = [data.batch(8, g) for _ in range(35)]
-    model = _models.init_weights(_models.TinyGPT(data.vocab), seed=0).to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    torch.tpu.set_eager_mode(mode)
-    ts = []
-    try:
-        for i, (x, y) in enumerate(batches):
-            t0 = time.perf_counter_ns()
-            loss = model(x.to("tpu"), y.to("tpu"))
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            loss.item()
-            if i >= 5:
-                ts.append((time.perf_counter_ns() - t0) / 1e6)
-    finally:
-        torch.tpu.set_eager_mode("strict")
-    return statistics.median(ts)
+    return bench_eager.train_steps(bench_eager._gpt_setup, torch.device("tpu"), 30, 5, mode)[0]
 
 
 def main(argv=None) -> dict:

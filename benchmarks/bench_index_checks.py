@@ -22,18 +22,17 @@ import time
 import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+import bench_eager  # noqa: E402  (the tiny-GPT setup)
 from markdown_section import write_section  # noqa: E402
 
 BEGIN = "<!-- bench_index_checks: begin -->"
 END = "<!-- bench_index_checks: end -->"
 
-def measure(mode: str, blocks: int, block_steps: int, warmup: int) -> dict:
-    from torch_pjrt import _C, _models
 
-    data = _models.CharDataset(_models.zen_corpus(), block=32)
-    g = torch.Generator().manual_seed(0)
-    batches = [data.batch(8, g) for _ in range(8)]
-    model = _models.init_weights(_models.TinyGPT(data.vocab), seed=0).to("tpu")
+def measure(mode: str, blocks: int, block_steps: int, warmup: int) -> dict:
+    from torch_pjrt import _C
+
+    model, batches, loss_fn = bench_eager._gpt_setup(torch.device("tpu"), 8)
     opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
     torch.tpu.set_eager_mode(mode)
     times = {True: [], False: []}
@@ -43,7 +42,7 @@ def measure(mode: str, blocks: int, block_steps: int, warmup: int) -> dict:
         t0 = time.perf_counter_ns()
         x, y = x.to("tpu"), y.to("tpu")
         opt.zero_grad()
-        loss = model(x, y)
+        loss = loss_fn(model, x, y)
         loss.backward()
         opt.step()
         loss.item()

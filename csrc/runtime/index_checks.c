@@ -120,13 +120,6 @@ void pj_checks_release(int device, struct PJRT_Buffer *new_state, const pj_check
   pthread_mutex_unlock(&g_lock);
 }
 
-bool pj_checks_pending(int device) {
-  if (device >= 0) return device < MAX_DEVICES && atomic_load(&g_dirty[device]);
-  for (int i = 0; i < MAX_DEVICES; i++)
-    if (atomic_load(&g_dirty[i])) return true;
-  return false;
-}
-
 /* CPU's exception and message for a failed check: its code, the text in buf. */
 static pj_code_t cpu_error(const int64_t *s, char *buf, size_t cap) {
   long long v = (long long)s[4], dim = (long long)s[5], size = (long long)s[6], pos = (long long)s[7];

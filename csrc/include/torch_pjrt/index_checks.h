@@ -92,8 +92,6 @@ void pj_checks_release(int device, struct PJRT_Buffer *new_state, const pj_check
  * access) when none ran since the last report. */
 pj_status_t *pj_checks_report(int device);
 
-/* Whether a report would read something (checking executions ran since the last one). */
-bool pj_checks_pending(int device);
 
 #ifdef __cplusplus
 }
