@@ -49,6 +49,9 @@ def main(argv=None) -> int:
     p.add_argument("-j", "--jobs", type=int, default=2, help="parallel workers (default 2)")
     p.add_argument("--limit", type=int, default=0, help="at most this many models")
     p.add_argument("--resume", action="store_true", help="skip models already in the output file")
+    p.add_argument("--rerun", action="append", default=[], metavar="STATUS",
+                   help="only models whose last record in the output file has this status "
+                        "(repeatable: any), e.g. after a harness or lowering change")
     p.add_argument("--timeout", type=float, default=300.0, help="seconds per model (default 300)")
     p.add_argument("--per-worker", type=int, default=25,
                    help="models a worker process runs before a fresh one replaces it")
@@ -62,10 +65,11 @@ def main(argv=None) -> int:
             print(f"{z}/{n}")
         return 0
     out = a.out or _default_out(zoo_list)
-    if a.resume:
+    if a.resume or a.rerun:
         from .runner import load_records
-        done = {(r["zoo"], r["name"]) for r in load_records(out)}
-        todo = [t for t in todo if t not in done]
+        last = {(r["zoo"], r["name"]): r["status"] for r in load_records(out)}
+        # --resume: the models not yet run; --rerun: those whose last status is named; both: either
+        todo = [t for t in todo if (a.resume and t not in last) or last.get(t) in a.rerun]
     if a.limit:
         todo = todo[: a.limit]
     from .runner import run_all

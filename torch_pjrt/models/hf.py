@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import inspect
 import os
+import re
 from typing import Any, Dict, List, Optional, Tuple
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -26,6 +27,7 @@ MAX_PARAMS = 50_000_000
 BATCH, SEQ, DEC_SEQ = 2, 12, 6
 HIDDEN, INTER, LAYERS, HEADS, HEAD_DIM = 32, 64, 2, 2, 16
 VOCAB, POSITIONS, IMAGE = 256, 128, 64
+MAX_IMAGE_TOKENS = POSITIONS - SEQ  # image placeholder tokens a row may take (within positions)
 
 # (auto mapping in transformers.models.auto.modeling_auto, task); the first that works is used
 TASKS = [
@@ -42,12 +44,13 @@ TASKS = [
 
 # integer config attributes set to a small value (only ever made smaller)
 SHRINK_INT: Dict[str, int] = {}
+_GROUP_OF: Dict[str, str] = {}  # attribute -> the first name of its group below
 for _names, _value in (
     (("hidden_size", "d_model", "n_embd", "embed_dim", "dim", "d_embed", "embedding_size",
       "projection_dim", "hidden_dim", "word_embed_proj_dim", "model_dim", "n_embed",
       "encoder_hidden_size", "decoder_hidden_size", "d_inner_hid", "text_embed_dim",
       "vision_embed_dim", "proj_dim", "output_hidden_size", "classifier_proj_size",
-      "hidden_size_per_layer_input", "conv_dim_out"), HIDDEN),
+      "hidden_size_per_layer_input", "conv_dim_out", "out_hidden_size"), HIDDEN),
     (("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
       "ffn_hidden_size", "mlp_dim", "moe_intermediate_size", "shared_expert_intermediate_size",
       "decoder_intermediate_size", "d_inner", "inner_hidden_size", "expert_intermediate_size",
@@ -78,6 +81,7 @@ for _names, _value in (
 ):
     for _n in _names:
         SHRINK_INT[_n] = _value
+        _GROUP_OF[_n] = _names[0]
 
 # list-valued sizes: (attribute, function of the list's length giving the new list)
 SHRINK_LIST = {
@@ -154,7 +158,27 @@ def _per_layer(values: list, n: int) -> list:
     return kinds + [values[-1]] * (n - len(kinds))
 
 
-def _shrink_one(cfg) -> None:
+# Shrink levels, tried in order until one builds and runs on CPU. "tiny" applies every rule;
+# its widths can leave a config inconsistent (a width another attribute must divide, a projection
+# sized from a default). "counts" cuts only the counts that change no width (layers, experts,
+# vocabulary, positions), so the model keeps its own consistent widths and is larger; "layers"
+# also keeps the vocabulary (models whose special-token ids are tied to it). Each stays under
+# MAX_PARAMS or is skipped as too large.
+LEVELS = ("tiny", "counts", "layers")
+_COUNT_GROUPS = ("num_hidden_layers", "num_experts", "num_experts_per_tok", "vocab_size",
+                 "max_position_embeddings")
+
+
+def _allowed(level: str) -> Optional[set]:
+    """The SHRINK_INT/SHRINK_LIST names a level may change (None: all of them)."""
+    if level == "tiny":
+        return None
+    groups = {g for g in _COUNT_GROUPS if not (level == "layers" and g == "vocab_size")}
+    return {k for k in SHRINK_INT if _GROUP_OF[k] in groups} | {
+        "depths", "num_layers_list", "encoder_layers_list"}
+
+
+def _shrink_one(cfg, allowed: Optional[set] = None) -> None:
     from transformers import PretrainedConfig
     layers_before = {k: v for k, v in vars(cfg).items()
                      if k in ("num_hidden_layers", "n_layer", "num_layers") and isinstance(v, int)}
@@ -162,13 +186,15 @@ def _shrink_one(cfg) -> None:
         if k.startswith("_"):
             continue
         if isinstance(v, PretrainedConfig):
-            _shrink_one(v)
+            _shrink_one(v, allowed)
         elif isinstance(v, dict) and k.endswith("_config") and "model_type" in v:
-            _shrink_dict(v)
+            _shrink_dict(v, allowed)
         elif isinstance(v, bool):
             continue
         elif isinstance(v, float) and any(w in k for w in DROPOUT_WORDS):
             setattr(cfg, k, 0.0)
+        elif allowed is not None and k not in allowed:
+            continue
         elif isinstance(v, int) and k in SHRINK_INT and v > SHRINK_INT[k]:
             setattr(cfg, k, SHRINK_INT[k])
         elif isinstance(v, (list, tuple)) and v and k in SHRINK_LIST and all(
@@ -183,13 +209,7 @@ def _shrink_one(cfg) -> None:
             if (isinstance(v, (list, tuple)) and len(v) == before and v
                     and all(isinstance(x, str) for x in v)):
                 setattr(cfg, k, type(v)(_per_layer(list(v), after)))
-    vocab = getattr(cfg, "vocab_size", None)
-    if isinstance(vocab, int) and vocab > 0:
-        for k, v in list(vars(cfg).items()):
-            if k.endswith("token_id") and isinstance(v, int) and not isinstance(v, bool) and v >= vocab:
-                setattr(cfg, k, v % vocab)
-            elif k.endswith("token_id") and isinstance(v, list):
-                setattr(cfg, k, [x % vocab if isinstance(x, int) else x for x in v])
+    _remap_token_ids(cfg, getattr(cfg, "vocab_size", None))
     # heads must divide the hidden size; kv heads must divide heads
     heads = getattr(cfg, "num_attention_heads", None)
     if isinstance(heads, int) and isinstance(getattr(cfg, "num_key_value_heads", None), int):
@@ -199,6 +219,17 @@ def _shrink_one(cfg) -> None:
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         pad = getattr(cfg, "pad_token_id", None)
         cfg.decoder_start_token_id = pad if isinstance(pad, int) else 0
+    # multimodal rotary sections (Qwen-VL style) must add up to half the new head size
+    head = getattr(cfg, "head_dim", None)
+    if not isinstance(head, int) and isinstance(heads, int) and isinstance(
+            getattr(cfg, "hidden_size", None), int) and heads:
+        head = cfg.hidden_size // heads
+    for k in ("rope_scaling", "rope_parameters"):
+        rope = getattr(cfg, k, None)
+        if isinstance(head, int) and isinstance(rope, dict):
+            sections = rope.get("mrope_section") or _default_mrope(cfg)
+            if sections:
+                rope["mrope_section"] = _split_like(list(sections), head // 2)
     # multi-head latent attention: the rotary part is what head_dim names there
     if isinstance(getattr(cfg, "qk_rope_head_dim", None), int) and "head_dim" in vars(cfg):
         cfg.head_dim = cfg.qk_rope_head_dim
@@ -211,20 +242,91 @@ def _shrink_one(cfg) -> None:
         cfg.use_pretrained_backbone = False
 
 
-def _shrink_dict(d: dict) -> None:
+_TOKEN_ATTRS = ("token_id", "token_index")
+
+
+def _remap_token_ids(cfg, vocab) -> None:
+    """Special-token ids (image placeholders included) moved into a shrunk vocabulary."""
+    if not (isinstance(vocab, int) and vocab > 0):
+        return
+    for k, v in list(vars(cfg).items()):
+        if not k.endswith(_TOKEN_ATTRS):
+            continue
+        if isinstance(v, int) and not isinstance(v, bool) and v >= vocab:
+            setattr(cfg, k, v % vocab)
+        elif isinstance(v, list):
+            setattr(cfg, k, [x % vocab if isinstance(x, int) else x for x in v])
+
+
+def _special_ids(cfg) -> set:
+    ids = set()
+    for c in (cfg, _text_cfg(cfg)):
+        for k, v in vars(c).items():
+            if k.endswith(_TOKEN_ATTRS) and k not in ("pad_token_id", "bos_token_id"):
+                if isinstance(v, int) and not isinstance(v, bool):
+                    ids.add(v)
+                elif isinstance(v, list):
+                    ids |= {x for x in v if isinstance(x, int)}
+    return ids
+
+
+def _text_ids(cfg, low: int, vocab: int, seq: int, gen: torch.Generator) -> torch.Tensor:
+    """Random token ids that are no special token (an image placeholder or an end of text in
+    the middle of random text changes what the model computes, or fails its input checks)."""
+    ids = torch.randint(low, vocab, (BATCH, seq), generator=gen)
+    special = sorted(i for i in _special_ids(cfg) if low <= i < vocab)
+    if special:
+        ordinary = next((i for i in range(low, vocab) if i not in special), low)
+        ids[torch.isin(ids, torch.tensor(special))] = ordinary
+    return ids
+
+
+def _default_mrope(cfg) -> Optional[list]:
+    """The rotary sections a model's code assumes when its config names none (Qwen2-VL's
+    modeling file defaults to [16, 24, 24]); None for models without multimodal rotary."""
+    import importlib
+    from transformers.models.auto.configuration_auto import model_type_to_module_name
+    mt = getattr(cfg, "model_type", "")
+    for name in {mt, mt.rsplit("_text", 1)[0]}:
+        try:
+            mod = importlib.import_module(f"transformers.models.{model_type_to_module_name(name)}"
+                                          f".modeling_{model_type_to_module_name(name)}")
+            src = inspect.getsource(mod)
+        except Exception:
+            continue
+        m = re.search(r'get\("mrope_section", (\[[\d, ]+\])\)', src)
+        if m:
+            return [int(x) for x in m.group(1).strip("[]").split(",")]
+    return None
+
+
+def _split_like(parts: list, total: int) -> list:
+    """`parts` rescaled to sum to `total`, each at least 1 where possible, rounding kept exact."""
+    s = sum(parts) or 1
+    out = [max(1, p * total // s) for p in parts]
+    out[-1] += total - sum(out)
+    return out
+
+
+def _shrink_dict(d: dict, allowed: Optional[set] = None) -> None:
     for k, v in list(d.items()):
         if isinstance(v, float) and any(w in k for w in DROPOUT_WORDS):
             d[k] = 0.0
+        elif allowed is not None and k not in allowed:
+            continue
         elif isinstance(v, int) and not isinstance(v, bool) and k in SHRINK_INT and v > SHRINK_INT[k]:
             d[k] = SHRINK_INT[k]
 
 
-def small_config(model_type: str):
+def small_config(model_type: str, level: str = "tiny"):
     from transformers import AutoConfig
     cfg = AutoConfig.for_model(model_type)
-    _shrink_one(cfg)
-    for k, v in OVERRIDES.get(model_type, {}).items():
-        setattr(cfg, k, v)
+    _shrink_one(cfg, _allowed(level))
+    if getattr(cfg, "vocab_size", None) is None:  # a composite: its text part holds the vocabulary
+        _remap_token_ids(cfg, getattr(_text_cfg(cfg), "vocab_size", None))
+    if level == "tiny":  # the overrides are corrections of the tiny widths
+        for k, v in OVERRIDES.get(model_type, {}).items():
+            setattr(cfg, k, v)
     if hasattr(cfg, "num_labels"):
         cfg.num_labels = 3
     return cfg
@@ -264,18 +366,22 @@ def _signature(model) -> set:
         return set()
 
 
-def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool) -> Dict[str, Any]:
-    """Keyword inputs from the model's main input name and forward signature."""
+def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
+                variant: Optional[dict] = None) -> Dict[str, Any]:
+    """Keyword inputs from the model's main input name and forward signature. `variant` (see
+    VARIANTS) adjusts the multimodal part: image placeholder tokens in the text, or no image."""
+    variant = variant or {}
     sig = _signature(model)
     main = getattr(model, "main_input_name", "input_ids")
     tcfg = _text_cfg(cfg)
     vocab = int(getattr(tcfg, "vocab_size", None) or VOCAB)
     low = min(3, vocab - 1)
     kw: Dict[str, Any] = {}
+    seq = SEQ + variant.get("image_tokens", 0)
     if main == "input_ids":
-        kw["input_ids"] = torch.randint(low, vocab, (BATCH, SEQ), generator=gen)
+        kw["input_ids"] = _text_ids(cfg, low, vocab, seq, gen)
         if "attention_mask" in sig:
-            kw["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+            kw["attention_mask"] = torch.ones(BATCH, seq, dtype=torch.long)
     elif main == "pixel_values":
         c, h, w = _image_hw(cfg)
         kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
@@ -294,11 +400,27 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool) 
     else:
         raise Skip(f"inputs cannot be synthesized: main input {main!r}")
     # multimodal models (text + image): both inputs when the config has a vision part
-    if main == "input_ids" and "pixel_values" in sig and getattr(cfg, "vision_config", None) is not None:
-        c, h, w = _image_hw(cfg)
-        kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
+    if (main == "input_ids" and "pixel_values" in sig and not variant.get("text_only")
+            and getattr(cfg, "vision_config", None) is not None):
+        if variant.get("grid"):  # Qwen-VL style: flattened patches and their (t, h, w) grid
+            v = _vision_cfg(cfg)
+            t, g = variant["grid"]
+            per_patch = (int(getattr(v, "in_channels", None) or getattr(v, "num_channels", 3))
+                         * int(getattr(v, "temporal_patch_size", None) or 1)
+                         * int(v.patch_size) ** 2)
+            kw["pixel_values"] = torch.randn(BATCH * t * g * g, per_patch, generator=gen)
+            kw["image_grid_thw"] = torch.tensor([[t, g, g]] * BATCH)
+        else:
+            c, h, w = _image_hw(cfg)
+            kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
+        n_img = variant.get("image_tokens", 0)
+        if n_img:  # each row starts with its image's placeholder tokens
+            kw["input_ids"][:, :n_img] = _image_token_id(cfg)
+            if "mm_token_type_ids" in sig:  # the processor's marking: 1 for image tokens
+                kw["mm_token_type_ids"] = torch.zeros_like(kw["input_ids"])
+                kw["mm_token_type_ids"][:, :n_img] = 1
     if main == "pixel_values" and "input_ids" in sig and getattr(cfg, "text_config", None) is not None:
-        kw["input_ids"] = torch.randint(low, vocab, (BATCH, SEQ), generator=gen)
+        kw["input_ids"] = _text_ids(cfg, low, vocab, SEQ, gen)
         if "attention_mask" in sig:
             kw["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
     is_ed = bool(getattr(cfg, "is_encoder_decoder", False))
@@ -315,11 +437,42 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool) 
     return kw
 
 
-def _try_task(model_type: str, mapping: str, task: str) -> Optional[Case]:
+def _image_token_id(cfg) -> int:
+    for k in ("image_token_id", "image_token_index", "image_token"):
+        for c in (cfg, _text_cfg(cfg)):
+            v = getattr(c, k, None)
+            if isinstance(v, int) and not isinstance(v, bool):
+                return v
+    raise Skip("inputs cannot be synthesized: no image token id in the config")
+
+
+_FEATURES = re.compile(r"tokens: (\d+), features:? (\d+)")
+
+
+def _next_variant(variant: dict, error: Exception, cfg, sig: set) -> Optional[dict]:
+    """The inputs to try after a CPU forward failed: placeholder tokens for as many image
+    features as the model reported, then the text alone (the image inputs a model needs beyond
+    pixels, such as grids, cannot be synthesized generically). None: nothing more to try."""
+    v = _vision_cfg(cfg)
+    if not variant and "image_grid_thw" in sig and isinstance(getattr(v, "patch_size", None), int):
+        merge = int(getattr(v, "spatial_merge_size", None) or 1)
+        g = 2 * merge  # a 1 x g x g patch grid: (g / merge)^2 placeholder tokens per image
+        return {"grid": (1, g), "image_tokens": (g // merge) ** 2}
+    m = _FEATURES.search(str(error))
+    if m and not variant and int(m.group(2)) % BATCH == 0:
+        per_row = int(m.group(2)) // BATCH
+        if 0 < per_row <= MAX_IMAGE_TOKENS:
+            return {"image_tokens": per_row}
+    if not variant.get("text_only") and getattr(cfg, "vision_config", None) is not None:
+        return {"text_only": True}
+    return None
+
+
+def _try_task(model_type: str, mapping: str, task: str, level: str) -> Optional[Case]:
     cls = _class_for(model_type, mapping)
     if cls is None:
         return None
-    cfg = small_config(model_type)
+    cfg = small_config(model_type, level)
     n = _param_count_meta(cls, cfg)
     if n > MAX_PARAMS:
         raise Skip(f"too large after shrinking: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
@@ -327,19 +480,32 @@ def _try_task(model_type: str, mapping: str, task: str) -> Optional[Case]:
     def build():
         return cls(cfg)
 
-    probe = build()
+    probe = build().eval()
     # Inputs must synthesize and the CPU forward must run for the task to be chosen; a failing
     # task falls through to the next one.
-    with torch.no_grad():
-        probe.eval()
-        probe(**make_inputs(probe, cfg, task, torch.Generator().manual_seed(0), with_labels=False))
+    variant: dict = {}
+    while True:
+        try:
+            with torch.no_grad():
+                probe(**make_inputs(probe, cfg, task, torch.Generator().manual_seed(0),
+                                    with_labels=False, variant=variant))
+            break
+        except Skip:
+            raise
+        except Exception as e:
+            variant = _next_variant(variant, e, cfg, _signature(probe))
+            if variant is None:
+                raise
     del probe
     name_cls = cls.__name__
     case = Case(
         zoo=ZOO, name=model_type, build=build,
-        inputs=lambda g: make_inputs(build_sig, cfg, task, g, with_labels=False),
-        train_inputs=lambda g: make_inputs(build_sig, cfg, task, g, with_labels=True),
-        info={"class": name_cls, "task": task},
+        inputs=lambda g: make_inputs(build_sig, cfg, task, g, with_labels=False, variant=variant),
+        train_inputs=lambda g: make_inputs(build_sig, cfg, task, g, with_labels=True,
+                                           variant=variant),
+        info={"class": name_cls, "task": task, "shrink": level, **(
+            {"inputs": "text only (the image inputs cannot be synthesized)"}
+            if variant.get("text_only") else variant)},
     )
     build_sig = _SigHolder(cls)
     if task == "causal_lm":
@@ -366,21 +532,24 @@ def make_case(model_type: str) -> Case:
     ok, why = available()
     if not ok:
         return Case(zoo=ZOO, name=model_type, build=_raise(why))
-    failures = []
-    for mapping, task in TASKS:
-        try:
-            case = _try_task(model_type, mapping, task)
-        except Skip as s:
-            failures.append(f"{task}: {s}")
-            continue
-        except Exception as e:
-            from .compare import first_line
-            failures.append(f"{task}: {first_line(e)}")
-            continue
-        if case is not None:
-            if failures:
-                case.info["fell_through"] = failures
-            return case
+    from .compare import first_line
+    failures = []  # of the tiny level: the reason reported when no level builds
+    fell = []
+    for level in LEVELS:
+        for mapping, task in TASKS:
+            try:
+                case = _try_task(model_type, mapping, task, level)
+            except Skip as s:
+                (failures if level == "tiny" else fell).append(f"{level} {task}: {s}")
+                continue
+            except Exception as e:
+                (failures if level == "tiny" else fell).append(f"{level} {task}: {first_line(e)}")
+                continue
+            if case is not None:
+                if failures or fell:
+                    case.info["fell_through"] = failures + fell
+                return case
+    failures = [f.split(" ", 1)[1] for f in failures]
     why = "; ".join(failures) if failures else "no auto model class for this model type"
     return Case(zoo=ZOO, name=model_type, build=_raise(f"no task builds on CPU: {why}"[:600]))
 
