@@ -103,6 +103,9 @@ def _register() -> None:
         from . import _decompositions
 
         _decompositions.register(set(device._C._lowered_ops()))
+        from . import vision_ops  # torchvision's detection ops (nms, roi_align)
+
+        vision_ops.register()
         _register_distributed(device)
         _registered = True
 

@@ -26,6 +26,7 @@ typedef struct {
   X(special)           \
   X(select)            \
   X(rnn)               \
+  X(vision)            \
   X(fft)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];
