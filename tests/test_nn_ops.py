@@ -209,6 +209,16 @@ def test_grid_sampler(nsp, mode, padding, align):
     check(lambda x, g: f(x, g, mode, padding, align), x, g, grad=True, atol=1e-4, rtol=1e-4)
 
 
+@pytest.mark.parametrize("nsp", [2, 3])
+def test_grid_sampler_input_grad_only(nsp):
+    # output_mask (True, False): the backward still returns grad_grid (its Meta kernel does)
+    torch.manual_seed(0)
+    x = torch.randn(*((1, 3, 5, 6) if nsp == 2 else (1, 2, 3, 4, 5)), requires_grad=True)
+    g = torch.rand(*((1, 4, 4, 2) if nsp == 2 else (1, 2, 3, 2, 3))) * 2 - 1
+    f = torch.grid_sampler_2d if nsp == 2 else torch.grid_sampler_3d
+    check(lambda x: f(x, g.to(x.device), 0, 0, False), x, grad=True, atol=1e-5, rtol=1e-5)
+
+
 # ---- embedding_bag (output, weight and per-sample-weight gradients) ----
 
 @pytest.mark.parametrize("mode,psw", [("sum", False), ("sum", True), ("mean", False),

@@ -1427,7 +1427,8 @@ static pj_status_t *lower_grid_sampler(pj_lower_t *L) {
     for (int j = 0; j < nsp; j++) back[2 + j] = 1 + j;
     set_checked(L, kout++, pj_transpose(H, pj_reshape(H, gin, nsp + 2, sd), back));
   }
-  if (mask[1] && kout < pj_nout(L)) {
+  /* grad_grid: the Meta kernels return it whatever output_mask[1] says (CPU computes it too) */
+  if (kout < pj_nout(L)) {
     pj_val_t parts[MAXSP];
     for (int comp = 0; comp < nsp; comp++) {
       int j = nsp - 1 - comp;
