@@ -48,6 +48,10 @@ GETS = [
     ("mask_and_index", (4, 5), lambda d: (I([True, False, True, True]), I([0, 4, 2]))),
     ("mask_cpu_index_tpu", (4, 5), lambda d: (I([True, False, True, True]),
                                               I([0, 4, 2]).to(d))),
+    ("tpu_mask_and_index", (4, 5), lambda d: (I([True, False, True, True]).to(d),
+                                              I([0, 4, 2]).to(d))),
+    ("tpu_mask_slice_index", (4, 3, 5), lambda d: (I([False, True, True, True]).to(d),
+                                                   slice(None), I([[1], [4], [0]]).to(d))),
 ]
 
 
@@ -123,6 +127,20 @@ def test_index_put(case, fallbacks):
     x[idx] = vc
     xd[idx] = vd
     same(xd, x)
+    fallbacks.assert_none()
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_index_put_tpu_mask_beside_other_indices(accumulate, mode, fallbacks):
+    # the mask becomes its nonzero columns before the lowering, as CPU's expandTensors does
+    x, v = rnd(4, 3, 5), rnd(3, 3, seed=1)
+    m, j = I([True, False, True, True]), I([4, 0, 4])
+    xd = x.to(TPU)
+    torch.ops.aten.index_put_(xd, [m.to(TPU), None, j.to(TPU)], v.to(TPU), accumulate)
+    torch.ops.aten.index_put_(x, [m, None, j], v, accumulate)
+    same(xd, x)
+    with pytest.raises(IndexError, match="could not be broadcast"):
+        xd[m.to(TPU), :, I([1, 2]).to(TPU)] = 1.0
     fallbacks.assert_none()
 
 

@@ -785,6 +785,7 @@ bool run_per_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 // nonzero columns on the CPU and those go over (what expandTensors does; no device-side count,
 // so no host sync, and the call sees plain integer indices); other index tensors are copied
 // as they are. Tensors of another tpu device are left alone (they raise the same-device error).
+// A tpu bool mask beside other index tensors is split the same way.
 bool takes_cpu_indices(const std::string& base) {
   return base == "index" || base == "index_put" || base == "_index_put_impl" ||
          base == "_unsafe_index" || base == "_unsafe_index_put";
@@ -807,13 +808,26 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     return;
   c10::IValue& v = (*stack)[first + *at_indices];
   const c10::impl::GenericList given = v.toList();
-  bool any_cpu = false;
-  for (const c10::IValue& e : given)
-    any_cpu = any_cpu || (e.isTensor() && e.toTensor().defined() && e.toTensor().is_cpu());
-  if (!any_cpu) return;
+  bool any_cpu = false, tpu_mask = false;
+  int defined = 0;
+  for (const c10::IValue& e : given) {
+    if (!e.isTensor() || !e.toTensor().defined()) continue;
+    const at::Tensor& t = e.toTensor();
+    defined++;
+    any_cpu = any_cpu || t.is_cpu();
+    tpu_mask = tpu_mask || (!t.is_cpu() && t.scalar_type() == at::kBool && t.dim() > 0);
+  }
+  // The lowerings take one mask alone (index_put writes through it without a host sync); a
+  // mask beside other index tensors becomes its nonzero columns here (one host read for the
+  // count, which the result's shape needs anyway), as CPU's expandTensors does.
+  const bool split_tpu_mask = tpu_mask && defined > 1;
+  if (!any_cpu && !split_tpu_mask) return;
   c10::impl::GenericList moved(given.elementType());  // a new list: the caller's stays as it is
   for (const c10::IValue& e : given) {
-    if (!e.isTensor() || !e.toTensor().defined() || !e.toTensor().is_cpu()) {
+    const bool cpu = e.isTensor() && e.toTensor().defined() && e.toTensor().is_cpu();
+    const bool mask_here = split_tpu_mask && e.isTensor() && e.toTensor().defined() &&
+                           e.toTensor().scalar_type() == at::kBool && e.toTensor().dim() > 0;
+    if (!cpu && !mask_here) {
       moved.push_back(e);
       continue;
     }
@@ -832,7 +846,28 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                         " does not match the shape of the indexed tensor ", self.sizes(),
                         " at index ", at_dim + j);
     const at::Tensor nz = index.nonzero().to(self.device());  // [count, mask dims]
+    // (a tpu mask's nonzero runs on the device; .to is then a no-op)
     for (const auto j : c10::irange(index.dim())) moved.push_back(nz.select(1, j));
+  }
+  if (split_tpu_mask) {  // CPU's broadcast error, at the call in every eager mode
+    std::vector<at::Tensor> idx;
+    for (const c10::IValue& e : moved)
+      if (e.isTensor() && e.toTensor().defined()) idx.push_back(e.toTensor());
+    std::vector<int64_t> shape = idx[0].sizes().vec();
+    std::string shapes;
+    bool ok = true;
+    for (const at::Tensor& t : idx) {
+      shapes += (shapes.empty() ? "" : ", ") + c10::str(t.sizes());
+      if (ok) {
+        try {
+          shape = at::infer_size(shape, t.sizes());
+        } catch (const c10::Error&) {
+          ok = false;
+        }
+      }
+    }
+    TORCH_CHECK_INDEX(ok, "shape mismatch: indexing tensors could not be broadcast together "
+                      "with shapes ", shapes);
   }
   v = c10::IValue(std::move(moved));
 }
