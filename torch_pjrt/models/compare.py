@@ -63,6 +63,9 @@ class Case:
     generate: keyword arguments for `model.generate(**inputs, **generate)` (greedy), or None.
     pipeline: device -> {name: tensor}: a whole pipeline run on that device (built from the same
       seed inside), compared under the "pipeline" tolerance; replaces forward/train when set.
+    canonical: eval output (on the CPU) -> the same output in a canonical order, applied to both
+      devices' outputs before they are compared: for outputs whose order among exact ties is
+      unspecified (detections with equal scores).
     """
     zoo: str
     name: str
@@ -72,6 +75,7 @@ class Case:
     loss: Optional[Callable[[Any], torch.Tensor]] = None
     generate: Optional[Dict[str, Any]] = None
     pipeline: Optional[Callable[[torch.device], Dict[str, torch.Tensor]]] = None
+    canonical: Optional[Callable[[Any], Any]] = None
     info: Dict[str, Any] = dataclasses.field(default_factory=dict)
 
 
@@ -326,6 +330,8 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
     cpu.eval()
     with torch.no_grad():
         out_c = _on_cpu("forward", lambda: cpu(**inputs))
+    if case.canonical is not None:
+        out_c = case.canonical(out_c)
     ref = flatten(out_c)
     if not ref:
         raise Skip("the forward pass returns no tensor to compare")
@@ -333,7 +339,8 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
     # cannot match across devices; detected by running it again under another seed
     torch.manual_seed(SEED + 1)
     with torch.no_grad():
-        again = dict(flatten(cpu(**inputs)))
+        again = cpu(**inputs)
+        again = dict(flatten(case.canonical(again) if case.canonical is not None else again))
     torch.manual_seed(SEED)
     if any(n in again and _diff(n, c, again[n], "output").ratio > 1.0 for n, c in ref):
         raise Skip("CPU's eval forward pass uses the random number generator (its outputs change "
@@ -343,6 +350,8 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
         tpu_model.eval()
         with torch.no_grad():
             out_t = _on_tpu("forward", lambda: tpu_model(**to_device(inputs, tpu_dev)))
+    if case.canonical is not None:
+        out_t = case.canonical(to_device(out_t, torch.device("cpu")))
     got = dict(flatten(out_t))
     fwd = []
     for name, c in ref:

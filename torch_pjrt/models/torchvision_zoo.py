@@ -1,5 +1,9 @@
-"""torchvision: every classification, segmentation, video and optical-flow-free model of
-`torchvision.models.list_models()`, built with `weights=None` at a small input size. When
+"""torchvision: every classification, segmentation, video and detection model of
+`torchvision.models.list_models()`, built with `weights=None` at a small input size. Detection
+models (Faster/Mask/Keypoint R-CNN, RetinaNet, FCOS, SSD) take a list of two images of different
+sizes (resized by the model's transform to DET_SIZE where it has one); their eval outputs (boxes,
+scores, labels, masks, keypoints per image) are compared, and the training step's loss is the sum
+of the model's loss dict, on synthesized targets (two boxes per image). When
 torchvision does not import beside the installed torch (PyPI's wheel is built for another torch),
 the zoo is one skipped record carrying that reason: its model list cannot be read then."""
 from __future__ import annotations
@@ -11,7 +15,8 @@ import torch
 from .compare import Case, Skip
 
 ZOO = "torchvision"
-MAX_PARAMS = 30_000_000
+MAX_PARAMS = 160_000_000
+DET_SIZE = 128
 BATCH = 2
 NUM_CLASSES = 10
 # smallest input each family accepts (the rest take 64x64); (C, [T,] H, W)
@@ -46,26 +51,124 @@ def names() -> List[str]:
     return sorted(tvm.list_models())
 
 
+def _count(tvm, name: str, kw: dict) -> int:
+    try:
+        with torch.device("meta"):  # counted without allocating
+            m = tvm.get_model(name, **kw)
+    except Exception:  # constructors that compute sizes with tensors (RegNet): count on CPU
+        m = tvm.get_model(name, **kw)
+    return sum(p.numel() for p in m.parameters())
+
+
+def _unit_scale(model: torch.nn.Module, images) -> torch.nn.Module:
+    """Rescales every convolution and linear layer of a randomly initialized detector so that
+    its output has unit standard deviation on `images` (one eval pass; a layer used several
+    times, like a head shared by the pyramid levels, is scaled at its first use). At the
+    library's initialization the backbone's activations fade to ~1e-8 and the heads' (std 0.01,
+    zero bias) give every anchor and class nearly the same score, so which boxes survive top-k
+    and NMS would be decided by rounding: the comparison would test ties, not the model. Called
+    on the CPU model, which both devices then start from."""
+    done = set()
+
+    def hook(m, inputs, out):
+        if id(m) in done or not isinstance(out, torch.Tensor) or out.numel() < 2:
+            return None
+        done.add(id(m))
+        s = float(out.std())
+        if not (s > 0 and s == s and s != float("inf")):
+            return None
+        m.weight.mul_(1 / s)
+        if m.bias is not None:
+            m.bias.mul_(1 / s)
+        return out / s
+
+    hooks = [m.register_forward_hook(hook) for m in model.modules()
+             if isinstance(m, (torch.nn.Conv2d, torch.nn.Linear))]
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(images)
+    finally:
+        for h in hooks:
+            h.remove()
+    return model
+
+
+def _canonical_detections(out):
+    """Each image's detections ordered by label, then box corners, then score. Models order them
+    by score alone; scores tie exactly (boxes whose pooled features are equal, as in an image's
+    padding), where unstable top-k and sorting steps may break ties either way on any device,
+    and neighbouring scores of hundreds of detections can lie closer than float32 rounding
+    moves them. Box corners of one class lie pixels apart, so their order is robust."""
+    res = []
+    for d in out:
+        order = torch.arange(d["scores"].shape[0])
+        b = d["boxes"]
+        for key in (-d["scores"], b[:, 3], b[:, 2], b[:, 1], b[:, 0], d["labels"].double()):
+            order = order[key[order].sort(stable=True).indices]  # least significant key first
+        res.append({k: v[order] for k, v in d.items()})
+    return res
+
+
+def _detection_case(name: str, kw: dict) -> Case:
+    import torchvision.models as tvm
+    kw = dict(kw, weights_backbone=None)
+    if not name.startswith("ssd"):  # the R-CNN / RetinaNet / FCOS transform resizes to these
+        kw.update(min_size=DET_SIZE, max_size=DET_SIZE)
+    n = _count(tvm, name, kw)
+    if n > MAX_PARAMS:
+        raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
+    sizes = ((3, 96, 128), (3, 120, 100))
+
+    def build():
+        return _unit_scale(tvm.get_model(name, **kw),
+                           [torch.rand(*s, generator=torch.Generator().manual_seed(1)) for s in sizes])
+
+    def inputs(gen: torch.Generator):
+        return {"images": [torch.rand(*s, generator=gen) for s in sizes]}
+
+    def targets(gen: torch.Generator):
+        out = []
+        for _, h, w in sizes:
+            xy = torch.rand(2, 2, generator=gen) * torch.tensor([w / 2, h / 2])
+            wh = 8 + torch.rand(2, 2, generator=gen) * torch.tensor([w / 3, h / 3])
+            t = {"boxes": torch.cat([xy, xy + wh], 1),
+                 "labels": torch.randint(1, NUM_CLASSES, (2,), generator=gen)}
+            if name.startswith("maskrcnn"):
+                t["masks"] = (torch.rand(2, h, w, generator=gen) > 0.5).to(torch.uint8)
+            if name.startswith("keypointrcnn"):
+                kp = t["boxes"][:, None, :2] + torch.rand(2, 17, 2, generator=gen) * wh[:, None]
+                t["keypoints"] = torch.cat([kp, torch.ones(2, 17, 1)], 2)
+            out.append(t)
+        return out
+
+    def train_inputs(gen: torch.Generator):
+        return {**inputs(gen), "targets": targets(gen)}
+
+    def loss(out):
+        return sum(v for v in out.values())
+
+    return Case(zoo=ZOO, name=name, build=build, inputs=inputs, train_inputs=train_inputs,
+                loss=loss, canonical=_canonical_detections, info={"kind": "detection", "input": [list(s) for s in sizes],
+                                 "resize": None if name.startswith("ssd") else DET_SIZE})
+
+
 def make_case(name: str) -> Case:
     import torchvision.models as tvm
     kind = _module_of(name)
-    if kind in ("detection", "optical_flow", "quantization"):
-        raise Skip(f"inputs cannot be synthesized: {kind} models take image lists / targets "
-                   "(or quantized kernels), not one batch tensor")
+    if kind in ("optical_flow", "quantization"):
+        raise Skip(f"not run: {kind} models (image pairs and flow targets; quantized kernels "
+                   "run on the CPU only)")
     kw = {"weights": None, "num_classes": NUM_CLASSES}
+    if kind == "detection":
+        return _detection_case(name, kw)
     if kind == "segmentation":
         kw["weights_backbone"] = None
         kw["aux_loss"] = False
     if name in ("inception_v3", "googlenet"):
         kw["aux_logits"] = False
         kw["init_weights"] = True
-    try:
-        with torch.device("meta"):  # counted without allocating
-            m = tvm.get_model(name, **kw)
-    except Exception:  # constructors that compute sizes with tensors (RegNet): count on CPU
-        m = tvm.get_model(name, **kw)
-    n = sum(p.numel() for p in m.parameters())
-    del m
+    n = _count(tvm, name, kw)
     if n > MAX_PARAMS:
         raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
     if kind == "video":
