@@ -50,27 +50,38 @@ for _names, _value in (
       "projection_dim", "hidden_dim", "word_embed_proj_dim", "model_dim", "n_embed",
       "encoder_hidden_size", "decoder_hidden_size", "d_inner_hid", "text_embed_dim",
       "vision_embed_dim", "proj_dim", "output_hidden_size", "classifier_proj_size",
-      "hidden_size_per_layer_input", "conv_dim_out", "out_hidden_size"), HIDDEN),
+      "hidden_size_per_layer_input", "conv_dim_out", "out_hidden_size",
+      "cross_attention_hidden_size", "projector_hidden_size", "merged_hidden_size", "d_latents"),
+     HIDDEN),
     (("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
       "ffn_hidden_size", "mlp_dim", "moe_intermediate_size", "shared_expert_intermediate_size",
       "decoder_intermediate_size", "d_inner", "inner_hidden_size", "expert_intermediate_size",
-      "encoder_intermediate_size", "mlp_hidden_size", "dense_intermediate_size"), INTER),
+      "encoder_intermediate_size", "mlp_hidden_size", "dense_intermediate_size",
+      "expert_ffn_hidden_size"), INTER),
     (("num_hidden_layers", "n_layer", "n_layers", "num_layers", "encoder_layers",
       "decoder_layers", "num_decoder_layers", "num_encoder_layers", "decoder_num_layers",
       "encoder_num_layers", "num_text_layers", "num_vision_layers", "num_blocks",
       "num_hidden_groups_layers", "depth", "num_local_layers"), LAYERS),
     (("num_attention_heads", "n_head", "n_heads", "num_heads", "encoder_attention_heads",
       "decoder_attention_heads", "decoder_num_attention_heads", "encoder_num_attention_heads",
-      "num_attention_heads_per_layer"), HEADS),
-    (("head_dim", "attention_head_dim", "kv_channels", "d_kv", "v_head_dim"), HEAD_DIM),
+      "num_attention_heads_per_layer", "index_n_heads"), HEADS),
+    (("head_dim", "attention_head_dim", "kv_channels", "d_kv", "v_head_dim", "index_head_dim"),
+     HEAD_DIM),
     (("qk_rope_head_dim", "qk_nope_head_dim", "rotary_dim"), HEAD_DIM // 2),
     (("kv_lora_rank", "q_lora_rank"), HIDDEN // 2),
-    (("vocab_size", "n_vocab", "text_vocab_size"), VOCAB),
+    (("vocab_size", "n_vocab", "text_vocab_size", "entity_vocab_size",
+      "encoder_hash_byte_group_vocab"), VOCAB),
     (("max_position_embeddings", "n_positions", "max_seq_len", "max_sequence_length", "n_ctx",
       "max_target_positions", "max_text_positions", "seq_length"), POSITIONS),
     (("image_size", "img_size"), IMAGE),
-    (("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts"), 4),
-    (("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts"), 2),
+    (("num_experts", "n_routed_experts", "num_local_experts", "moe_num_experts",
+      "zero_expert_num"), 4),
+    (("num_self_attends_per_block",), LAYERS),
+    (("num_latents",), 16),
+    (("num_experts_per_tok", "moe_topk", "top_k", "num_selected_experts", "moe_k",
+      "num_experts_per_token"), 2),
+    (("index_topk",), 4),
+    (("num_queries",), 8),
     (("num_mel_bins",), 16),
     (("mamba_n_heads",), 4),
     (("mamba_d_head", "mamba_d_state", "ssm_state_size", "state_size"), 16),
@@ -116,6 +127,9 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "mamba2": {"num_heads": 4, "head_dim": 16, "n_groups": 1},
     "xlm-prophetnet": {"ngram": 2, "num_buckets": 8},
 }
+
+# float multipliers of the architecture (EfficientNet's compound scaling): set, not shrunk
+SCALE_FLOAT = {"width_coefficient": 0.5, "depth_coefficient": 0.5}
 
 DROPOUT_WORDS = ("dropout", "drop_prob", "pdrop", "layerdrop", "drop_path", "drop_rate",
                  "mask_time_prob", "mask_feature_prob")
@@ -179,6 +193,29 @@ def _allowed(level: str) -> Optional[set]:
 
 
 def _shrink_one(cfg, allowed: Optional[set] = None) -> None:
+    # Heterogeneous configs (per-layer overrides, transformers' `per_layer_config`) refuse reads
+    # of their per-layer attributes: the rules run on the homogeneous config, then the overrides
+    # of the layers that remain are shrunk by the same rules and put back.
+    spec = vars(cfg).get("_heterogeneity_spec")
+    if spec is not None:
+        import copy as _copy
+        overrides = _copy.deepcopy(dict(spec.per_layer_overrides))
+        cfg.per_layer_config = None
+        _shrink_homogeneous(cfg, allowed)
+        n = next((v for k, v in vars(cfg).items() if k in ("num_hidden_layers", "n_layer",
+                                                            "num_layers") and isinstance(v, int)), 0)
+        kept = {}
+        for i, o in overrides.items():
+            if int(i) < n:
+                _shrink_dict(o, allowed)
+                kept[int(i)] = o
+        if kept:
+            cfg.per_layer_config = kept
+        return
+    _shrink_homogeneous(cfg, allowed)
+
+
+def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
     from transformers import PretrainedConfig
     layers_before = {k: v for k, v in vars(cfg).items()
                      if k in ("num_hidden_layers", "n_layer", "num_layers") and isinstance(v, int)}
@@ -195,6 +232,8 @@ def _shrink_one(cfg, allowed: Optional[set] = None) -> None:
             setattr(cfg, k, 0.0)
         elif allowed is not None and k not in allowed:
             continue
+        elif isinstance(v, float) and k in SCALE_FLOAT and v > SCALE_FLOAT[k]:
+            setattr(cfg, k, SCALE_FLOAT[k])
         elif isinstance(v, int) and k in SHRINK_INT and v > SHRINK_INT[k]:
             setattr(cfg, k, SHRINK_INT[k])
         elif isinstance(v, (list, tuple)) and v and k in SHRINK_LIST and all(
@@ -230,9 +269,16 @@ def _shrink_one(cfg, allowed: Optional[set] = None) -> None:
             sections = rope.get("mrope_section") or _default_mrope(cfg)
             if sections:
                 rope["mrope_section"] = _split_like(list(sections), head // 2)
-    # multi-head latent attention: the rotary part is what head_dim names there
+    # multi-head latent attention: the rotary part is what head_dim names there, and the
+    # derived query head size follows its two parts
     if isinstance(getattr(cfg, "qk_rope_head_dim", None), int) and "head_dim" in vars(cfg):
         cfg.head_dim = cfg.qk_rope_head_dim
+    if "qk_head_dim" in vars(cfg) and isinstance(getattr(cfg, "qk_nope_head_dim", None), int):
+        cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    # a head size left unset where the modeling code reads it: what hidden / heads gives
+    if ("head_dim" in vars(cfg) and vars(cfg)["head_dim"] is None and isinstance(heads, int)
+            and heads and isinstance(vars(cfg).get("hidden_size"), int)):
+        cfg.head_dim = cfg.hidden_size // heads
     if hasattr(cfg, "use_cache"):
         cfg.use_cache = False
     # DETR-style models: the library's own backbone, not timm's, and never pretrained weights
@@ -384,7 +430,9 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             kw["attention_mask"] = torch.ones(BATCH, seq, dtype=torch.long)
     elif main == "pixel_values":
         c, h, w = _image_hw(cfg)
-        kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
+        frames = variant.get("frames")  # video: [B, T, C, H, W]
+        kw["pixel_values"] = torch.randn(BATCH, *((frames,) if frames else ()), c, h, w,
+                                         generator=gen)
     elif main == "input_features":
         if getattr(cfg, "num_mel_bins", None) and getattr(cfg, "max_source_positions", None):
             frames = 2 * int(cfg.max_source_positions)  # whisper-style: conv stride 2 over frames
@@ -393,10 +441,14 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             feat = int(getattr(cfg, "input_feat_per_channel", 0) * getattr(cfg, "input_channels", 1)
                        or getattr(cfg, "feature_size", 0) or getattr(cfg, "num_mel_bins", 0) or 16)
             kw["input_features"] = torch.randn(BATCH, 32, feat, generator=gen)
+            if variant.get("channels_first"):  # [B, features, frames] (convolutional front ends)
+                kw["input_features"] = kw["input_features"].transpose(1, 2).contiguous()
         if "attention_mask" in sig and "num_mel_bins" not in vars(cfg):
             kw["attention_mask"] = torch.ones(BATCH, kw["input_features"].shape[1], dtype=torch.long)
-    elif main == "input_values":
-        kw["input_values"] = torch.randn(BATCH, 1600, generator=gen)
+    elif main == "input_values":  # raw audio: [B, T], or [B, channels, T] (codecs)
+        ch = int(getattr(cfg, "audio_channels", None) or 1)
+        shape = (BATCH, ch, 1600) if variant.get("audio_channels") else (BATCH, 1600)
+        kw["input_values"] = torch.randn(*shape, generator=gen)
     else:
         raise Skip(f"inputs cannot be synthesized: main input {main!r}")
     # multimodal models (text + image): both inputs when the config has a vision part
@@ -449,11 +501,21 @@ def _image_token_id(cfg) -> int:
 _FEATURES = re.compile(r"tokens: (\d+), features:? (\d+)")
 
 
-def _next_variant(variant: dict, error: Exception, cfg, sig: set) -> Optional[dict]:
-    """The inputs to try after a CPU forward failed: placeholder tokens for as many image
-    features as the model reported, then the text alone (the image inputs a model needs beyond
-    pixels, such as grids, cannot be synthesized generically). None: nothing more to try."""
+def _next_variant(variant: dict, error: Exception, cfg, sig: set,
+                  main: str = "input_ids") -> Optional[dict]:
+    """The inputs to try after a CPU forward failed: for audio, a channel dim or features
+    channels-first; for video models, a frame dim; for multimodal text, placeholder tokens for
+    as many image features as the model reported, then the text alone (the image inputs a model
+    needs beyond pixels, such as grids, cannot be synthesized generically). None: nothing more
+    to try."""
+    if main == "input_values":
+        return None if variant else {"audio_channels": True}
+    if main == "input_features":
+        return None if variant else {"channels_first": True}
     v = _vision_cfg(cfg)
+    if main == "pixel_values":
+        frames = getattr(v, "num_frames", None) or getattr(cfg, "num_frames", None)
+        return None if variant or not isinstance(frames, int) else {"frames": min(frames, 8)}
     if not variant and "image_grid_thw" in sig and isinstance(getattr(v, "patch_size", None), int):
         merge = int(getattr(v, "spatial_merge_size", None) or 1)
         g = 2 * merge  # a 1 x g x g patch grid: (g / merge)^2 placeholder tokens per image
@@ -493,7 +555,8 @@ def _try_task(model_type: str, mapping: str, task: str, level: str) -> Optional[
         except Skip:
             raise
         except Exception as e:
-            variant = _next_variant(variant, e, cfg, _signature(probe))
+            variant = _next_variant(variant, e, cfg, _signature(probe),
+                                    getattr(probe, "main_input_name", "input_ids"))
             if variant is None:
                 raise
     del probe
