@@ -808,14 +808,18 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     return;
   c10::IValue& v = (*stack)[first + *at_indices];
   const c10::impl::GenericList given = v.toList();
+  auto defined_tensor = [](const c10::IValue& e) { return e.isTensor() && e.toTensor().defined(); };
+  auto tpu_bool_mask = [&](const c10::IValue& e) {
+    return defined_tensor(e) && !e.toTensor().is_cpu() &&
+           e.toTensor().scalar_type() == at::kBool && e.toTensor().dim() > 0;
+  };
   bool any_cpu = false, tpu_mask = false;
   int defined = 0;
   for (const c10::IValue& e : given) {
-    if (!e.isTensor() || !e.toTensor().defined()) continue;
-    const at::Tensor& t = e.toTensor();
+    if (!defined_tensor(e)) continue;
     defined++;
-    any_cpu = any_cpu || t.is_cpu();
-    tpu_mask = tpu_mask || (!t.is_cpu() && t.scalar_type() == at::kBool && t.dim() > 0);
+    any_cpu = any_cpu || e.toTensor().is_cpu();
+    tpu_mask = tpu_mask || tpu_bool_mask(e);
   }
   // The lowerings take one mask alone (index_put writes through it without a host sync); a
   // mask beside other index tensors becomes its nonzero columns here (one host read for the
@@ -824,10 +828,8 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   if (!any_cpu && !split_tpu_mask) return;
   c10::impl::GenericList moved(given.elementType());  // a new list: the caller's stays as it is
   for (const c10::IValue& e : given) {
-    const bool cpu = e.isTensor() && e.toTensor().defined() && e.toTensor().is_cpu();
-    const bool mask_here = split_tpu_mask && e.isTensor() && e.toTensor().defined() &&
-                           e.toTensor().scalar_type() == at::kBool && e.toTensor().dim() > 0;
-    if (!cpu && !mask_here) {
+    const bool cpu = defined_tensor(e) && e.toTensor().is_cpu();
+    if (!cpu && !(split_tpu_mask && tpu_bool_mask(e))) {
       moved.push_back(e);
       continue;
     }
@@ -852,7 +854,7 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   if (split_tpu_mask) {  // CPU's broadcast error, at the call in every eager mode
     std::vector<at::Tensor> idx;
     for (const c10::IValue& e : moved)
-      if (e.isTensor() && e.toTensor().defined()) idx.push_back(e.toTensor());
+      if (defined_tensor(e)) idx.push_back(e.toTensor());
     std::vector<int64_t> shape = idx[0].sizes().vec();
     std::string shapes;
     bool ok = true;

@@ -10,6 +10,7 @@ memory. Nothing downloads: configs come from the library's defaults and HF_HUB_O
 """
 from __future__ import annotations
 
+import copy
 import inspect
 import os
 import re
@@ -192,18 +193,20 @@ def _allowed(level: str) -> Optional[set]:
         "depths", "num_layers_list", "encoder_layers_list"}
 
 
+_LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers")  # what per-layer lists follow
+
+
 def _shrink_one(cfg, allowed: Optional[set] = None) -> None:
     # Heterogeneous configs (per-layer overrides, transformers' `per_layer_config`) refuse reads
     # of their per-layer attributes: the rules run on the homogeneous config, then the overrides
     # of the layers that remain are shrunk by the same rules and put back.
     spec = vars(cfg).get("_heterogeneity_spec")
     if spec is not None:
-        import copy as _copy
-        overrides = _copy.deepcopy(dict(spec.per_layer_overrides))
+        overrides = copy.deepcopy(dict(spec.per_layer_overrides))
         cfg.per_layer_config = None
         _shrink_homogeneous(cfg, allowed)
-        n = next((v for k, v in vars(cfg).items() if k in ("num_hidden_layers", "n_layer",
-                                                            "num_layers") and isinstance(v, int)), 0)
+        n = next((v for k, v in vars(cfg).items()
+                  if k in _LAYER_COUNTS and isinstance(v, int)), 0)
         kept = {}
         for i, o in overrides.items():
             if int(i) < n:
@@ -218,7 +221,7 @@ def _shrink_one(cfg, allowed: Optional[set] = None) -> None:
 def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
     from transformers import PretrainedConfig
     layers_before = {k: v for k, v in vars(cfg).items()
-                     if k in ("num_hidden_layers", "n_layer", "num_layers") and isinstance(v, int)}
+                     if k in _LAYER_COUNTS and isinstance(v, int)}
     for k, v in list(vars(cfg).items()):
         if k.startswith("_"):
             continue

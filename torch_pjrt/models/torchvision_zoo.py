@@ -51,13 +51,16 @@ def names() -> List[str]:
     return sorted(tvm.list_models())
 
 
-def _count(tvm, name: str, kw: dict) -> int:
+def _check_size(tvm, name: str, kw: dict) -> None:
+    """Raises Skip for a model over MAX_PARAMS, counted without allocating where possible."""
     try:
-        with torch.device("meta"):  # counted without allocating
+        with torch.device("meta"):
             m = tvm.get_model(name, **kw)
     except Exception:  # constructors that compute sizes with tensors (RegNet): count on CPU
         m = tvm.get_model(name, **kw)
-    return sum(p.numel() for p in m.parameters())
+    n = sum(p.numel() for p in m.parameters())
+    if n > MAX_PARAMS:
+        raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
 
 
 def _unit_scale(model: torch.nn.Module, images) -> torch.nn.Module:
@@ -115,9 +118,7 @@ def _detection_case(name: str, kw: dict) -> Case:
     kw = dict(kw, weights_backbone=None)
     if not name.startswith("ssd"):  # the R-CNN / RetinaNet / FCOS transform resizes to these
         kw.update(min_size=DET_SIZE, max_size=DET_SIZE)
-    n = _count(tvm, name, kw)
-    if n > MAX_PARAMS:
-        raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
+    _check_size(tvm, name, kw)
     sizes = ((3, 96, 128), (3, 120, 100))
 
     def build():
@@ -148,9 +149,10 @@ def _detection_case(name: str, kw: dict) -> Case:
     def loss(out):
         return sum(v for v in out.values())
 
+    info = {"kind": "detection", "input": [list(s) for s in sizes],
+            "resize": None if name.startswith("ssd") else DET_SIZE}
     return Case(zoo=ZOO, name=name, build=build, inputs=inputs, train_inputs=train_inputs,
-                loss=loss, canonical=_canonical_detections, info={"kind": "detection", "input": [list(s) for s in sizes],
-                                 "resize": None if name.startswith("ssd") else DET_SIZE})
+                loss=loss, canonical=_canonical_detections, info=info)
 
 
 def make_case(name: str) -> Case:
@@ -168,9 +170,7 @@ def make_case(name: str) -> Case:
     if name in ("inception_v3", "googlenet"):
         kw["aux_logits"] = False
         kw["init_weights"] = True
-    n = _count(tvm, name, kw)
-    if n > MAX_PARAMS:
-        raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
+    _check_size(tvm, name, kw)
     if kind == "video":
         size = (3, 4, 64, 64)
     elif name.startswith(VIT_224):
