@@ -459,8 +459,11 @@ def job_collectives(rank, world, init):
          lambda d: (v("any", (3,)).to(d), torch.zeros(3, device=d)), any_source)
 
     # A recv from one source while a recv from any source on that tag is pending is refused
-    # (it could take the message meant for the other); the pending one still completes.
+    # (it could take the message meant for the other); the pending one still completes. Rank 0
+    # sends only once rank 1 has tried: a message that arrived first would complete the pending
+    # recv, and the second recv would then rightly wait for a message that never comes.
     if R == 0:
+        dist.recv(torch.zeros(1, device="tpu"), 1, tag=10)
         dist.send(torch.full((3,), 5.0, device="tpu"), 1, tag=9)
     else:
         y = torch.zeros(3, device="tpu")
@@ -470,6 +473,7 @@ def job_collectives(rank, world, init):
             chk.fail("recv while a recv from any source is pending", "did not raise")
         except ValueError:
             chk.true("recv while a recv from any source is pending raises", True)
+        dist.send(torch.ones(1, device="tpu"), 0, tag=10)
         w.wait()
         chk.same("the pending recv from any source", y, torch.full((3,), 5.0))
 
