@@ -129,6 +129,12 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "xlm-prophetnet": {"ngram": 2, "num_buckets": 8},
 }
 
+# per-architecture inputs the generic synthesis cannot infer: model_type -> the first variant
+# tried (see make_inputs and _next_variant)
+INPUT_VARIANTS: Dict[str, dict] = {
+    "inkling2_vision": {"patches": "tokens"},  # one merged square of patches per image token
+}
+
 # float multipliers of the architecture (EfficientNet's compound scaling): set, not shrunk
 SCALE_FLOAT = {"width_coefficient": 0.5, "depth_coefficient": 0.5}
 
@@ -415,6 +421,85 @@ def _signature(model) -> set:
         return set()
 
 
+def _required(model) -> List[str]:
+    """The forward's parameters without a default, in order (self and *args/**kwargs left out)."""
+    try:
+        params = inspect.signature(model.forward).parameters.values()
+    except (TypeError, ValueError):
+        return []
+    return [p.name for p in params if p.name != "self" and p.default is inspect.Parameter.empty
+            and p.kind not in (inspect.Parameter.VAR_POSITIONAL, inspect.Parameter.VAR_KEYWORD)]
+
+
+# names of a patch grid input of vision encoders fed flattened patches: (t, h, w) per image
+_GRID_NAMES = ("grid_thw", "image_grid_thw")
+_PATCH_ASIDES = _GRID_NAMES + ("pixel_position_ids", "spatial_shapes", "pixel_attention_mask")
+
+
+def _fed_patches(model, kind: str = "any") -> bool:
+    """Whether the model is a vision encoder that takes its image as patches with their grid
+    (kind "grid": a (t, h, w) grid) or positions (kind "any": positions or shapes too)."""
+    req = _required(model)
+    names = _GRID_NAMES if kind == "grid" else _PATCH_ASIDES
+    return bool(req) and req[0] in ("hidden_states", "pixel_values") and any(
+        n in req for n in names)
+
+
+def _merge(v) -> int:
+    """The side of the square of patches a vision encoder merges into one token (1: none)."""
+    for k in ("spatial_merge_size", "merge_size", "merge_kernel_size", "pooling_kernel_size"):
+        m = getattr(v, k, None)
+        if isinstance(m, (list, tuple)) and m:
+            m = m[0]
+        if isinstance(m, int) and not isinstance(m, bool) and m > 0:
+            return m
+    return 1
+
+
+def _patch_inputs(model, cfg, req: List[str], gen: torch.Generator,
+                  layout: str = "flat") -> Dict[str, Any]:
+    """Inputs of a vision encoder that takes its image already cut into patches (what the full
+    model's image processor produces): each of BATCH images a g x g grid of patches, g twice the
+    merge size. Qwen-VL style encoders take all images' patches in one row with a (t, h, w) grid
+    per image: [BATCH * g * g, per_patch] flattened (layout "flat"), or each patch as a small
+    image, [BATCH * g * g, C, p, p] ("image"), or one merged square per language-model token,
+    [BATCH * (g / m)^2, p * m, p * m, C] with the grid counted in tokens ("tokens"). NaViT style
+    ones (siglip2, gemma4) take [BATCH, g * g, per_patch] with the patches' positions or the
+    grid's shape, and a mask of the valid patches."""
+    v = _vision_cfg(cfg)
+    merge = _merge(v)
+    g = 2 * merge
+    ch = int(getattr(v, "in_channels", None) or getattr(v, "num_channels", None) or 3)
+    temporal = int(getattr(v, "temporal_patch_size", None) or getattr(v, "patch_temporal", None) or 1)
+    p = int(v.patch_size)
+    per_patch = ch * temporal * p ** 2
+    first = req[0]
+    kw: Dict[str, Any] = {}
+    grid = next((n for n in req if n in _GRID_NAMES), None)
+    if grid is not None:
+        if layout == "tokens":
+            kw[first] = torch.randn(BATCH * (g // merge) ** 2, p * merge, p * merge, ch,
+                                    generator=gen)
+            kw[grid] = torch.tensor([[1, g // merge, g // merge]] * BATCH)
+            return kw
+        shape = {"flat": (per_patch,), "image": (ch, *((temporal,) if temporal > 1 else ()), p, p)}
+        kw[first] = torch.randn(BATCH * g * g, *shape[layout], generator=gen)
+        kw[grid] = torch.tensor([[1, g, g]] * BATCH)
+        if "merge_sizes" in req:
+            kw["merge_sizes"] = torch.tensor([_merge(v)] * BATCH)
+        return kw
+    kw[first] = torch.randn(BATCH, g * g, per_patch, generator=gen)
+    ys, xs = torch.meshgrid(torch.arange(g), torch.arange(g), indexing="ij")
+    if "pixel_position_ids" in req:  # (x, y) of each patch
+        kw["pixel_position_ids"] = torch.stack([xs.flatten(), ys.flatten()], -1).expand(
+            BATCH, -1, -1).contiguous()
+    if "spatial_shapes" in req:  # (rows, columns) of patches
+        kw["spatial_shapes"] = torch.tensor([[g, g]] * BATCH)
+    if "pixel_attention_mask" in req:
+        kw["pixel_attention_mask"] = torch.ones(BATCH, g * g, dtype=torch.long)
+    return kw
+
+
 def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
                 variant: Optional[dict] = None) -> Dict[str, Any]:
     """Keyword inputs from the model's main input name and forward signature. `variant` (see
@@ -422,6 +507,11 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
     variant = variant or {}
     sig = _signature(model)
     main = getattr(model, "main_input_name", "input_ids")
+    if _fed_patches(model):
+        return _patch_inputs(model, cfg, _required(model), gen, variant.get("patches", "flat"))
+    req = _required(model)
+    if main not in sig and req:  # a sub-model that keeps its parent's default main input
+        main = req[0]
     tcfg = _text_cfg(cfg)
     vocab = int(getattr(tcfg, "vocab_size", None) or VOCAB)
     low = min(3, vocab - 1)
@@ -505,12 +595,14 @@ _FEATURES = re.compile(r"tokens: (\d+), features:? (\d+)")
 
 
 def _next_variant(variant: dict, error: Exception, cfg, sig: set,
-                  main: str = "input_ids") -> Optional[dict]:
+                  main: str = "input_ids", patches: bool = False) -> Optional[dict]:
     """The inputs to try after a CPU forward failed: for audio, a channel dim or features
     channels-first; for video models, a frame dim; for multimodal text, placeholder tokens for
     as many image features as the model reported, then the text alone (the image inputs a model
     needs beyond pixels, such as grids, cannot be synthesized generically). None: nothing more
     to try."""
+    if patches:  # a vision encoder fed a grid of flattened patches: then each as an image
+        return None if variant else {"patches": "image"}
     if main == "input_values":
         return None if variant else {"audio_channels": True}
     if main == "input_features":
@@ -548,7 +640,7 @@ def _try_task(model_type: str, mapping: str, task: str, level: str) -> Optional[
     probe = build().eval()
     # Inputs must synthesize and the CPU forward must run for the task to be chosen; a failing
     # task falls through to the next one.
-    variant: dict = {}
+    variant: dict = dict(INPUT_VARIANTS.get(model_type, {}))
     while True:
         try:
             with torch.no_grad():
@@ -559,7 +651,8 @@ def _try_task(model_type: str, mapping: str, task: str, level: str) -> Optional[
             raise
         except Exception as e:
             variant = _next_variant(variant, e, cfg, _signature(probe),
-                                    getattr(probe, "main_input_name", "input_ids"))
+                                    getattr(probe, "main_input_name", "input_ids"),
+                                    _fed_patches(probe, "grid"))
             if variant is None:
                 raise
     del probe
