@@ -106,6 +106,9 @@ def _register() -> None:
         from . import vision_ops  # torchvision's detection ops (nms, roi_align)
 
         vision_ops.register()
+        from . import transformer_ops  # nn.MultiheadAttention's / TransformerEncoderLayer's fast path
+
+        transformer_ops.register()
         _register_distributed(device)
         _registered = True
 

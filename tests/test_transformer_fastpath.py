@@ -1,0 +1,113 @@
+"""nn.MultiheadAttention's and nn.TransformerEncoderLayer's inference fast paths on tpu
+(torch_pjrt/transformer_ops.py) against CPU's own fused kernels, with no CPU fallback."""
+import pytest
+import torch
+
+import torch_pjrt  # noqa: F401
+
+TPU = torch.device("tpu")
+
+
+def _same(cpu, got, atol=1e-5):
+    got = got.cpu()
+    assert got.dtype == cpu.dtype and got.shape == cpu.shape
+    torch.testing.assert_close(got, cpu, rtol=1e-5, atol=atol)
+
+
+def _masks(kind, b, t, s):
+    g = torch.Generator().manual_seed(1)
+    pad = torch.rand(b, s, generator=g) < 0.3
+    pad[:, 0] = False
+    causal = torch.ones(t, s, dtype=torch.bool).triu(1)
+    return {"none": (None, None), "pad": (None, pad), "attn": (causal, None),
+            "both": (causal, pad), "float_attn": (torch.zeros(t, s).masked_fill(causal, -1e9), None)}[kind]
+
+
+@pytest.mark.parametrize("kind", ["none", "pad", "attn", "both", "float_attn"])
+@pytest.mark.parametrize("need_weights,average", [(False, True), (True, True), (True, False)])
+@pytest.mark.parametrize("self_attn", [True, False])
+def test_multihead_attention_fast_path_matches_cpu(kind, need_weights, average, self_attn):
+    torch.manual_seed(0)
+    m = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    b, t = 2, 5
+    q = torch.randn(b, t, 16)
+    kv = q if self_attn else torch.randn(b, t, 16)
+    attn_mask, pad = _masks(kind, b, t, t)
+    mt = torch.nn.MultiheadAttention(16, 4, batch_first=True).eval()
+    mt.load_state_dict(m.state_dict())
+    mt = mt.to(TPU)
+    qt = q.to(TPU)
+    kvt = qt if self_attn else kv.to(TPU)
+    kw = dict(need_weights=need_weights, average_attn_weights=average)
+    with torch.inference_mode():
+        out_c, w_c = m(q, kv, kv, attn_mask=attn_mask, key_padding_mask=pad, **kw)
+        before = dict(torch.tpu.fallback_ops())
+        out_t, w_t = mt(qt, kvt, kvt, key_padding_mask=None if pad is None else pad.to(TPU),
+                        attn_mask=None if attn_mask is None else attn_mask.to(TPU), **kw)
+    assert dict(torch.tpu.fallback_ops()) == before, "an op fell back to the CPU"
+    _same(out_c, out_t)
+    if w_c is None:
+        assert w_t is None
+    else:
+        _same(w_c, w_t)
+
+
+def test_masked_softmax_matches_cpu_including_fully_masked_rows():
+    torch.manual_seed(0)
+    x = torch.randn(2, 3, 5, 5)
+    mask = torch.rand(2, 3, 5, 5) < 0.5
+    mask[0, 1, 2] = True  # a row with every position masked: NaN on CPU
+    for mask_type, m in ((2, mask), (None, mask), (1, mask[:, 0, 0]), (0, mask[0, 0])):
+        ref = torch._masked_softmax(x, m, 3, mask_type)
+        got = torch._masked_softmax(x.to(TPU), m.to(TPU), 3, mask_type)
+        torch.testing.assert_close(got.cpu(), ref, equal_nan=True)
+
+
+@pytest.mark.parametrize("x_shape,mask_shape,mask_type,dtype", [
+    ((2, 3, 5, 5), (1, 1, 5, 5), None, torch.bool),
+    ((2, 3, 5, 5), (5, 5), None, torch.bool),
+    ((2, 3, 5, 5), (4, 5), 0, torch.bool),
+    ((2, 3, 5, 5), (3, 5), 1, torch.bool),
+    ((2, 3, 5, 5), (2, 1, 5, 5), 2, torch.bool),
+    ((2, 3, 5, 5), (5, 5), 0, torch.float32),
+    ((6, 5, 5), (5, 5), 0, torch.bool),
+])
+def test_masked_softmax_refuses_what_cpu_refuses(x_shape, mask_shape, mask_type, dtype):
+    x, m = torch.randn(x_shape), torch.zeros(mask_shape, dtype=dtype)
+    with pytest.raises(RuntimeError) as cpu:
+        torch._masked_softmax(x, m, x.dim() - 1, mask_type)
+    with pytest.raises(RuntimeError) as tpu:
+        torch._masked_softmax(x.to(TPU), m.to(TPU), x.dim() - 1, mask_type)
+    assert str(cpu.value).splitlines()[0] in str(tpu.value)
+
+
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("activation", ["relu", "gelu"])
+@pytest.mark.parametrize("with_pad", [False, True])
+def test_transformer_encoder_layer_fast_path_matches_cpu(norm_first, activation, with_pad):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0,
+                                             activation=activation, batch_first=True,
+                                             norm_first=norm_first).eval()
+    x = torch.randn(2, 6, 16)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 4:] = True
+    lt = torch.nn.TransformerEncoderLayer(16, 4, dim_feedforward=32, dropout=0.0,
+                                          activation=activation, batch_first=True,
+                                          norm_first=norm_first).eval()
+    lt.load_state_dict(layer.state_dict())
+    lt = lt.to(TPU)
+    with torch.inference_mode():
+        ref = layer(x, src_key_padding_mask=pad if with_pad else None)
+        got = lt(x.to(TPU), src_key_padding_mask=pad.to(TPU) if with_pad else None)
+    _same(ref, got)
+
+
+def test_fast_path_ops_run_without_the_cpu_fallback():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, 0.0, batch_first=True).eval().to(TPU)
+    x = torch.randn(2, 6, 16, device=TPU)
+    before = dict(torch.tpu.fallback_ops())
+    with torch.inference_mode():
+        layer(x).cpu()
+    assert dict(torch.tpu.fallback_ops()) == before
