@@ -110,7 +110,10 @@ SHRINK_LIST = {
     "mlp_ratios": lambda n: [2] * n,
 }
 
-# per-architecture corrections applied after the generic rules: model_type -> {attr: value}
+# per-architecture corrections applied after the generic rules: model_type -> {attr: value};
+# a dotted attribute names one in a sub-config ("text_config.head_dim")
+_QWEN4_EXP_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
+                      "indexer_budget": 4, "indexer_compress_ratio": 2}
 OVERRIDES: Dict[str, Dict[str, Any]] = {
     "reformer": {"axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 16],
                  "attn_layers": ["local", "lsh"], "max_position_embeddings": 128,
@@ -127,12 +130,27 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "diffllama": {"num_key_value_heads": 2},
     "mamba2": {"num_heads": 4, "head_dim": 16, "n_groups": 1},
     "xlm-prophetnet": {"ngram": 2, "num_buckets": 8},
+    # read there, but the default config sets no rotary base and no clipping bound
+    "dbrx": {"attn_config.rope_theta": 10000.0, "attn_config.clip_qkv": 8.0},
+    "t5gemma2_encoder": {"text_config.dropout_rate": 0.0},  # read by the encoder, not defined
+    "moonshine_streaming": {"num_key_value_heads": HEADS},  # read by the decoder, not defined
+    # the image placeholder the language model's inputs mark (None by default), and fewer
+    # query tokens (each a placeholder per image)
+    "blip-2": {"image_token_index": VOCAB - 1, "num_query_tokens": 8},
+    "instructblip": {"image_token_index": VOCAB - 1, "num_query_tokens": 8},
+    "instructblipvideo": {"video_token_index": VOCAB - 1, "num_query_tokens": 8},
+    # the defaults name indexed-attention layers but leave their token indexer unset
+    "qwen4_exp_text": _QWEN4_EXP_INDEXER,
+    "qwen4_exp": {f"text_config.{k}": v for k, v in _QWEN4_EXP_INDEXER.items()},
 }
 
 # per-architecture inputs the generic synthesis cannot infer: model_type -> the first variant
 # tried (see make_inputs and _next_variant)
 INPUT_VARIANTS: Dict[str, dict] = {
     "inkling2_vision": {"patches": "tokens"},  # one merged square of patches per image token
+    "instructblipvideo": {"frames": 2},  # [B, frames, C, H, W]; the config names no count
+    "musicgen": {"codebooks": True},  # the decoder's input_ids: [batch * codebooks, T]
+    "musicgen_melody": {"codebooks": True},
 }
 
 # float multipliers of the architecture (EfficientNet's compound scaling): set, not shrunk
@@ -228,6 +246,8 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
     from transformers import PretrainedConfig
     layers_before = {k: v for k, v in vars(cfg).items()
                      if k in _LAYER_COUNTS and isinstance(v, int)}
+    kv_was_heads = (isinstance(vars(cfg).get("num_attention_heads"), int)
+                    and vars(cfg).get("num_key_value_heads") == cfg.num_attention_heads)
     for k, v in list(vars(cfg).items()):
         if k.startswith("_"):
             continue
@@ -263,6 +283,23 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
     if isinstance(heads, int) and isinstance(getattr(cfg, "num_key_value_heads", None), int):
         if heads % cfg.num_key_value_heads:
             cfg.num_key_value_heads = heads
+        # multi-head latent attention expands its latent to one key per query head; the sparse
+        # (DeepSeek-V3.2 indexer) family then repeats those keys by heads / kv heads, so kv
+        # heads that equalled the heads must stay equal to them
+        if kv_was_heads and "kv_lora_rank" in vars(cfg) and "index_topk" in vars(cfg):
+            cfg.num_key_value_heads = heads
+    # grouped expert routing (DeepSeek-V3 style): the groups must divide the shrunk experts with
+    # at least two experts each (a group scores by its best two), and the groups kept per token
+    # cannot outnumber them
+    experts = next((getattr(cfg, k) for k in ("n_routed_experts", "num_experts")
+                    if isinstance(getattr(cfg, k, None), int)), None)
+    groups = vars(cfg).get("n_group")
+    if (isinstance(experts, int) and experts >= 2 and isinstance(groups, int) and groups > 0
+            and (experts % groups or experts // groups < 2)):
+        cfg.n_group = max(d for d in range(1, experts + 1)
+                          if experts % d == 0 and d <= groups and experts // d >= 2)
+        if isinstance(vars(cfg).get("topk_group"), int):
+            cfg.topk_group = min(cfg.topk_group, cfg.n_group)
     # seq2seq training shifts labels right from decoder_start_token_id; some defaults leave it unset
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         pad = getattr(cfg, "pad_token_id", None)
@@ -284,6 +321,17 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
         cfg.head_dim = cfg.qk_rope_head_dim
     if "qk_head_dim" in vars(cfg) and isinstance(getattr(cfg, "qk_nope_head_dim", None), int):
         cfg.qk_head_dim = cfg.qk_nope_head_dim + cfg.qk_rope_head_dim
+    # time-series transformers: a forecast horizon is required, the context defaults to it
+    if "prediction_length" in vars(cfg) and cfg.prediction_length is None:
+        cfg.prediction_length = 4
+        if "context_length" in vars(cfg) and cfg.context_length is None:
+            cfg.context_length = cfg.prediction_length
+        if isinstance(vars(cfg).get("label_length"), int):  # Autoformer: a part of the context
+            cfg.label_length = min(cfg.label_length, cfg.context_length // 2)
+    # kv heads left unset (None: as many as the heads) where the modeling code divides by them
+    if "num_key_value_heads" in vars(cfg) and cfg.num_key_value_heads is None and isinstance(
+            heads, int):
+        cfg.num_key_value_heads = heads
     # a head size left unset where the modeling code reads it: what hidden / heads gives
     if ("head_dim" in vars(cfg) and vars(cfg)["head_dim"] is None and isinstance(heads, int)
             and heads and isinstance(vars(cfg).get("hidden_size"), int)):
@@ -381,7 +429,11 @@ def small_config(model_type: str, level: str = "tiny"):
         _remap_token_ids(cfg, getattr(_text_cfg(cfg), "vocab_size", None))
     if level == "tiny":  # the overrides are corrections of the tiny widths
         for k, v in OVERRIDES.get(model_type, {}).items():
-            setattr(cfg, k, v)
+            *parents, name = k.split(".")
+            target = cfg
+            for p in parents:
+                target = getattr(target, p)
+            setattr(target, name, copy.deepcopy(v))
     if hasattr(cfg, "num_labels"):
         cfg.num_labels = 3
     return cfg
@@ -517,15 +569,22 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
     low = min(3, vocab - 1)
     kw: Dict[str, Any] = {}
     seq = SEQ + variant.get("image_tokens", 0)
+    if main == "input_ids" and variant.get("codebooks"):  # a row per item and audio codebook
+        books = int(tcfg.num_codebooks)
+        kw["input_ids"] = torch.randint(low, vocab, (BATCH * books, seq), generator=gen)
+        if with_labels and task == "causal_lm":  # [B, T, codebooks]
+            kw["labels"] = kw["input_ids"].view(BATCH, books, seq).transpose(1, 2).contiguous()
+        return kw
     if main == "input_ids":
         kw["input_ids"] = _text_ids(cfg, low, vocab, seq, gen)
         if "attention_mask" in sig:
             kw["attention_mask"] = torch.ones(BATCH, seq, dtype=torch.long)
-    elif main == "pixel_values":
+    elif main in ("pixel_values", "pixel_values_videos"):
         c, h, w = _image_hw(cfg)
         frames = variant.get("frames")  # video: [B, T, C, H, W]
-        kw["pixel_values"] = torch.randn(BATCH, *((frames,) if frames else ()), c, h, w,
-                                         generator=gen)
+        if main == "pixel_values_videos" and not frames:
+            frames = 2
+        kw[main] = torch.randn(BATCH, *((frames,) if frames else ()), c, h, w, generator=gen)
     elif main == "input_features":
         if getattr(cfg, "num_mel_bins", None) and getattr(cfg, "max_source_positions", None):
             frames = 2 * int(cfg.max_source_positions)  # whisper-style: conv stride 2 over frames
@@ -538,10 +597,14 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
                 kw["input_features"] = kw["input_features"].transpose(1, 2).contiguous()
         if "attention_mask" in sig and "num_mel_bins" not in vars(cfg):
             kw["attention_mask"] = torch.ones(BATCH, kw["input_features"].shape[1], dtype=torch.long)
+    elif main == "past_values":
+        return _series_inputs(cfg, sig, gen)
     elif main == "input_values":  # raw audio: [B, T], or [B, channels, T] (codecs)
         ch = int(getattr(cfg, "audio_channels", None) or 1)
         shape = (BATCH, ch, 1600) if variant.get("audio_channels") else (BATCH, 1600)
         kw["input_values"] = torch.randn(*shape, generator=gen)
+    elif main.endswith("_embeds") and isinstance(getattr(tcfg, "hidden_size", None), int):
+        kw[main] = torch.randn(BATCH, SEQ, int(tcfg.hidden_size), generator=gen)  # [B, T, hidden]
     else:
         raise Skip(f"inputs cannot be synthesized: main input {main!r}")
     # multimodal models (text + image): both inputs when the config has a vision part
@@ -557,7 +620,9 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             kw["image_grid_thw"] = torch.tensor([[t, g, g]] * BATCH)
         else:
             c, h, w = _image_hw(cfg)
-            kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
+            frames = variant.get("frames")  # a video encoder (X-CLIP): [B, T, C, H, W]
+            kw["pixel_values"] = torch.randn(BATCH, *((frames,) if frames else ()), c, h, w,
+                                             generator=gen)
         n_img = variant.get("image_tokens", 0)
         if n_img:  # each row starts with its image's placeholder tokens
             kw["input_ids"][:, :n_img] = _image_token_id(cfg)
@@ -568,6 +633,14 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
         kw["input_ids"] = _text_ids(cfg, low, vocab, SEQ, gen)
         if "attention_mask" in sig:
             kw["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    for name in req:  # a second text the forward requires (InstructBLIP's Q-Former prompt)
+        if name.endswith("input_ids") and name not in kw:
+            kw[name] = _text_ids(cfg, low, vocab, SEQ, gen)
+            mask = name[:-len("input_ids")] + "attention_mask"
+            if mask in sig:
+                kw[mask] = torch.ones(BATCH, SEQ, dtype=torch.long)
+    if variant.get("extras"):
+        _add_extras(kw, cfg, sig, main, gen)
     is_ed = bool(getattr(cfg, "is_encoder_decoder", False))
     labels_vocab = vocab
     if with_labels:
@@ -579,6 +652,60 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             kw["labels"] = torch.randint(0, int(getattr(cfg, "num_labels", 2)), (BATCH,), generator=gen)
     if is_ed and "labels" not in kw and "decoder_input_ids" in sig:
         kw["decoder_input_ids"] = torch.randint(low, labels_vocab, (BATCH, DEC_SEQ), generator=gen)
+    return kw
+
+
+_EXTRAS = {"bbox", "visual_feats", "pixel_values", "encoder_hidden_states"}  # the inputs _add_extras can synthesize
+
+
+def _add_extras(kw: Dict[str, Any], cfg, sig: set, main: str, gen: torch.Generator) -> None:
+    """The optional inputs a model's forward still needs in practice (it fails without them):
+    layout boxes (bros, udop: normalized [x0, y0, x1, y1]), detected-region features and
+    positions (lxmert), an image for a text-first model without a vision sub-config (vilt)."""
+    seq = kw[main].shape[1] if main in kw and kw[main].dim() > 1 else SEQ
+    if "bbox" in sig and "bbox" not in kw:
+        corners = torch.rand(BATCH, seq, 2, 2, generator=gen).sort(dim=2).values  # x0<x1, y0<y1
+        kw["bbox"] = corners.transpose(2, 3).reshape(BATCH, seq, 4).contiguous()
+    if "visual_feats" in sig and isinstance(getattr(cfg, "visual_feat_dim", None), int):
+        regions = 4
+        kw["visual_feats"] = torch.randn(BATCH, regions, cfg.visual_feat_dim, generator=gen)
+        kw["visual_pos"] = torch.rand(BATCH, regions, int(getattr(cfg, "visual_pos_dim", 4)),
+                                      generator=gen)
+    if "pixel_values" in sig and "pixel_values" not in kw:
+        c, h, w = _image_hw(cfg)
+        kw["pixel_values"] = torch.randn(BATCH, c, h, w, generator=gen)
+    if "encoder_hidden_states" in sig and isinstance(getattr(cfg, "encoder_hidden_size", None), int):
+        kw["encoder_hidden_states"] = torch.randn(BATCH, SEQ, cfg.encoder_hidden_size, generator=gen)
+
+
+def _series_inputs(cfg, sig: set, gen: torch.Generator) -> Dict[str, Any]:
+    """Inputs of a time-series model: a past window of values with its observed mask (all
+    observed). The GluonTS-style transformers (time_series_transformer, informer, autoformer)
+    take the context plus the lags they look back ([B, context + max lag]) with its time
+    features, and the future window the decoder is fed; the patch models (PatchTST, TimesFM)
+    take the context, as channels last where the config has input channels."""
+    kw: Dict[str, Any] = {}
+    ch = getattr(cfg, "num_input_channels", None) or getattr(cfg, "input_size", None) or 1
+    tail = (int(ch),) if ch > 1 or "num_input_channels" in vars(cfg) else ()
+    if "past_time_features" in sig:
+        ctx = int(cfg.context_length)
+        past = ctx + max(cfg.lags_sequence)
+        pred = int(cfg.prediction_length)
+        feats = int(cfg.num_time_features) + int(getattr(cfg, "num_dynamic_real_features", 0))
+        kw["past_values"] = torch.randn(BATCH, past, *tail, generator=gen)
+        kw["past_time_features"] = torch.randn(BATCH, past, feats, generator=gen)
+        kw["past_observed_mask"] = torch.ones_like(kw["past_values"])
+        kw["future_values"] = torch.randn(BATCH, pred, *tail, generator=gen)
+        kw["future_time_features"] = torch.randn(BATCH, pred, feats, generator=gen)
+        return kw
+    ctx = int(cfg.context_length)
+    if ctx > POSITIONS:  # a maximum, not a required length: a few patches
+        ctx = 2 * int(cfg.patch_length)
+    kw["past_values"] = torch.randn(BATCH, ctx, *tail, generator=gen)
+    if "past_values_padding" in sig:
+        kw["past_values_padding"] = torch.zeros(BATCH, ctx, dtype=torch.long)
+    if "freq" in sig:
+        kw["freq"] = torch.zeros(BATCH, 1, dtype=torch.long)
     return kw
 
 
@@ -608,28 +735,57 @@ def _next_variant(variant: dict, error: Exception, cfg, sig: set,
     if main == "input_features":
         return None if variant else {"channels_first": True}
     v = _vision_cfg(cfg)
-    if main == "pixel_values":
+    if main in ("pixel_values", "pixel_values_videos"):
         frames = getattr(v, "num_frames", None) or getattr(cfg, "num_frames", None)
-        return None if variant or not isinstance(frames, int) else {"frames": min(frames, 8)}
+        if not isinstance(frames, int):
+            return None
+        if not variant:
+            return {"frames": min(frames, 8)}
+        # then the config's own count (temporal position embeddings sized for it)
+        return {"frames": frames} if variant.get("frames", frames) < frames else None
     if not variant and "image_grid_thw" in sig and isinstance(getattr(v, "patch_size", None), int):
         merge = int(getattr(v, "spatial_merge_size", None) or 1)
         g = 2 * merge  # a 1 x g x g patch grid: (g / merge)^2 placeholder tokens per image
         return {"grid": (1, g), "image_tokens": (g // merge) ** 2}
+    if not variant and isinstance(getattr(v, "num_frames", None), int) and v is not cfg:
+        return {"frames": v.num_frames}  # text + video
     m = _FEATURES.search(str(error))
     if m and not variant and int(m.group(2)) % BATCH == 0:
         per_row = int(m.group(2)) // BATCH
         if 0 < per_row <= MAX_IMAGE_TOKENS:
             return {"image_tokens": per_row}
-    if not variant.get("text_only") and getattr(cfg, "vision_config", None) is not None:
+    if (not variant.get("text_only") and not variant.get("extras")
+            and getattr(cfg, "vision_config", None) is not None):
         return {"text_only": True}
+    if not variant.get("extras") and sig & _EXTRAS:  # the last try
+        return {"extras": True}
     return None
 
 
 def _try_task(model_type: str, mapping: str, task: str, level: str) -> Optional[Case]:
+    """The task's case from the model type's config; where the auto mapping names a class of
+    one of its parts (Llama4ForCausalLM under llama4: a text config class) and the whole config
+    fails, from that part's config."""
     cls = _class_for(model_type, mapping)
     if cls is None:
         return None
     cfg = small_config(model_type, level)
+    want = getattr(cls, "config_class", None)
+    part = next((v for k, v in vars(cfg).items() if not k.startswith("_") and want is not None
+                 and not isinstance(cfg, want) and isinstance(v, want)), None)
+    try:
+        return _try_config(model_type, cls, cfg, task, level)
+    except Skip:
+        raise
+    except Exception:
+        if part is None:
+            raise
+    case = _try_config(model_type, cls, part, task, level)
+    case.info["config"] = type(part).__name__
+    return case
+
+
+def _try_config(model_type: str, cls, cfg, task: str, level: str) -> Case:
     n = _param_count_meta(cls, cfg)
     if n > MAX_PARAMS:
         raise Skip(f"too large after shrinking: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
