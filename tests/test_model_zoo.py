@@ -67,10 +67,20 @@ def test_wrong_tpu_result_is_a_mismatch_naming_the_tensor():
     assert rec["worst"]["max_abs_err"] > 1e-3
 
 
+# An op whose tpu kernel adds `err` in float32 only (a planted float32-only inaccuracy, inside
+# an op where the per-op audit can see it; CPU's kernel is exact).
+_LIB = torch.library.Library("pjrt_zoo_plant", "DEF")
+_LIB.define("plant(Tensor x, float err) -> Tensor")
+_LIB.impl("plant", lambda x, err: x.clone(), "CPU")
+_LIB.impl("plant", lambda x, err: x + err if x.dtype == torch.float32 else x.clone(), "PrivateUse1")
+_LIB.impl("plant", lambda x, err: x.clone(), "Meta")
+torch.library.register_autograd("pjrt_zoo_plant::plant", lambda ctx, g: (g, None))
+
+
 class _Cancel(torch.nn.Module):
     """(x + 1e4) - 1e4: float32 keeps x only to about ulp(1e4) = 1e-3, float64 exactly. On tpu in
-    float32 it adds `f32_error` more (a planted error in float32 only): about CPU's own rounding
-    error passes the float64 check, far more does not."""
+    float32 an op adds `f32_error` more (a planted error in float32 only): about CPU's own
+    rounding error passes the float64 check, far more does not."""
 
     def __init__(self, f32_error: float):
         super().__init__()
@@ -79,9 +89,7 @@ class _Cancel(torch.nn.Module):
 
     def forward(self, x):
         y = (x + self.shift) - self.shift
-        if y.device.type == "tpu" and y.dtype == torch.float32:
-            y = y + self.f32_error
-        return y * 10
+        return torch.ops.pjrt_zoo_plant.plant(y, self.f32_error) * 10
 
 
 def test_float32_rounding_passes_by_the_float64_check():
@@ -95,7 +103,9 @@ def test_float32_rounding_passes_by_the_float64_check():
 def test_float32_only_error_beyond_rounding_is_still_a_mismatch():
     rec = run_case(Case(zoo="test", name="cancel", build=lambda: _Cancel(0.5), inputs=_inputs))
     assert rec["status"] == "mismatch", rec
+    # float64 matches, the model-level figures do not, and the per-op audit names the op
     assert rec["float64_check"].startswith("float64 matches, but"), rec["float64_check"]
+    assert "worst plant" in rec["float64_check"], rec["float64_check"]
 
 
 def test_wrong_result_in_float64_too_is_a_mismatch():

@@ -1,5 +1,6 @@
 """torchvision: every classification, segmentation, video and detection model of
-`torchvision.models.list_models()`, built with `weights=None` at a small input size. Detection
+`torchvision.models.list_models()`, built with `weights=None` at a small input size, and the
+RAFT optical-flow models on image pairs (quantized models are not run). Detection
 models (Faster/Mask/Keypoint R-CNN, RetinaNet, FCOS, SSD) take a list of two images of different
 sizes (resized by the model's transform to DET_SIZE where it has one); their eval outputs (boxes,
 scores, labels, masks, keypoints per image) are compared, and the training step's loss is the sum
@@ -23,7 +24,13 @@ NUM_CLASSES = 10
 INPUT = {
     "inception_v3": (3, 75, 75),
     "googlenet": (3, 64, 64),
+    # video models whose pooling or position tables fix 16 frames of 224x224
+    "s3d": (3, 16, 224, 224),
+    "mvit_v1_b": (3, 16, 224, 224),
+    "mvit_v2_s": (3, 16, 224, 224),
 }
+FLOW_SIZE = (3, 128, 128)  # RAFT's correlation pyramid needs feature maps of 16 (1/8 scale)
+FLOW_UPDATES = 3
 VIT_224 = ("vit_", "swin_", "maxvit_")  # fixed position tables or windows sized for 224
 
 
@@ -51,8 +58,9 @@ def names() -> List[str]:
     return sorted(tvm.list_models())
 
 
-def _check_size(tvm, name: str, kw: dict) -> None:
-    """Raises Skip for a model over MAX_PARAMS, counted without allocating where possible."""
+def _check_size(tvm, name: str, kw: dict) -> torch.nn.Module:
+    """Raises Skip for a model over MAX_PARAMS, counted without allocating where possible;
+    returns the model built for counting (on meta where it could be)."""
     try:
         with torch.device("meta"):
             m = tvm.get_model(name, **kw)
@@ -61,6 +69,13 @@ def _check_size(tvm, name: str, kw: dict) -> None:
     n = sum(p.numel() for p in m.parameters())
     if n > MAX_PARAMS:
         raise Skip(f"too large: {n / 1e6:.1f}M parameters (limit {MAX_PARAMS / 1e6:.0f}M)")
+    return m
+
+
+def _input_name(model: torch.nn.Module) -> str:
+    """The name of forward's first parameter (`x` for most, `input` for LRASPP)."""
+    import inspect
+    return next(iter(inspect.signature(model.forward).parameters))
 
 
 def _unit_scale(model: torch.nn.Module, images) -> torch.nn.Module:
@@ -155,12 +170,36 @@ def _detection_case(name: str, kw: dict) -> Case:
                 loss=loss, canonical=_canonical_detections, info=info)
 
 
+def _flow_case(name: str) -> Case:
+    """RAFT: a pair of images in, FLOW_UPDATES refined flow fields out (all compared); the
+    training loss is the mean L1 norm of every prediction (a zero-flow target)."""
+    import torchvision.models as tvm
+    kw = {"weights": None}
+    _check_size(tvm, name, kw)
+
+    def build():
+        return tvm.get_model(name, **kw)
+
+    def inputs(gen: torch.Generator):
+        return {"image1": torch.rand(BATCH, *FLOW_SIZE, generator=gen) * 2 - 1,
+                "image2": torch.rand(BATCH, *FLOW_SIZE, generator=gen) * 2 - 1,
+                "num_flow_updates": FLOW_UPDATES}
+
+    def loss(out):
+        return sum(f.abs().mean() for f in out)
+
+    return Case(zoo=ZOO, name=name, build=build, inputs=inputs, loss=loss,
+                info={"kind": "optical_flow", "input": [list(FLOW_SIZE)] * 2,
+                      "num_flow_updates": FLOW_UPDATES})
+
+
 def make_case(name: str) -> Case:
     import torchvision.models as tvm
     kind = _module_of(name)
-    if kind in ("optical_flow", "quantization"):
-        raise Skip(f"not run: {kind} models (image pairs and flow targets; quantized kernels "
-                   "run on the CPU only)")
+    if kind == "quantization":
+        raise Skip("not run: quantized models (their quantized kernels exist for the CPU only)")
+    if kind == "optical_flow":
+        return _flow_case(name)
     kw = {"weights": None, "num_classes": NUM_CLASSES}
     if kind == "detection":
         return _detection_case(name, kw)
@@ -170,19 +209,21 @@ def make_case(name: str) -> Case:
     if name in ("inception_v3", "googlenet"):
         kw["aux_logits"] = False
         kw["init_weights"] = True
-    _check_size(tvm, name, kw)
-    if kind == "video":
+    arg = _input_name(_check_size(tvm, name, kw))
+    if name in INPUT:
+        size = INPUT[name]
+    elif kind == "video":
         size = (3, 4, 64, 64)
     elif name.startswith(VIT_224):
         size = (3, 224, 224)
     else:
-        size = INPUT.get(name, (3, 64, 64))
+        size = (3, 64, 64)
 
     def build():
         return tvm.get_model(name, **kw)
 
     def inputs(gen: torch.Generator):
-        return {"x": torch.randn(BATCH, *size, generator=gen)}
+        return {arg: torch.randn(BATCH, *size, generator=gen)}
 
     def loss(out):
         if isinstance(out, dict):  # segmentation: {"out": (N, classes, H, W)}
