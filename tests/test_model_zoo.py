@@ -108,6 +108,15 @@ def test_float32_only_error_beyond_rounding_is_still_a_mismatch():
     assert "worst plant" in rec["float64_check"], rec["float64_check"]
 
 
+def test_a_loss_computed_in_float32_inside_the_model_keeps_the_check_honest():
+    # the loss stays float32 in the float64 run (a .float() in the loss, as timm's): its
+    # figures are compared in float64, not written off as incomparable (which passed anything)
+    rec = run_case(Case(zoo="test", name="cancel", build=lambda: _Cancel(0.5), inputs=_inputs,
+                        loss=lambda out: (out.float() ** 2).mean()))
+    assert rec["status"] == "mismatch", rec
+    assert "inf" not in rec["float64_check"], rec["float64_check"]
+
+
 def test_wrong_result_in_float64_too_is_a_mismatch():
     rec = run_case(Case(zoo="test", name="net", build=lambda: _Net(tpu_offset=1e-2), inputs=_inputs))
     assert rec["status"] == "mismatch" and rec["float64_check"].startswith("float64 differs"), rec
