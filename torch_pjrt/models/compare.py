@@ -582,7 +582,7 @@ def _audit_verdict(case: Case, why: str, matched: Optional[str],
         return False, f"{why}; {audit}"
     if require_all and ops.skipped:
         return False, f"{why}; {audit}, but CPU could not rerun {sorted(ops.skipped)}"
-    return True, f"float32 rounding: {matched or why}; {audit}"
+    return True, f"{matched}; {audit}" if matched else f"float32 rounding: {why}; {audit}"
 
 
 def _audit_ops(case: Case) -> "OpAudit":
