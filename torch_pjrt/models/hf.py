@@ -112,6 +112,12 @@ SHRINK_LIST = {
 
 # per-architecture corrections applied after the generic rules: model_type -> {attr: value};
 # a dotted attribute names one in a sub-config ("text_config.head_dim")
+_COMPASS_ROPE = {"rope_parameters": {"full_attention": {
+    "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 2, 3]}}}
+_HUNYUAN_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                     "mrope_section": [2, 2, 2, 2]}}
+_GLM4V_MOE_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
+                                       "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}}
 _QWEN4_EXP_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
                       "indexer_budget": 4, "indexer_compress_ratio": 2}
 OVERRIDES: Dict[str, Dict[str, Any]] = {
@@ -139,6 +145,24 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "blip-2": {"image_token_index": VOCAB - 1, "num_query_tokens": 8},
     "instructblip": {"image_token_index": VOCAB - 1, "num_query_tokens": 8},
     "instructblipvideo": {"video_token_index": VOCAB - 1, "num_query_tokens": 8},
+    "qwen3_asr_encoder": {"n_window": 8, "n_window_infer": 16},  # frames: a multiple of 2 n_window
+    "seggpt": {"image_size": [64, 32]},  # an image over its prompt: twice as high as wide
+    "esm": {"vocab_size": VOCAB, "pad_token_id": 1, "mask_token_id": 2},  # unset by default
+    "xmod": {"default_language": "en_XX"},  # the adapter its inputs go through
+    "deepseek_v2": {"num_experts_per_tok": 2},  # unset by default
+    "dots1": {"n_routed_experts": 4, "n_shared_experts": 1, "num_experts_per_tok": 2},
+    "lfm2_moe": {"layer_types": ["conv", "full_attention"]},  # unset by default
+    "deepseek_ocr2": {"text_config.mlp_layer_types": ["dense", "sparse"]},
+    # rotary parameters keyed by layer type (empty by default), multimodal sections summing to
+    # half the head
+    "cohere_compass_text": _COMPASS_ROPE,
+    "cohere_compass": {f"text_config.{k}": v for k, v in _COMPASS_ROPE.items()},
+    # half the head rotates: the multimodal sections split a quarter of it
+    "glm4v_moe_text": _GLM4V_MOE_ROPE,
+    "glm4v_moe": {f"text_config.{k}": v for k, v in _GLM4V_MOE_ROPE.items()},
+    # multimodal rotary with the (sequence, width, height, image) axes it requires (unset)
+    "hunyuan_vl_text": _HUNYUAN_ROPE,
+    "hunyuan_vl": {f"text_config.{k}": v for k, v in _HUNYUAN_ROPE.items()},
     # the defaults name indexed-attention layers but leave their token indexer unset
     "qwen4_exp_text": _QWEN4_EXP_INDEXER,
     "qwen4_exp": {f"text_config.{k}": v for k, v in _QWEN4_EXP_INDEXER.items()},
@@ -149,6 +173,7 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
 INPUT_VARIANTS: Dict[str, dict] = {
     "inkling2_vision": {"patches": "tokens"},  # one merged square of patches per image token
     "instructblipvideo": {"frames": 2},  # [B, frames, C, H, W]; the config names no count
+    "seggpt": {"image_hw": (32, 32)},  # its image and prompt, stacked to the config's 64 x 32
     "musicgen": {"codebooks": True},  # the decoder's input_ids: [batch * codebooks, T]
     "musicgen_melody": {"codebooks": True},
 }
@@ -218,6 +243,9 @@ def _allowed(level: str) -> Optional[set]:
 
 
 _LAYER_COUNTS = ("num_hidden_layers", "n_layer", "num_layers")  # what per-layer lists follow
+# lists of a backbone's stage names: they follow its stages (depths), not a layer count (Swin's
+# num_layers is its number of stages, and out_features must stay as long as out_indices)
+_STAGE_LISTS = ("out_features", "_out_features", "stage_names")
 
 
 def _shrink_one(cfg, allowed: Optional[set] = None) -> None:
@@ -253,6 +281,14 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
             continue
         if isinstance(v, PretrainedConfig):
             _shrink_one(v, allowed)
+            # a backbone (HGNetV2) that reports its stages' widths to an RT-DETR style
+            # detector from hidden_sizes but builds them from stage_out_channels (left
+            # unshrunk): the detector's encoder must see the built widths
+            outs = vars(v).get("stage_out_channels")
+            if (k == "backbone_config" and "encoder_in_channels" in vars(cfg)
+                    and isinstance(outs, (list, tuple))
+                    and len(outs) == len(vars(v).get("hidden_sizes") or ())):
+                v.hidden_sizes = list(outs)
         elif isinstance(v, dict) and k.endswith("_config") and "model_type" in v:
             _shrink_dict(v, allowed)
         elif isinstance(v, bool):
@@ -274,7 +310,7 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
         if after >= before:
             continue
         for k, v in list(vars(cfg).items()):
-            if (isinstance(v, (list, tuple)) and len(v) == before and v
+            if (isinstance(v, (list, tuple)) and len(v) == before and v and k not in _STAGE_LISTS
                     and all(isinstance(x, str) for x in v)):
                 setattr(cfg, k, type(v)(_per_layer(list(v), after)))
     _remap_token_ids(cfg, getattr(cfg, "vocab_size", None))
@@ -581,6 +617,7 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             kw["attention_mask"] = torch.ones(BATCH, seq, dtype=torch.long)
     elif main in ("pixel_values", "pixel_values_videos"):
         c, h, w = _image_hw(cfg)
+        h, w = variant.get("image_hw", (h, w))
         frames = variant.get("frames")  # video: [B, T, C, H, W]
         if main == "pixel_values_videos" and not frames:
             frames = 2
@@ -592,6 +629,7 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
         else:
             feat = int(getattr(cfg, "input_feat_per_channel", 0) * getattr(cfg, "input_channels", 1)
                        or getattr(cfg, "feature_size", 0) or getattr(cfg, "num_mel_bins", 0) or 16)
+            feat *= int(getattr(cfg, "num_stacked_frames", 1))  # low frame rate: frames stacked
             kw["input_features"] = torch.randn(BATCH, 32, feat, generator=gen)
             if variant.get("channels_first"):  # [B, features, frames] (convolutional front ends)
                 kw["input_features"] = kw["input_features"].transpose(1, 2).contiguous()
@@ -633,12 +671,18 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
         kw["input_ids"] = _text_ids(cfg, low, vocab, SEQ, gen)
         if "attention_mask" in sig:
             kw["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
-    for name in req:  # a second text the forward requires (InstructBLIP's Q-Former prompt)
-        if name.endswith("input_ids") and name not in kw:
+    for name in req:  # more inputs the forward requires
+        if name in kw:
+            continue
+        if name.endswith("input_ids"):  # a second text (InstructBLIP's Q-Former prompt)
             kw[name] = _text_ids(cfg, low, vocab, SEQ, gen)
             mask = name[:-len("input_ids")] + "attention_mask"
             if mask in sig:
                 kw[mask] = torch.ones(BATCH, SEQ, dtype=torch.long)
+        elif name.endswith(("pixel_values", "_masks")) and "pixel_values" in kw:
+            kw[name] = torch.randn(*kw["pixel_values"].shape, generator=gen)  # SegGPT's prompt
+        elif name == "input_features_mask" and "input_features" in kw:
+            kw[name] = _features_mask(cfg, kw["input_features"], variant)
     if variant.get("extras"):
         _add_extras(kw, cfg, sig, main, gen)
     is_ed = bool(getattr(cfg, "is_encoder_decoder", False))
@@ -655,7 +699,16 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
     return kw
 
 
-_EXTRAS = {"bbox", "visual_feats", "pixel_values", "encoder_hidden_states"}  # the inputs _add_extras can synthesize
+_EXTRAS = {"bbox", "visual_feats", "pixel_values", "encoder_hidden_states", "spatial_shapes",
+           "input_features_mask"}
+
+
+def _features_mask(cfg, features: torch.Tensor, variant: dict) -> torch.Tensor:
+    """All frames valid: [B, frames], the frames last for whisper-style [B, mel, frames] and
+    channels-first features."""
+    whisper = bool(getattr(cfg, "num_mel_bins", None) and getattr(cfg, "max_source_positions", None))
+    last = whisper or variant.get("channels_first")
+    return torch.ones(BATCH, features.shape[-1] if last else features.shape[1], dtype=torch.long)  # the inputs _add_extras can synthesize
 
 
 def _add_extras(kw: Dict[str, Any], cfg, sig: set, main: str, gen: torch.Generator) -> None:
@@ -663,6 +716,11 @@ def _add_extras(kw: Dict[str, Any], cfg, sig: set, main: str, gen: torch.Generat
     layout boxes (bros, udop: normalized [x0, y0, x1, y1]), detected-region features and
     positions (lxmert), an image for a text-first model without a vision sub-config (vilt)."""
     seq = kw[main].shape[1] if main in kw and kw[main].dim() > 1 else SEQ
+    if "spatial_shapes" in sig:  # NaViT style patches of the vision part (siglip2)
+        kw.update(_patch_inputs(None, cfg, ["pixel_values", "pixel_attention_mask",
+                                            "spatial_shapes"], gen))
+    if "input_features_mask" in sig and "input_features" in kw:
+        kw["input_features_mask"] = _features_mask(cfg, kw["input_features"], {})
     if "bbox" in sig and "bbox" not in kw:
         corners = torch.rand(BATCH, seq, 2, 2, generator=gen).sort(dim=2).values  # x0<x1, y0<y1
         kw["bbox"] = corners.transpose(2, 3).reshape(BATCH, seq, 4).contiguous()
@@ -733,12 +791,14 @@ def _next_variant(variant: dict, error: Exception, cfg, sig: set,
     if main == "input_values":
         return None if variant else {"audio_channels": True}
     if main == "input_features":
-        return None if variant else {"channels_first": True}
+        if not variant:
+            return {"channels_first": True}
+        return {"extras": True} if not variant.get("extras") and sig & _EXTRAS else None
     v = _vision_cfg(cfg)
     if main in ("pixel_values", "pixel_values_videos"):
         frames = getattr(v, "num_frames", None) or getattr(cfg, "num_frames", None)
         if not isinstance(frames, int):
-            return None
+            return {"extras": True} if not variant and sig & _EXTRAS - {"pixel_values"} else None
         if not variant:
             return {"frames": min(frames, 8)}
         # then the config's own count (temporal position embeddings sized for it)
