@@ -10,8 +10,9 @@ fallback (torchvision's ViT does). They are written in torch ops, following CPU'
   scores' shape; a row with every position masked is NaN; CPU's shape checks and messages.
 - _native_multi_head_attention: batch-first [B, T, D] query and [B, S, D] key and value; one
   packed projection when query, key and value are the same tensor, else three; q is scaled by
-  1/sqrt(head dim) before q @ k^T; a float mask counts as True where nonzero; weights are the masked softmax, averaged over heads when
-  asked; the second result is empty when weights are not needed.
+  1/sqrt(head dim) before q @ k^T; a float mask counts as True where nonzero; weights are the
+  masked softmax, averaged over heads when asked; the second result is undefined (None in
+  Python) when weights are not needed.
 - _transformer_encoder_layer_fwd: self-attention and a two-layer feed-forward block (ReLU or
   GELU), each with a residual, layer norm before (norm_first) or after each block.
 

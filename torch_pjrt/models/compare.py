@@ -590,7 +590,7 @@ def _audit_ops(case: Case) -> "OpAudit":
     per-op precision audit (precision.py)."""
     from .precision import OpAudit
     torch.manual_seed(SEED)
-    model = case.build()
+    model = _build(case)
     quiet_randomness(model)
     model = model.to(torch.device("tpu"))
     inputs = to_device(_seeded_inputs(case.inputs), torch.device("tpu"))

@@ -7,9 +7,10 @@ model-level figures cannot tell these apart when the model amplifies CPU's own r
 much: which tensor the amplified error lands in varies from run to run. The audit looks one op
 at a time instead. Under `OpAudit`, every aten op that runs with a `tpu` tensor argument is run
 again on CPU, on copies of the very same inputs taken before the op ran, once in float32 and
-once in float64. For each floating output it records tpu's error and CPU float32's error, both
+once in float64. For each float32 output it records tpu's error and CPU float32's error, both
 against CPU's float64 result and both as max |x - ref| / (1 + |ref|): an op whose tpu error is
-many times CPU's is less accurate than CPU's kernel, whatever the model does with it.
+many times CPU's is less accurate than CPU's kernel, whatever the model does with it. Integer
+and bool outputs must equal CPU's.
 
 Views and exact ops are audited too (their errors are zero unless the op is wrong); copies
 between devices, uninitialized memory and ops that draw random numbers are not.
@@ -86,8 +87,7 @@ class OpAudit(TorchDispatchMode):
         kwargs = kwargs or {}
         name = func.overloadpacket.__name__
         flat_in, _ = tree_flatten((args, kwargs))
-        audit = (_on_tpu(flat_in) and name not in _NOT_COMPUTED and not _random(func)
-                 and any(isinstance(a, torch.Tensor) and a.is_floating_point() for a in flat_in))
+        audit = _on_tpu(flat_in) and name not in _NOT_COMPUTED and not _random(func)
         if audit:  # copies before the op runs: in-place ops and out= overwrite their inputs
             c32 = _cpu_copy((args, kwargs))
             c64 = _cpu_copy((args, kwargs), torch.float64)
