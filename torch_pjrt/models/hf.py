@@ -147,6 +147,19 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "instructblipvideo": {"video_token_index": VOCAB - 1, "num_query_tokens": 8},
     "qwen3_asr_encoder": {"n_window": 8, "n_window_infer": 16},  # frames: a multiple of 2 n_window
     "seggpt": {"image_size": [64, 32]},  # an image over its prompt: twice as high as wide
+    # EfficientNet's top convolution is round_filters(1280) wide at the shrunk width (640);
+    # its batch norm is sized by hidden_dim
+    "efficientnet": {"hidden_dim": 640},
+    # ALIGN compares unprojected image features (the last block's 160 channels at the shrunk
+    # width) with projected text features
+    "align": {"projection_dim": 160},
+    "idefics": {"vision_config.image_size": IMAGE},
+    # unset by default: its experts, and which vision layers feed which (two) text layers
+    "diffusion_gemma": {"text_config.num_experts": 4, "text_config.top_k_experts": 2,
+                        "text_config.moe_intermediate_size": INTER},
+    "granite4_vision": {"deepstack_layer_map": [(-1, 0)], "spatial_target_layers": [0, 1, 0, 1],
+                        "downsample_rate": "1/2"},
+    "kosmos-2": {"latent_query_num": 4},  # image tokens per text (64 by default)
     "esm": {"vocab_size": VOCAB, "pad_token_id": 1, "mask_token_id": 2},  # unset by default
     "xmod": {"default_language": "en_XX"},  # the adapter its inputs go through
     "deepseek_v2": {"num_experts_per_tok": 2},  # unset by default
@@ -173,6 +186,7 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
 INPUT_VARIANTS: Dict[str, dict] = {
     "inkling2_vision": {"patches": "tokens"},  # one merged square of patches per image token
     "instructblipvideo": {"frames": 2},  # [B, frames, C, H, W]; the config names no count
+    "idefics": {"frames": 1},  # images per text: [B, images, C, H, W]
     "seggpt": {"image_hw": (32, 32)},  # its image and prompt, stacked to the config's 64 x 32
     "musicgen": {"codebooks": True},  # the decoder's input_ids: [batch * codebooks, T]
     "musicgen_melody": {"codebooks": True},
@@ -597,6 +611,8 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
     main = getattr(model, "main_input_name", "input_ids")
     if _fed_patches(model):
         return _patch_inputs(model, cfg, _required(model), gen, variant.get("patches", "flat"))
+    if isinstance(main, (list, tuple)):  # OneFormer: ["pixel_values", "task_inputs"]
+        main = main[0]
     req = _required(model)
     if main not in sig and req:  # a sub-model that keeps its parent's default main input
         main = req[0]
@@ -630,11 +646,16 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             feat = int(getattr(cfg, "input_feat_per_channel", 0) * getattr(cfg, "input_channels", 1)
                        or getattr(cfg, "feature_size", 0) or getattr(cfg, "num_mel_bins", 0) or 16)
             feat *= int(getattr(cfg, "num_stacked_frames", 1))  # low frame rate: frames stacked
+            feat = int(getattr(cfg, "feature_projection_input_dim", None) or feat)  # w2v-BERT
             kw["input_features"] = torch.randn(BATCH, 32, feat, generator=gen)
             if variant.get("channels_first"):  # [B, features, frames] (convolutional front ends)
                 kw["input_features"] = kw["input_features"].transpose(1, 2).contiguous()
         if "attention_mask" in sig and "num_mel_bins" not in vars(cfg):
             kw["attention_mask"] = torch.ones(BATCH, kw["input_features"].shape[1], dtype=torch.long)
+    elif main == "audio_mel":  # Gemma3n's audio encoder: [B, frames, mel] and a padding mask
+        feat = int(getattr(cfg, "input_feat_size", None) or 16)
+        kw["audio_mel"] = torch.randn(BATCH, 32, feat, generator=gen)
+        kw["audio_mel_mask"] = torch.zeros(BATCH, 32, dtype=torch.bool)  # True: padding
     elif main == "past_values":
         return _series_inputs(cfg, sig, gen)
     elif main == "input_values":  # raw audio: [B, T], or [B, channels, T] (codecs)
@@ -661,6 +682,8 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             frames = variant.get("frames")  # a video encoder (X-CLIP): [B, T, C, H, W]
             kw["pixel_values"] = torch.randn(BATCH, *((frames,) if frames else ()), c, h, w,
                                              generator=gen)
+            if frames and "image_attention_mask" in sig:  # IDEFICS: which images a token sees
+                kw["image_attention_mask"] = torch.ones(BATCH, seq, frames, dtype=torch.long)
         n_img = variant.get("image_tokens", 0)
         if n_img:  # each row starts with its image's placeholder tokens
             kw["input_ids"][:, :n_img] = _image_token_id(cfg)
@@ -681,6 +704,10 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
                 kw[mask] = torch.ones(BATCH, SEQ, dtype=torch.long)
         elif name.endswith(("pixel_values", "_masks")) and "pixel_values" in kw:
             kw[name] = torch.randn(*kw["pixel_values"].shape, generator=gen)  # SegGPT's prompt
+        elif name == "task_inputs" and isinstance(getattr(cfg, "task_seq_len", None), int):
+            kw[name] = _text_ids(cfg, low, vocab, cfg.task_seq_len, gen)  # OneFormer's task
+        elif name == "input_values":  # audio beside the text (PE Audio): [B, 1, samples]
+            kw[name] = torch.randn(BATCH, 1, 16000, generator=gen)
         elif name == "input_features_mask" and "input_features" in kw:
             kw[name] = _features_mask(cfg, kw["input_features"], variant)
     if variant.get("extras"):
@@ -700,7 +727,7 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
 
 
 _EXTRAS = {"bbox", "visual_feats", "pixel_values", "encoder_hidden_states", "spatial_shapes",
-           "input_features_mask"}
+           "input_features_mask", "image_embeds_position_mask"}
 
 
 def _features_mask(cfg, features: torch.Tensor, variant: dict) -> torch.Tensor:
@@ -721,6 +748,11 @@ def _add_extras(kw: Dict[str, Any], cfg, sig: set, main: str, gen: torch.Generat
                                             "spatial_shapes"], gen))
     if "input_features_mask" in sig and "input_features" in kw:
         kw["input_features_mask"] = _features_mask(cfg, kw["input_features"], {})
+    n_img = getattr(cfg, "latent_query_num", None)
+    if "image_embeds_position_mask" in sig and "input_ids" in kw and isinstance(n_img, int):
+        mask = torch.zeros_like(kw["input_ids"])  # Kosmos-2: after the first token, the image
+        mask[:, 1:1 + n_img] = 1
+        kw["image_embeds_position_mask"] = mask
     if "bbox" in sig and "bbox" not in kw:
         corners = torch.rand(BATCH, seq, 2, 2, generator=gen).sort(dim=2).values  # x0<x1, y0<y1
         kw["bbox"] = corners.transpose(2, 3).reshape(BATCH, seq, 4).contiguous()
