@@ -111,3 +111,42 @@ def test_fast_path_ops_run_without_the_cpu_fallback():
     with torch.inference_mode():
         layer(x).cpu()
     assert dict(torch.tpu.fallback_ops()) == before
+
+
+def test_nested_tensor_path_of_transformer_encoder_raises_a_clear_error():
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, 0.0, batch_first=True)
+    x = torch.randn(2, 6, 16, device=TPU)
+    pad = torch.zeros(2, 6, dtype=torch.bool)
+    pad[1, 3:] = True
+    enc = torch.nn.TransformerEncoder(layer, 2).eval().to(TPU)
+    with torch.inference_mode(), pytest.raises(NotImplementedError, match="enable_nested_tensor=False"):
+        enc(x, src_key_padding_mask=pad.to(TPU))
+    # the way around it gives CPU's results at the real tokens
+    plain = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False).eval()
+    ref = torch.nn.TransformerEncoder(layer, 2).eval()
+    with torch.inference_mode():
+        got = plain.to(TPU)(x, src_key_padding_mask=pad.to(TPU)).cpu()
+        want = ref.cpu()(x.cpu(), src_key_padding_mask=pad)
+    keep = ~pad
+    torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("rows", [[[1, 1, 0, 0], [1, 0, 0, 0]], [[1, 0, 1, 0], [1, 0, 0, 0]],
+                                  [[0, 0, 0, 0], [1, 1, 1, 1]]])
+def test_left_aligned_mask_test_matches_cpu(rows):
+    t, m = torch.randn(2, 4, 3), torch.tensor(rows, dtype=torch.bool)
+    assert torch._nested_tensor_from_mask_left_aligned(t.to(TPU), m.to(TPU)) == \
+        torch._nested_tensor_from_mask_left_aligned(t, m)
+
+
+@pytest.mark.parametrize("t_shape,mask,dtype", [((2, 4, 3), [[1, 1, 0]] * 2, torch.bool),
+                                                ((2, 4, 3), [[1, 1, 0, 0]] * 2, torch.long),
+                                                ((4, 3), [[1, 1, 0, 0]] * 2, torch.bool)])
+def test_left_aligned_refuses_what_cpu_refuses(t_shape, mask, dtype):
+    t, m = torch.randn(t_shape), torch.tensor(mask, dtype=dtype)
+    with pytest.raises(RuntimeError) as cpu:
+        torch._nested_tensor_from_mask_left_aligned(t, m)
+    with pytest.raises(RuntimeError) as tpu:
+        torch._nested_tensor_from_mask_left_aligned(t.to(TPU), m.to(TPU))
+    assert str(cpu.value).splitlines()[0] in str(tpu.value)

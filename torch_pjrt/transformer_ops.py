@@ -16,7 +16,10 @@ fallback (torchvision's ViT does). They are written in torch ops, following CPU'
 - _transformer_encoder_layer_fwd: self-attention and a two-layer feed-forward block (ReLU or
   GELU), each with a residual, layer norm before (norm_first) or after each block.
 
-The ops have no autograd formula (PyTorch's fast path runs only without grad).
+The ops have no autograd formula (PyTorch's fast path runs only without grad). Nested tensors
+do not exist on tpu: `_nested_tensor_from_mask` (nn.TransformerEncoder's path for padded
+batches) raises NotImplementedError naming the way around it; the left-alignment test it
+follows runs here.
 """
 from __future__ import annotations
 
@@ -100,6 +103,35 @@ def _encoder_layer(src, embed_dim, num_heads, qkv_weight, qkv_bias, proj_weight,
     return x if norm_first else norm(x, norm_weight_2, norm_bias_2)
 
 
+def _left_aligned(t, mask):
+    """_nested_tensor_from_mask_left_aligned: whether every row of the [N, L] `mask` (True for a
+    real token) is a run of True then a run of False; CPU's checks. A bool to the host."""
+    torch._check(t.dim() == 3, lambda: "Input should be a 3D tensor, N * L * D")
+    torch._check(mask.dtype == torch.bool,
+                 lambda: f"Expected mask to be of ScalarType Bool, but got {_dtype_name(mask)} instead.")
+    torch._check(mask.dim() == 2 and mask.shape == t.shape[:2], lambda: "Mask size should match input size")
+    return bool((mask[:, 1:] <= mask[:, :-1]).all())
+
+
+# c10's ScalarType names, as CPU's messages spell dtypes
+_SCALAR_TYPE_NAMES = {
+    torch.uint8: "Byte", torch.int8: "Char", torch.int16: "Short", torch.int32: "Int",
+    torch.int64: "Long", torch.float16: "Half", torch.float32: "Float", torch.float64: "Double",
+    torch.bfloat16: "BFloat16", torch.complex64: "ComplexFloat", torch.complex128: "ComplexDouble",
+}
+
+
+def _dtype_name(x) -> str:
+    return _SCALAR_TYPE_NAMES.get(x.dtype, str(x.dtype))
+
+
+def _nested_from_mask(t, mask, mask_check=True):
+    raise NotImplementedError(
+        "nested tensors are not supported on the tpu device (torch._nested_tensor_from_mask); "
+        "nn.TransformerEncoder takes that path in eval mode with a src_key_padding_mask: "
+        "build it with enable_nested_tensor=False")
+
+
 def register() -> None:
     """Registers the kernels once per process (idempotent)."""
     if _LIBS:
@@ -108,4 +140,6 @@ def register() -> None:
     lib.impl("_masked_softmax", _masked_softmax, "PrivateUse1")
     lib.impl("_native_multi_head_attention", _mha, "PrivateUse1")
     lib.impl("_transformer_encoder_layer_fwd", _encoder_layer, "PrivateUse1")
+    lib.impl("_nested_tensor_from_mask_left_aligned", _left_aligned, "PrivateUse1")
+    lib.impl("_nested_tensor_from_mask", _nested_from_mask, "PrivateUse1")
     _LIBS.append(lib)
