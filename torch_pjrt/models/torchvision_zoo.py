@@ -4,7 +4,8 @@ RAFT optical-flow models on image pairs (quantized models are not run). Detectio
 models (Faster/Mask/Keypoint R-CNN, RetinaNet, FCOS, SSD) take a list of two images of different
 sizes (resized by the model's transform to DET_SIZE where it has one); their eval outputs (boxes,
 scores, labels, masks, keypoints per image) are compared, and the training step's loss is the sum
-of the model's loss dict, on synthesized targets (two boxes per image). When
+of the model's loss dict, on synthesized targets (two boxes per image), with the R-CNN samplers'
+random picks made the same on both devices (_FixedSampler). When
 torchvision does not import beside the installed torch (PyPI's wheel is built for another torch),
 the zoo is one skipped record carrying that reason: its model list cannot be read then."""
 from __future__ import annotations
@@ -128,6 +129,34 @@ def _canonical_detections(out):
     return res
 
 
+class _FixedSampler:
+    """Stands in for an R-CNN's BalancedPositiveNegativeSampler (RPN and box head), which picks
+    its training anchors and proposals with torch.randperm on the tensors' device: the CPU and
+    tpu runs would train on different samples (the harness then skips the training step). This
+    one runs the library's sampler on CPU copies under a private, fixed CPU generator state, so
+    both devices train on the same samples whatever the global seed; the masks go back to the
+    tensors' device. The sampling (small index tensors) is then CPU work in both runs."""
+
+    SEED = 4321
+
+    def __init__(self, sampler):
+        self.sampler = sampler
+
+    def __call__(self, matched_idxs):
+        dev = matched_idxs[0].device if matched_idxs else torch.device("cpu")
+        with torch.random.fork_rng(devices=[]):
+            torch.default_generator.manual_seed(self.SEED)
+            pos, neg = self.sampler([m.cpu() for m in matched_idxs])
+        return [p.to(dev) for p in pos], [n.to(dev) for n in neg]
+
+
+def _fix_samplers(model: torch.nn.Module) -> torch.nn.Module:
+    for head in (getattr(model, "rpn", None), getattr(model, "roi_heads", None)):
+        if head is not None and hasattr(head, "fg_bg_sampler"):
+            head.fg_bg_sampler = _FixedSampler(head.fg_bg_sampler)
+    return model
+
+
 def _detection_case(name: str, kw: dict) -> Case:
     import torchvision.models as tvm
     kw = dict(kw, weights_backbone=None)
@@ -137,8 +166,9 @@ def _detection_case(name: str, kw: dict) -> Case:
     sizes = ((3, 96, 128), (3, 120, 100))
 
     def build():
-        return _unit_scale(tvm.get_model(name, **kw),
-                           [torch.rand(*s, generator=torch.Generator().manual_seed(1)) for s in sizes])
+        return _fix_samplers(_unit_scale(
+            tvm.get_model(name, **kw),
+            [torch.rand(*s, generator=torch.Generator().manual_seed(1)) for s in sizes]))
 
     def inputs(gen: torch.Generator):
         return {"images": [torch.rand(*s, generator=gen) for s in sizes]}
