@@ -160,6 +160,14 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "granite4_vision": {"deepstack_layer_map": [(-1, 0)], "spatial_target_layers": [0, 1, 0, 1],
                         "downsample_rate": "1/2"},
     "kosmos-2": {"latent_query_num": 4},  # image tokens per text (64 by default)
+    "xlstm": {"embedding_dim": HIDDEN},  # the hidden size under another name
+    "esmc": {"num_key_value_heads": HEADS},  # no grouping: its key norm spans every head
+    # widths derived from the default hidden size at construction: attention on the
+    # concatenated [hidden, embeddings] (twice the hidden size) and the mamba head size
+    "zamba2": {"attention_hidden_size": 2 * HIDDEN, "attention_head_dim": 2 * HIDDEN // HEADS,
+               "mamba_headdim": 2 * HIDDEN // 8, "num_key_value_heads": HEADS,
+               "kv_channels": HIDDEN // HEADS, "num_query_groups": HEADS,
+               "hybrid_layer_ids": [1]},  # the layer of kind "hybrid" left
     "esm": {"vocab_size": VOCAB, "pad_token_id": 1, "mask_token_id": 2},  # unset by default
     "xmod": {"default_language": "en_XX"},  # the adapter its inputs go through
     "deepseek_v2": {"num_experts_per_tok": 2},  # unset by default
@@ -327,6 +335,17 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
             if (isinstance(v, (list, tuple)) and len(v) == before and v and k not in _STAGE_LISTS
                     and all(isinstance(x, str) for x in v)):
                 setattr(cfg, k, type(v)(_per_layer(list(v), after)))
+    # Falcon-H1's mamba inner width is its heads times their size (both shrunk)
+    if all(isinstance(vars(cfg).get(k), int) for k in ("mamba_d_ssm", "mamba_n_heads",
+                                                         "mamba_d_head")):
+        cfg.mamba_d_ssm = cfg.mamba_n_heads * cfg.mamba_d_head
+    # KV-sharing layers (Gemma3n) reuse the cache of an earlier layer of their kind: with the
+    # few layers left, every kind must still have a producing layer, or none shares
+    shared, n = vars(cfg).get("num_kv_shared_layers"), vars(cfg).get("num_hidden_layers")
+    kinds = vars(cfg).get("layer_types")
+    if (isinstance(shared, int) and shared > 0 and isinstance(n, int) and isinstance(kinds, list)
+            and set(kinds[:max(n - shared, 0)]) != set(kinds)):
+        cfg.num_kv_shared_layers = 0
     _remap_token_ids(cfg, getattr(cfg, "vocab_size", None))
     # heads must divide the hidden size; kv heads must divide heads
     heads = getattr(cfg, "num_attention_heads", None)
