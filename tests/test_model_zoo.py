@@ -301,3 +301,20 @@ def test_report_renders_rates_and_reasons(tmp_path):
     assert "| timm | 1 | 0 | 0 | 0 | 0 | 1 | 0% | - |" in text
     assert "| `aten::bar` | 1 |" in text
     assert "train: RuntimeError: no lowering for aten::foo" in text
+
+
+def test_rcnn_sampler_picks_the_same_samples_on_both_devices_under_any_seed():
+    pytest.importorskip("torchvision")  # imports beside torch 2.14.1 (docs/torch-releases.md)
+    from torchvision.models.detection._utils import BalancedPositiveNegativeSampler
+    from torch_pjrt.models.torchvision_zoo import _FixedSampler
+    matched = [torch.tensor([1, 0, -1, 2, 0, 0, 1, 0, 3, 0]), torch.tensor([0, 0, 1, -2, 0, 4])]
+    sampler = _FixedSampler(BalancedPositiveNegativeSampler(4, 0.5))
+    runs = []
+    for seed, dev in ((0, "cpu"), (1, "cpu"), (0, "tpu")):
+        torch.manual_seed(seed)
+        pos, neg = sampler([m.to(dev) for m in matched])
+        assert all(p.device.type == dev for p in pos + neg)
+        runs.append([t.cpu() for t in pos + neg])
+    for other in runs[1:]:
+        assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
+    assert [int(p.sum()) for p in runs[0][:2]] == [2, 2]  # at most half of 4 are positives
