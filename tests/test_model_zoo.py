@@ -318,3 +318,25 @@ def test_rcnn_sampler_picks_the_same_samples_on_both_devices_under_any_seed():
     for other in runs[1:]:
         assert all(torch.equal(a, b) for a, b in zip(runs[0], other))
     assert [int(p.sum()) for p in runs[0][:2]] == [2, 2]  # at most half of 4 are positives
+
+
+class _PlainListNet(torch.nn.Module):
+    """Keeps a layer in a plain list (a model bug seen in HF's OneFormer): .to() leaves it on CPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 3)
+        self.proj = [torch.nn.Linear(3, 3)]
+        self.alias = [self.lin]  # a plain list of registered layers is harmless
+
+    def forward(self, x):
+        return self.proj[0](self.lin(x))
+
+
+def test_layers_in_a_plain_list_are_a_cpu_only_model_not_a_tpu_error():
+    rec = run_case(Case(zoo="test", name="plain", build=_PlainListNet, inputs=_inputs))
+    assert rec["status"] == "skipped" and "proj" in rec["reason"], rec
+    net = _PlainListNet()
+    del net.proj
+    from torch_pjrt.models.compare import _unregistered_modules
+    assert _unregistered_modules(net) == ""

@@ -280,6 +280,22 @@ def _on_tpu(phase: str, fn: Callable[[], Any]) -> Any:
         raise _TpuError(phase, e) from e
 
 
+def _unregistered_modules(model: torch.nn.Module) -> str:
+    """The first attribute that holds, in a plain list, tuple or dict, a module with tensors that
+    are not the model's registered parameters or buffers ('' if none)."""
+    known = {id(t) for t in model.parameters()} | {id(t) for t in model.buffers()}
+    for prefix, mod in model.named_modules():
+        for attr, val in vars(mod).items():
+            if attr.startswith("_") or not isinstance(val, (list, tuple, dict)):
+                continue
+            items = val.values() if isinstance(val, dict) else val
+            for item in items:
+                if isinstance(item, torch.nn.Module) and any(
+                        id(t) not in known for t in (*item.parameters(), *item.buffers())):
+                    return f"{prefix + '.' if prefix else ''}{attr}"
+    return ""
+
+
 @contextlib.contextmanager
 def _float32_default():
     """Models are built and inputs drawn under float32 as the default dtype, whatever the run's
@@ -335,6 +351,10 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
     cpu = cpu.to(dtype)
     quiet_randomness(cpu)
     rec["params"] = sum(p.numel() for p in cpu.parameters())
+    stray = _unregistered_modules(cpu)
+    if stray:
+        raise Skip(f"the model keeps layers in a plain Python container ({stray}), which "
+                   ".to(device) does not move: it runs on the CPU only (on CUDA as well)")
     try:
         tpu_model = copy.deepcopy(cpu)
     except Exception:  # some modules hold objects deepcopy refuses; rebuild from the same seed
