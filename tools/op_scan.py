@@ -61,8 +61,12 @@ def _timm_plan(name):
     return (lambda: timm.create_model(name, pretrained=False, num_classes=10, **kw)), size, n
 
 
-ZOOS = {"timm": (lambda: __import__("torch_pjrt.models.timm_zoo", fromlist=["x"]).names(),
-                 _timm_plan)}
+def _timm_names():
+    from torch_pjrt.models import timm_zoo
+    return timm_zoo.names()
+
+
+ZOOS = {"timm": (_timm_names, _timm_plan)}  # zoo -> (model names, plan of one model)
 
 
 def _timeout(*_):
