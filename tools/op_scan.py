@@ -24,9 +24,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import torch_pjrt  # noqa: F401
 from torch_pjrt import device as tpu_device
-
-_KEYS = ("CompositeImplicitAutograd", "CompositeExplicitAutograd",
-         "CompositeExplicitAutogradNonFunctional", "PrivateUse1")
+from torch_pjrt._decompositions import _KEYS_THAT_ALREADY_WORK, _base_name
 
 
 class _Record(TorchDispatchMode):
@@ -42,11 +40,8 @@ class _Record(TorchDispatchMode):
 def _handled(op, lowered) -> bool:
     if op.namespace != "aten":
         return True
-    name = op._schema.name.split("::", 1)[1]
-    if name.endswith("_") and not name.endswith("__"):
-        name = name[:-1]
     has = torch._C._dispatch_has_kernel_for_dispatch_key
-    return name in lowered or any(has(op.name(), k) for k in _KEYS)
+    return _base_name(op) in lowered or any(has(op.name(), k) for k in _KEYS_THAT_ALREADY_WORK)
 
 
 def _timm_plan(name):

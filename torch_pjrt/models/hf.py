@@ -112,6 +112,11 @@ SHRINK_LIST = {
 
 # per-architecture corrections applied after the generic rules: model_type -> {attr: value};
 # a dotted attribute names one in a sub-config ("text_config.head_dim")
+def _in_text_config(attrs: dict) -> dict:
+    """The same overrides, applied to a multimodal model's text sub-config."""
+    return {f"text_config.{k}": v for k, v in attrs.items()}
+
+
 _COMPASS_ROPE = {"rope_parameters": {"full_attention": {
     "rope_type": "default", "rope_theta": 10000.0, "mrope_section": [3, 2, 3]}}}
 _HUNYUAN_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 10000.0,
@@ -177,16 +182,16 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     # rotary parameters keyed by layer type (empty by default), multimodal sections summing to
     # half the head
     "cohere_compass_text": _COMPASS_ROPE,
-    "cohere_compass": {f"text_config.{k}": v for k, v in _COMPASS_ROPE.items()},
+    "cohere_compass": _in_text_config(_COMPASS_ROPE),
     # half the head rotates: the multimodal sections split a quarter of it
     "glm4v_moe_text": _GLM4V_MOE_ROPE,
-    "glm4v_moe": {f"text_config.{k}": v for k, v in _GLM4V_MOE_ROPE.items()},
+    "glm4v_moe": _in_text_config(_GLM4V_MOE_ROPE),
     # multimodal rotary with the (sequence, width, height, image) axes it requires (unset)
     "hunyuan_vl_text": _HUNYUAN_ROPE,
-    "hunyuan_vl": {f"text_config.{k}": v for k, v in _HUNYUAN_ROPE.items()},
+    "hunyuan_vl": _in_text_config(_HUNYUAN_ROPE),
     # the defaults name indexed-attention layers but leave their token indexer unset
     "qwen4_exp_text": _QWEN4_EXP_INDEXER,
-    "qwen4_exp": {f"text_config.{k}": v for k, v in _QWEN4_EXP_INDEXER.items()},
+    "qwen4_exp": _in_text_config(_QWEN4_EXP_INDEXER),
 }
 
 # per-architecture inputs the generic synthesis cannot infer: model_type -> the first variant
