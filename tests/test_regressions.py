@@ -218,3 +218,54 @@ def test_conv_with_a_right_bias_still_matches_cpu():
     torch.testing.assert_close(
         torch.nn.functional.conv_transpose2d(x.to(TPU), w.to(TPU), b.to(TPU), groups=2).cpu(),
         torch.nn.functional.conv_transpose2d(x, w, b, groups=2), rtol=1e-4, atol=1e-5)
+
+
+_SHIFTS = {
+    "<<": lambda a, b: a << b,
+    ">>": lambda a, b: a >> b,
+    "bitwise_left_shift": torch.bitwise_left_shift,
+    "bitwise_right_shift": torch.bitwise_right_shift,
+}
+
+
+@pytest.mark.parametrize("op", sorted(_SHIFTS))
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.int8, torch.int16, torch.int32, torch.int64])
+def test_shift_operators_are_lowered_with_cpu_semantics(op, dtype):
+    # the Python operators are aten ops of their own (__lshift__, __rshift__); a shift by the
+    # width or more, and >> of an unsigned type (zeros shifted in), as on CPU
+    fn = _SHIFTS[op]
+    a = torch.tensor([1, -8, 5, 100, -1, 127], dtype=torch.int64).to(dtype)
+    s = torch.tensor([1, 2, 40, 3, 7, 0], dtype=torch.int64).to(dtype)
+    before = dict(torch.tpu.fallback_ops())
+    for b_cpu, b_tpu in ((s, s.to(TPU)), (2, 2)):
+        want = fn(a, b_cpu)
+        got = fn(a.to(TPU), b_tpu)
+        assert got.dtype == want.dtype and torch.equal(got.cpu(), want)
+    x = a.to(TPU)
+    x <<= 3
+    x >>= s.to(TPU)
+    y = a.clone()
+    y <<= 3
+    y >>= s
+    assert torch.equal(x.cpu(), y)
+    assert torch.tpu.fallback_ops() == before
+
+
+@pytest.mark.parametrize("call", [
+    lambda x: x << 1, lambda x: x >> 1, lambda x: torch.bitwise_and(x, 1),
+    lambda x: torch.bitwise_or(x, x), lambda x: torch.bitwise_not(x),
+    lambda x: torch.bitwise_right_shift(x, 2), lambda x: x.int() & 1.5,
+])
+def test_bitwise_ops_on_floats_raise_not_implemented_like_cpu(call):
+    with pytest.raises(NotImplementedError) as cpu_err:
+        call(torch.ones(3))
+    with pytest.raises(NotImplementedError, match="not implemented for 'Float'"):
+        call(torch.ones(3, device=TPU))
+    assert "not implemented for 'Float'" in str(cpu_err.value)
+
+
+def test_in_place_shift_by_a_float_is_the_cast_error_like_cpu():
+    for dev in ("cpu", TPU):
+        x = torch.ones(3, dtype=torch.int64, device=dev)
+        with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
+            x <<= 1.5

@@ -30,7 +30,8 @@ std::string python_line();
 void set_source_lines(const std::string& file, std::unordered_map<int, std::string> lines);
 // kernel_checks.cpp: CPU's errors for arguments its kernels reject but the Meta kernels accept
 // (mm/bmm dtypes, convolution's bias shape, ...), raised before the op runs or is recorded.
-void cpu_kernel_checks(const std::string& base, const torch::jit::Stack& args);
+void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
+                       const torch::jit::Stack& args);
 // errors.cpp: the runtime, initialized on first use; throws on failure.
 pj_runtime_t* runtime();
 

@@ -400,7 +400,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   torch::jit::Stack args(stack->end() - nargs, stack->end());
   const bool debug = eager_mode() == EagerMode::kDebug;
   if (debug && checks_indices(base)) check_like_cpu(op, args);
-  cpu_kernel_checks(base, args);  // CPU kernels' checks their Meta kernels lack
+  cpu_kernel_checks(base, schema, args);  // CPU kernels' checks their Meta kernels lack
   const int device = call_device(args);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
 

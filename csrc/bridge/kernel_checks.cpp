@@ -4,6 +4,7 @@
 // defer_and_fuse raised it at the next flush, on an unrelated line (fuzz finding F9).
 #include "bridge.h"
 
+#include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
 #include <string>
@@ -24,10 +25,58 @@ void same_scalar_type(const at::Tensor* a, const at::Tensor* b) {
                 " but found ", b->scalar_type());
 }
 
+// CPU's bitwise kernels exist for integer types (and bool, except the shifts): any other
+// result type is CPU's NotImplementedError ("lshift_cpu" not implemented for 'Float'), raised
+// before the Meta kernel, whose own check for << and >> is a RuntimeError.
+void bitwise_dtype_check(const std::string& base, const c10::FunctionSchema& schema,
+                         const torch::jit::Stack& args) {
+  const bool shift = base.find("shift") != std::string::npos;
+  const bool left = base == "bitwise_left_shift" || base == "__lshift__" || base == "__ilshift__";
+  const c10::IValue* a = args.size() > 0 ? &args[0] : nullptr;
+  const c10::IValue* b = args.size() > 1 && (args[1].isTensor() || args[1].isScalar())
+                             ? &args[1] : nullptr;
+  if (!a || !(a->isTensor() || a->isScalar())) return;
+  if (a->isTensor() && !a->toTensor().defined()) return;
+  c10::ScalarType t;
+  if (!b) {
+    if (!a->isTensor()) return;
+    t = a->toTensor().scalar_type();
+  } else if (a->isTensor() && b->isTensor()) {
+    t = at::result_type(a->toTensor(), b->toTensor());
+  } else if (a->isTensor()) {
+    t = at::result_type(a->toTensor(), b->toScalar());
+  } else if (b->isTensor()) {
+    t = at::result_type(a->toScalar(), b->toTensor());
+  } else {
+    return;
+  }
+  // an in-place form first checks, as CPU does, that the result type fits self
+  const auto& self = schema.arguments()[0];
+  if (a->isTensor() && self.alias_info() && self.alias_info()->isWrite())
+    TORCH_CHECK(c10::canCast(t, a->toTensor().scalar_type()), "result type ", t,
+                " can't be cast to the desired output type ", a->toTensor().scalar_type());
+  const bool ok = c10::isIntegralType(t, /*includeBool=*/!shift);
+  const std::string kernel = shift ? (left ? "lshift" : "rshift") : base;
+  TORCH_CHECK_NOT_IMPLEMENTED(ok, "\"", kernel, "_tpu\" not implemented for '", c10::toString(t),
+                              "'");
+}
+
+bool is_bitwise(const std::string& base) {
+  static const char* const names[] = {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
+                                      "bitwise_left_shift", "bitwise_right_shift", "__lshift__",
+                                      "__ilshift__", "__rshift__", "__irshift__"};
+  for (const char* n : names)
+    if (base == n) return true;
+  return false;
+}
+
 }  // namespace
 
-void cpu_kernel_checks(const std::string& base, const torch::jit::Stack& args) {
-  if (base == "mm") {
+void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
+                       const torch::jit::Stack& args) {
+  if (is_bitwise(base)) {
+    bitwise_dtype_check(base, schema, args);
+  } else if (base == "mm") {
     const at::Tensor *a = tensor_arg(args, 0), *b = tensor_arg(args, 1);
     if (a && b)
       TORCH_CHECK(a->dtype() == b->dtype(), "expected m1 and m2 to have the same dtype, but got: ",

@@ -238,6 +238,8 @@ typedef enum {
   B_FLOAT,   /* like ARITH, but integer results compute in float32 (true division, atan2) */
   B_CMP,     /* compare in result_type, result bool */
   B_LOGICAL, /* operands as bool */
+  B_BITS,    /* like ARITH, for integer and bool operands only (CPU: NotImplementedError) */
+  B_SHIFT,   /* like ARITH, for integer operands only */
 } binary_rule_t;
 
 typedef struct {
@@ -266,11 +268,17 @@ static const binary_row_t kBinary[] = {
     {"hypot", NULL, B_FLOAT},
     {"copysign", NULL, B_FLOAT},
     {"xlogy", NULL, B_FLOAT},
-    {"bitwise_and", "stablehlo.and", B_ARITH},
-    {"bitwise_or", "stablehlo.or", B_ARITH},
-    {"bitwise_xor", "stablehlo.xor", B_ARITH},
-    {"bitwise_left_shift", "stablehlo.shift_left", B_ARITH},
-    {"bitwise_right_shift", "stablehlo.shift_right_arithmetic", B_ARITH},
+    {"bitwise_and", "stablehlo.and", B_BITS},
+    {"bitwise_or", "stablehlo.or", B_BITS},
+    {"bitwise_xor", "stablehlo.xor", B_BITS},
+    {"bitwise_left_shift", "stablehlo.shift_left", B_SHIFT},
+    {"bitwise_right_shift", "stablehlo.shift_right_arithmetic", B_SHIFT},
+    /* the Python operators << and >> (and <<=, >>=) are aten ops of their own, with the
+       bitwise_*_shift kernels' semantics on CPU */
+    {"__lshift__", "stablehlo.shift_left", B_SHIFT},
+    {"__ilshift__", "stablehlo.shift_left", B_SHIFT},
+    {"__rshift__", "stablehlo.shift_right_arithmetic", B_SHIFT},
+    {"__irshift__", "stablehlo.shift_right_arithmetic", B_SHIFT},
     {"eq", NULL, B_CMP},
     {"ne", NULL, B_CMP},
     {"lt", NULL, B_CMP},
@@ -364,6 +372,12 @@ static pj_status_t *lower_binary(pj_lower_t *L) {
     const char *mode = pj_str(L, "rounding_mode", NULL);
     if (!mode) ct = PJ_F32;
   }
+  if ((row->rule == B_BITS && !pj_dtype_is_integral(ct) && ct != PJ_BOOL) ||
+      (row->rule == B_SHIFT && !pj_dtype_is_integral(ct))) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", row->name,
+            pj_dtype_info(ct)->name);
+    return NULL;
+  }
   if (row->rule == B_LOGICAL) ct = PJ_BOOL;
   if (!strcmp(row->name, "float_power")) ct = pj_dtype_info(ct)->is_complex ? PJ_C128 : PJ_F64;
   pj_val_t a = arg_at_out(L, an, ct), b = arg_at_out(L, bn, ct);
@@ -378,7 +392,13 @@ static pj_status_t *lower_binary(pj_lower_t *L) {
     pj_set_result(L, 0, SUB(a, b));
     return NULL;
   }
-  pj_val_t r = row->hlo ? pj_binary(H, row->hlo, a, b) : binary_formula(L, row->name, a, b);
+  const char *hlo = row->hlo;
+  /* >> of an unsigned integer shifts zeros in (CPU's logical shift); the table's arithmetic
+     shift would copy the top bit */
+  if (hlo && !strcmp(hlo, "stablehlo.shift_right_arithmetic") && pj_dtype_is_integral(ct) &&
+      !pj_dtype_info(ct)->is_signed)
+    hlo = "stablehlo.shift_right_logical";
+  pj_val_t r = hlo ? pj_binary(H, hlo, a, b) : binary_formula(L, row->name, a, b);
   pj_set_result(L, 0, r);
   return NULL;
 }
@@ -747,7 +767,7 @@ static pj_status_t *lower_logit_backward(pj_lower_t *L) {
   X(add) X(sub) X(rsub) X(mul) X(div) X(true_divide) X(floor_divide) X(remainder) X(fmod)     \
   X(pow) X(float_power) X(maximum) X(minimum) X(fmax) X(fmin) X(atan2) X(hypot) X(copysign)  \
   X(xlogy) X(bitwise_and) X(bitwise_or) X(bitwise_xor) X(bitwise_left_shift)                 \
-  X(bitwise_right_shift) X(eq) X(ne) X(lt) X(le) X(gt) X(ge) X(logical_and) X(logical_or)     \
+  X(bitwise_right_shift) X(__lshift__) X(__ilshift__) X(__rshift__) X(__irshift__) X(eq) X(ne) X(lt) X(le) X(gt) X(ge) X(logical_and) X(logical_or)     \
   X(logical_xor)
 #define UNARY_ENTRY(n) {#n, lower_unary},
 #define BINARY_ENTRY(n) {#n, lower_binary},
