@@ -332,18 +332,20 @@ def _cast_floats(obj: Any, dtype: torch.dtype) -> Any:
     return obj
 
 
+Keep = Callable[[str, torch.Tensor, torch.Tensor, str], None]
+
+
 def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
-                       dtype: torch.dtype = torch.float32,
-                       keep: Optional[Dict[str, Tuple[torch.Tensor, torch.Tensor, str]]] = None
+                       dtype: torch.dtype = torch.float32, keep: Optional[Keep] = None
                        ) -> List[Diff]:
     """The forward / training-step / generate comparison in `dtype` (float32; float64 for the
-    rounding check). `keep`, when given, receives every compared pair as name -> (cpu, tpu, kind),
-    both on the CPU."""
+    rounding check). `keep`, when given, is called with every compared pair (name, cpu tensor,
+    tpu tensor, kind) when it is compared; the tensors may change afterwards (the SGD step)."""
     tpu_dev = torch.device("tpu")
 
     def diff(name: str, c: torch.Tensor, t: torch.Tensor, kind: str) -> Diff:
         if keep is not None:
-            keep[name] = (c.detach().clone(), t.detach().cpu(), kind)
+            keep(name, c, t, kind)
         return _diff(name, c, t, kind)
 
     torch.manual_seed(SEED)
@@ -529,14 +531,29 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
     if any(math.isinf(d.ratio) for d in bad):
         return False, "not a rounding difference (shape, dtype, NaN, inf or integer values)"
     rec64: Dict[str, Any] = {"phases": {}}
-    keep64: Dict[str, Tuple[torch.Tensor, torch.Tensor, str]] = {}
+    # name -> (tpu float32's, CPU float32's distance from CPU's float64 result, as ratios to
+    # the tolerance), computed as each float64 tensor is compared: keeping the float64 tensors
+    # for later doubled the check's memory (a 138M-parameter VGG's gradients and parameters)
+    accuracy: Dict[str, Tuple[float, float]] = {}
+    unmatched = keep32  # consumed: a float32 pair is dropped once its float64 result is seen
+
+    def against_float64(name: str, c64: torch.Tensor, t64: torch.Tensor, kind: str) -> None:
+        pair = unmatched.pop(name, None)
+        if pair is None:
+            return
+        c32, t32 = pair[0], pair[1]
+        c64 = c64.detach()
+        if c64.is_floating_point():  # a dtype fixed inside the model (a .float() loss) stays
+            c64, t32, c32 = c64.double(), t32.double(), c32.double()
+        accuracy[name] = (_diff(name, c64, t32, kind).ratio, _diff(name, c64, c32, kind).ratio)
+
     default = torch.get_default_dtype()
     no64 = None
     try:
         # float64 also by default while the models run: tensors a model creates inside
         # (coordinate grids) match it; weights and inputs are still drawn in float32
         torch.set_default_dtype(torch.float64)
-        diffs64 = _forward_and_train(case, rec64, [], torch.float64, keep64)
+        diffs64 = _forward_and_train(case, rec64, [], torch.float64, against_float64)
     except Skip as s:
         no64 = s
     except _TpuError as e:
@@ -557,16 +574,10 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
     # tensor the figures are noisy: which tensor an amplified rounding lands in varies)
     et_w = ec_w = 0.0
     et_name = ec_name = ""
-    for name, (c32, t32, kind) in keep32.items():
-        if name not in keep64:
-            if any(d.name == name for d in bad):
-                return False, f"float64 check: {name} has no float64 counterpart"
-            continue
-        c64 = keep64[name][0]
-        if c64.is_floating_point():  # a dtype fixed inside the model (a .float() loss) stays
-            c64, t32, c32 = c64.double(), t32.double(), c32.double()
-        et = _diff(name, c64, t32, kind).ratio
-        ec = _diff(name, c64, c32, kind).ratio
+    for d in bad:
+        if d.name in unmatched:
+            return False, f"float64 check: {d.name} has no float64 counterpart"
+    for name, (et, ec) in accuracy.items():
         if et > et_w:
             et_w, et_name = et, name
         if ec > ec_w:
@@ -635,8 +646,12 @@ def run_case(case: Case) -> dict:
     watch: List[FallbackWatch] = []
     try:
         keep32: Dict[str, Tuple[torch.Tensor, torch.Tensor, str]] = {}
+
+        def keep_pair(name: str, c: torch.Tensor, t: torch.Tensor, kind: str) -> None:
+            keep32[name] = (c.detach().clone(), t.detach().cpu(), kind)
+
         diffs = (_pipeline(case, rec, watch) if case.pipeline
-                 else _forward_and_train(case, rec, watch, keep=keep32))
+                 else _forward_and_train(case, rec, watch, keep=keep_pair))
         fallback_ops: Dict[str, int] = {}
         for w in watch:
             for k, v in w.ops.items():
