@@ -92,3 +92,29 @@ def test_too_old_minor_version(tmp_path):
 def test_client_creation_failure(tmp_path):
     out = _probe(_build(tmp_path, "refuses_client"))
     _check(out, "client creation refused")
+
+
+def _probe_env(**env: str) -> dict:
+    import json
+
+    r = run_python(PROBE, **env)
+    assert r.returncode == 0, f"process failed (rc {r.returncode}):\n{r.stderr[-3000:]}"
+    line = next(l for l in r.stdout.splitlines() if l.startswith("RESULT"))
+    return json.loads(line[len("RESULT"):])
+
+
+def test_an_xla_flag_the_plugin_does_not_know_disables_the_device_instead_of_aborting(tmp_path):
+    # the XLA plugin aborts the process on an unknown flag when its client starts; a child
+    # process tries first, and the device is disabled with the plugin's own complaint
+    out = _probe_env(XLA_FLAGS="--torch_pjrt_no_such_flag=1", TORCH_PJRT_CACHE_DIR=str(tmp_path))
+    _check(out, "Unknown flag in XLA_FLAGS: --torch_pjrt_no_such_flag", "XLA_FLAGS")
+    assert not (tmp_path / "flags-ok").exists() or not os.listdir(tmp_path / "flags-ok")
+
+
+def test_accepted_xla_flags_are_checked_once_and_remembered(tmp_path):
+    flags = "--xla_cpu_enable_fast_math=false"
+    out = _probe_env(XLA_FLAGS=flags, TORCH_PJRT_CACHE_DIR=str(tmp_path))
+    assert out["available"] is True and out["op"] == "ran" and out["op2"] == "ran", out
+    assert len(os.listdir(tmp_path / "flags-ok")) == 1  # the verdict, keyed by plugin and flags
+    out = _probe_env(XLA_FLAGS=flags, TORCH_PJRT_CACHE_DIR=str(tmp_path))
+    assert out["op"] == "ran" and len(os.listdir(tmp_path / "flags-ok")) == 1

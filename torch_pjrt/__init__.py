@@ -89,6 +89,13 @@ def _register() -> None:
                 # errors only, unless the user chose a level.
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
                 device._C._configure(choice.path, cfg.cpu_device_count)
+                # a flag the plugin does not know would abort the process when it starts
+                from . import _flags_probe
+
+                refused = _flags_probe.rejected(choice.path, cfg.cache_dir)
+                if refused:
+                    device._note_problem("plugin", refused)
+                    device._C._refuse(refused)
             device._C._set_check_nan(cfg.check_nan)
             device._C._defer_set_max_ops(cfg.defer_max_ops)
             device._C._set_default_eager_mode(modes.MODES.index(cfg.eager_mode))

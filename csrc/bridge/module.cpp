@@ -43,6 +43,11 @@ void bind_runtime(py::module_& m) {
         }),
         py::arg("plugin_path"), py::arg("cpu_device_count") = 1,
         "Chooses the plugin file and the CPU plugin's device count; before _init only.");
+  m.def("_refuse", wrap_pybind_function([](const std::string& message) {
+          check(pj_runtime_refuse(PJ_ERR_PLUGIN, message.c_str()));
+        }),
+        py::arg("message"),
+        "Makes the runtime refuse to start, with this message; before _init only.");
   m.def("_init", wrap_pybind_function_no_gil([] { runtime(); }),
         "Loads the plugin and creates the client; raises why it cannot.");
   m.def("is_initialized", [] { return pj_runtime_ready(); });

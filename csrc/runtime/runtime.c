@@ -78,6 +78,19 @@ pj_status_t *pj_runtime_configure(const char *plugin_path, int cpu_device_count)
   return st;
 }
 
+pj_status_t *pj_runtime_refuse(pj_code_t code, const char *message) {
+  pthread_mutex_lock(&init_lock);
+  pj_status_t *st = NULL;
+  if (g_runtime) {
+    st = pj_status_new(PJ_ERR_RUNTIME, "the PJRT runtime is already initialized");
+  } else {
+    snprintf(g_init_error, sizeof g_init_error, "%s", message ? message : "refused");
+    g_init_code = code;
+  }
+  pthread_mutex_unlock(&init_lock);
+  return st;
+}
+
 static const char *named_string(const PJRT_NamedValue *v, size_t n, const char *name,
                                 char *buf, size_t cap) {
   for (size_t i = 0; i < n; i++) {

@@ -37,6 +37,10 @@ const char *pj_runtime_key_identity(const pj_runtime_t *rt);
  * The Python front resolves names (cpu/cuda/tpu) to files; without a call the runtime uses
  * TORCH_PJRT_PLUGIN when it is a path. Fails once the runtime is initialized. */
 pj_status_t *pj_runtime_configure(const char *plugin_path, int cpu_device_count);
+/* Makes every later pj_runtime_get fail with this message instead of starting the plugin: for
+ * a configuration the front has found would make the plugin abort the process (an XLA_FLAGS
+ * flag it does not know). Fails once the runtime is initialized. */
+pj_status_t *pj_runtime_refuse(pj_code_t code, const char *message);
 
 /* Internal handles, for the other runtime modules only (storage.c, exec.c, transfer.c). */
 struct PJRT_Api;
