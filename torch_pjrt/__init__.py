@@ -116,6 +116,9 @@ def _register() -> None:
         from . import transformer_ops  # nn.MultiheadAttention's / TransformerEncoderLayer's fast path
 
         transformer_ops.register()
+        from . import distribution_ops  # Gamma / Dirichlet sampling
+
+        distribution_ops.register()
         _register_distributed(device)
         _registered = True
 
