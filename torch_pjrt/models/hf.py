@@ -52,7 +52,8 @@ for _names, _value in (
       "encoder_hidden_size", "decoder_hidden_size", "d_inner_hid", "text_embed_dim",
       "vision_embed_dim", "proj_dim", "output_hidden_size", "classifier_proj_size",
       "hidden_size_per_layer_input", "conv_dim_out", "out_hidden_size",
-      "cross_attention_hidden_size", "projector_hidden_size", "merged_hidden_size", "d_latents"),
+      "cross_attention_hidden_size", "projector_hidden_size", "merged_hidden_size", "d_latents",
+      "audio_hidden_size"),
      HIDDEN),
     (("intermediate_size", "ffn_dim", "encoder_ffn_dim", "decoder_ffn_dim", "d_ff", "n_inner",
       "ffn_hidden_size", "mlp_dim", "moe_intermediate_size", "shared_expert_intermediate_size",
@@ -192,6 +193,39 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     # the defaults name indexed-attention layers but leave their token indexer unset
     "qwen4_exp_text": _QWEN4_EXP_INDEXER,
     "qwen4_exp": _in_text_config(_QWEN4_EXP_INDEXER),
+    # the query/key head is qk_head_dim (nope + rope) wide, a partial_rotary_factor of it rotating
+    "mistral4": {"head_dim": HEAD_DIM},
+    # the decoder's cross-attention over the encoder's states (unshrunk names)
+    "dia": {"decoder_config.cross_hidden_size": HIDDEN,
+            "decoder_config.cross_num_attention_heads": HEADS,
+            "decoder_config.cross_head_dim": HEAD_DIM,
+            "decoder_config.cross_num_key_value_heads": HEADS},
+    # its codebook entries are the acoustic and semantic widths side by side (derived only when
+    # unset)
+    "xcodec": {"codebook_dim": 2 * HIDDEN},
+    # its subsampling projection takes subsampling_conv_channels[0] // 4 * [1] features: the
+    # 16 mel bins of the synthesized input, after two stride-2 convolutions
+    "gemma4_audio": {"subsampling_conv_channels": [16, 8]},
+    # its block attention reshapes keys and values with the query heads' count: no grouping
+    "granite_speech5_encoder": {"num_key_value_heads": HEADS},
+    "granite_speech5_ctc": {"encoder_config.num_key_value_heads": HEADS},
+    # the VQ image tokenizer's widths are base_channels times its multipliers (up to 4): a
+    # multiple of the 32 groups of its group norms
+    "janus": {"vq_config.base_channels": 32},
+    # VibeVoice's tokenizers double num_filters at each of their six downsampling stages
+    "vibevoice_acoustic_tokenizer": {"num_filters": 2},
+    "vibevoice_acoustic_tokenizer_encoder": {"num_filters": 2},
+    "vibevoice_acoustic_tokenizer_decoder": {"num_filters": 2},
+    "vibevoice": {"audio_config.num_filters": 2, "semantic_model_config.num_filters": 2},
+    "vibevoice_asr": {"acoustic_tokenizer_encoder_config.num_filters": 2,
+                      "semantic_tokenizer_encoder_config.num_filters": 2},
+    # the thinker's rotary index reads a vision-start token its config class does not define
+    # (the default id, moved into the shrunk vocabulary)
+    "qwen2_5_omni_thinker": {"vision_start_token_id": 151652 % VOCAB},
+    "qwen3_omni_moe_thinker": {"vision_start_token_id": 151652 % VOCAB},
+    # its vision blocks take hidden_size // 64 heads: at least one
+    "bridgetower": {"hidden_size": 64, "text_config.hidden_size": 64,
+                    "vision_config.hidden_size": 64},
 }
 
 # per-architecture inputs the generic synthesis cannot infer: model_type -> the first variant
@@ -203,6 +237,15 @@ INPUT_VARIANTS: Dict[str, dict] = {
     "seggpt": {"image_hw": (32, 32)},  # its image and prompt, stacked to the config's 64 x 32
     "musicgen": {"codebooks": True},  # the decoder's input_ids: [batch * codebooks, T]
     "musicgen_melody": {"codebooks": True},
+    # frames stacked four at a time before the encoder's input projection: [B, T, 4 * mel]
+    "granite_speech5_ctc": {"features": 4 * 16},
+    "granite_speech5_encoder": {"features": 4 * 16},
+    # VibeVoice's audio tokenizer downsamples 3200 times: [B, 1, samples]; its encoder takes the
+    # same audio, its decoder latents [B, hidden, frames]
+    "dia": {"decoder_codebooks": 9},  # decoder_config.num_channels
+    "vibevoice_acoustic_tokenizer": {"samples": 6400, "audio_channels": True},
+    "vibevoice_acoustic_tokenizer_encoder": {"main_shape": (1, 6400)},
+    "vibevoice_acoustic_tokenizer_decoder": {"main_shape": (HIDDEN, 4)},
 }
 
 # float multipliers of the architecture (EfficientNet's compound scaling): set, not shrunk
@@ -301,6 +344,7 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
     from transformers import PretrainedConfig
     layers_before = {k: v for k, v in vars(cfg).items()
                      if k in _LAYER_COUNTS and isinstance(v, int)}
+    hidden_before = vars(cfg).get("hidden_size")
     kv_was_heads = (isinstance(vars(cfg).get("num_attention_heads"), int)
                     and vars(cfg).get("num_key_value_heads") == cfg.num_attention_heads)
     for k, v in list(vars(cfg).items()):
@@ -340,6 +384,13 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
             if (isinstance(v, (list, tuple)) and len(v) == before and v and k not in _STAGE_LISTS
                     and all(isinstance(x, str) for x in v)):
                 setattr(cfg, k, type(v)(_per_layer(list(v), after)))
+    # depthwise convolutions grouped by the hidden size (Mimi's upsample_groups): the groups
+    # follow the new width
+    hidden = vars(cfg).get("hidden_size")
+    if isinstance(hidden_before, int) and isinstance(hidden, int) and hidden < hidden_before:
+        for k, v in list(vars(cfg).items()):
+            if k.endswith("_groups") and "key_value" not in k and v == hidden_before:
+                setattr(cfg, k, hidden)
     # Falcon-H1's mamba inner width is its heads times their size (both shrunk)
     if all(isinstance(vars(cfg).get(k), int) for k in ("mamba_d_ssm", "mamba_n_heads",
                                                          "mamba_d_head")):
@@ -645,6 +696,9 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
     low = min(3, vocab - 1)
     kw: Dict[str, Any] = {}
     seq = SEQ + variant.get("image_tokens", 0)
+    if variant.get("main_shape"):  # a float main input of a given shape per item
+        kw[main] = torch.randn(BATCH, *variant["main_shape"], generator=gen)
+        return kw
     if main == "input_ids" and variant.get("codebooks"):  # a row per item and audio codebook
         books = int(tcfg.num_codebooks)
         kw["input_ids"] = torch.randint(low, vocab, (BATCH * books, seq), generator=gen)
@@ -671,6 +725,7 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
                        or getattr(cfg, "feature_size", 0) or getattr(cfg, "num_mel_bins", 0) or 16)
             feat *= int(getattr(cfg, "num_stacked_frames", 1))  # low frame rate: frames stacked
             feat = int(getattr(cfg, "feature_projection_input_dim", None) or feat)  # w2v-BERT
+            feat = int(variant.get("features", feat))
             kw["input_features"] = torch.randn(BATCH, 32, feat, generator=gen)
             if variant.get("channels_first"):  # [B, features, frames] (convolutional front ends)
                 kw["input_features"] = kw["input_features"].transpose(1, 2).contiguous()
@@ -682,9 +737,13 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
         kw["audio_mel_mask"] = torch.zeros(BATCH, 32, dtype=torch.bool)  # True: padding
     elif main == "past_values":
         return _series_inputs(cfg, sig, gen)
+    elif main == "latents" and isinstance(getattr(cfg, "hidden_size", None), int):
+        # an audio codec's decoder (Mimi): continuous latents, [B, hidden, frames]
+        kw["latents"] = torch.randn(BATCH, int(cfg.hidden_size), 8, generator=gen)
     elif main == "input_values":  # raw audio: [B, T], or [B, channels, T] (codecs)
         ch = int(getattr(cfg, "audio_channels", None) or 1)
-        shape = (BATCH, ch, 1600) if variant.get("audio_channels") else (BATCH, 1600)
+        samples = int(variant.get("samples", 1600))
+        shape = (BATCH, ch, samples) if variant.get("audio_channels") else (BATCH, samples)
         kw["input_values"] = torch.randn(*shape, generator=gen)
     elif main.endswith("_embeds") and isinstance(getattr(tcfg, "hidden_size", None), int):
         kw[main] = torch.randn(BATCH, SEQ, int(tcfg.hidden_size), generator=gen)  # [B, T, hidden]
@@ -747,6 +806,12 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             kw["labels"] = torch.randint(0, int(getattr(cfg, "num_labels", 2)), (BATCH,), generator=gen)
     if is_ed and "labels" not in kw and "decoder_input_ids" in sig:
         kw["decoder_input_ids"] = torch.randint(low, labels_vocab, (BATCH, DEC_SEQ), generator=gen)
+    books = variant.get("decoder_codebooks")
+    if books:  # Dia: the decoder's audio codebooks, [B, T, books]; labels [B * books, T]
+        if "labels" in kw:
+            kw["labels"] = torch.randint(low, labels_vocab, (BATCH * books, DEC_SEQ), generator=gen)
+        kw["decoder_input_ids"] = torch.randint(low, labels_vocab, (BATCH, DEC_SEQ, books),
+                                                generator=gen)
     return kw
 
 
