@@ -126,6 +126,12 @@ _GLM4V_MOE_ROPE = {"rope_parameters": {"rope_type": "default", "rope_theta": 100
                                        "partial_rotary_factor": 0.5, "mrope_section": [1, 1, 2]}}
 _QWEN4_EXP_INDEXER = {"indexer_n_heads": 2, "indexer_kv_heads": 1, "indexer_head_dim": HEAD_DIM,
                       "indexer_budget": 4, "indexer_compress_ratio": 2}
+# SAM3's ViT backbone: the FPN as wide as the shrunk detector and mask decoder, its feature maps
+# those of a 64-pixel image (4 patches of 14, scaled by 4, 2, 1) and a global-attention layer
+# among the two left
+_SAM3_VISION = {"vision_config.fpn_hidden_size": HIDDEN,
+                "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+                "vision_config.backbone_config.global_attn_indexes": [1]}
 OVERRIDES: Dict[str, Dict[str, Any]] = {
     "reformer": {"axial_pos_shape": [8, 16], "axial_pos_embds_dim": [16, 16],
                  "attn_layers": ["local", "lsh"], "max_position_embeddings": 128,
@@ -151,7 +157,6 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "blip-2": {"image_token_index": VOCAB - 1, "num_query_tokens": 8},
     "instructblip": {"image_token_index": VOCAB - 1, "num_query_tokens": 8},
     "instructblipvideo": {"video_token_index": VOCAB - 1, "num_query_tokens": 8},
-    "qwen3_asr_encoder": {"n_window": 8, "n_window_infer": 16},  # frames: a multiple of 2 n_window
     "seggpt": {"image_size": [64, 32]},  # an image over its prompt: twice as high as wide
     # EfficientNet's top convolution is round_filters(1280) wide at the shrunk width (640);
     # its batch norm is sized by hidden_dim
@@ -223,6 +228,29 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     # (the default id, moved into the shrunk vocabulary)
     "qwen2_5_omni_thinker": {"vision_start_token_id": 151652 % VOCAB},
     "qwen3_omni_moe_thinker": {"vision_start_token_id": 151652 % VOCAB},
+    # SAM2's Hiera backbone: narrower stages (the FPN's inputs, widest first), fewer blocks, the
+    # feature maps of a 64-pixel image (strides 4, 8, 16) and an FPN as wide as the prompt encoder
+    # and mask decoder
+    "sam2": {"vision_config.backbone_config.embed_dim_per_stage": [32, 64, 128, 256],
+             "vision_config.backbone_config.blocks_per_stage": [1, 1, 2, 1],
+             "vision_config.backbone_config.global_attention_blocks": [3],
+             "vision_config.backbone_channel_list": [256, 128, 64, 32],
+             "vision_config.backbone_feature_sizes": [[16, 16], [8, 8], [4, 4]],
+             "vision_config.fpn_hidden_size": HIDDEN},
+    # its hybrid layers share one transformer, tied from the first into the others: two of them
+    # left; attention over [hidden, embeddings] (twice the hidden size) and a mamba time-step
+    # rank of hidden / 16, both derived from the default width
+    "zamba": {"num_hidden_layers": 3,
+              "layers_block_type": ["linear_attention", "hybrid", "hybrid"],
+              "attention_hidden_size": 2 * HIDDEN, "attention_head_dim": 2 * HIDDEN // HEADS,
+              "num_key_value_heads": HEADS, "mamba_dt_rank": 2},
+    # the global transformer takes cross_attn_k (2) encoder states per patch: twice the
+    # encoder's width, its heads split by its hidden size, not head_dim
+    "blt": {"global_config.hidden_size": 2 * HIDDEN, "global_config.head_dim": HIDDEN,
+            "encoder_config.hidden_size_global": 2 * HIDDEN,
+            "decoder_config.hidden_size_global": 2 * HIDDEN},
+    "sam3": _SAM3_VISION,
+    "sam3_lite_text": _SAM3_VISION,
     # its vision blocks take hidden_size // 64 heads: at least one
     "bridgetower": {"hidden_size": 64, "text_config.hidden_size": 64,
                     "vision_config.hidden_size": 64},
@@ -242,6 +270,9 @@ INPUT_VARIANTS: Dict[str, dict] = {
     "granite_speech5_encoder": {"features": 4 * 16},
     # VibeVoice's audio tokenizer downsamples 3200 times: [B, 1, samples]; its encoder takes the
     # same audio, its decoder latents [B, hidden, frames]
+    # its default 100-frame chunks (2 n_window; the position table holds the 13 tokens its
+    # convolutions make of one): [B, mel, 100] and a frame mask
+    "qwen3_asr_encoder": {"channels_first": True, "feature_frames": 100},
     "dia": {"decoder_codebooks": 9},  # decoder_config.num_channels
     "vibevoice_acoustic_tokenizer": {"samples": 6400, "audio_channels": True},
     "vibevoice_acoustic_tokenizer_encoder": {"main_shape": (1, 6400)},
@@ -726,7 +757,8 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             feat *= int(getattr(cfg, "num_stacked_frames", 1))  # low frame rate: frames stacked
             feat = int(getattr(cfg, "feature_projection_input_dim", None) or feat)  # w2v-BERT
             feat = int(variant.get("features", feat))
-            kw["input_features"] = torch.randn(BATCH, 32, feat, generator=gen)
+            frames = int(variant.get("feature_frames", 32))
+            kw["input_features"] = torch.randn(BATCH, frames, feat, generator=gen)
             if variant.get("channels_first"):  # [B, features, frames] (convolutional front ends)
                 kw["input_features"] = kw["input_features"].transpose(1, 2).contiguous()
         if "attention_mask" in sig and "num_mel_bins" not in vars(cfg):
