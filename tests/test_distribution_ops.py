@@ -1,4 +1,4 @@
-"""Gamma and Dirichlet sampling on tpu (torch_pjrt/distribution_ops.py): no CPU fallback, the
+"""Gamma, Dirichlet and Poisson sampling on tpu (torch_pjrt/distribution_ops.py): no CPU fallback, the
 distribution CPU samples (a two-sample Kolmogorov-Smirnov test against CPU's own samples, and
 the known mean and variance), CPU's edge values, and reproducibility under a seed."""
 import pytest
@@ -79,3 +79,25 @@ def test_dirichlet_and_beta_samples_on_tpu():
     # CPU's edge rule: zero concentrations split evenly, results at least the smallest normal
     edge = torch.tensor([[0.0, 0.0], [1e-30, 1e-30]])
     assert torch.equal(torch._sample_dirichlet(edge.to(TPU)).cpu(), torch._sample_dirichlet(edge))
+
+
+@pytest.mark.parametrize("rate", [0.0, 0.3, 4.0, 9.99, 10.0, 60.0, 1e5])
+def test_poisson_samples_have_cpus_distribution(rate):
+    n = 40000
+    before = dict(torch.tpu.fallback_ops())
+    torch.manual_seed(0)
+    got = torch.poisson(torch.full((n,), rate, device=TPU)).cpu()
+    want = torch.poisson(torch.full((n,), rate))
+    assert got.dtype == torch.float32 and torch.equal(got, got.round()) and (got >= 0).all()
+    assert torch.tpu.fallback_ops() == before
+    assert _ks(got, want) < 0.015
+    assert abs(got.mean().item() - rate) <= 6 * (rate / n) ** 0.5
+
+
+def test_poisson_rejects_negative_and_nan_rates_like_cpu():
+    for bad in (-1.0, float("nan")):
+        for dev in ("cpu", TPU):
+            with pytest.raises(RuntimeError, match="expected rate to be non-negative"):
+                torch.poisson(torch.tensor([1.0, bad], device=dev))
+    with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
+        torch.poisson(torch.ones(2, dtype=torch.int64, device=TPU))
