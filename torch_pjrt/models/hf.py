@@ -249,7 +249,18 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     "blt": {"global_config.hidden_size": 2 * HIDDEN, "global_config.head_dim": HIDDEN,
             "encoder_config.hidden_size_global": 2 * HIDDEN,
             "decoder_config.hidden_size_global": 2 * HIDDEN},
+    # its layers are the stages of hidden_sizes (the last one's width is what its output
+    # projection takes): all four kept
+    "muse_spark_audio": {"num_hidden_layers": 4},
+    # the matcher attends over the keypoint detector's descriptors: as wide as its hidden size
+    "lightglue": {"descriptor_dim": HIDDEN, "keypoint_detector_config.descriptor_decoder_dim": HIDDEN},
+    # its position table is sized for spectrograms of max_length frames: a short one
+    "audio-spectrogram-transformer": {"max_length": 64},
     "sam3": _SAM3_VISION,
+    # Gemma3's image pooling averages the patch grid (image_size // patch_size a side) down to
+    # sqrt(mm_tokens_per_image) a side: 4 tokens for the 4 x 4 patches of a 64-pixel image
+    "shieldgemma2": {"mm_tokens_per_image": 4, "yes_token_index": 10784 % VOCAB,
+                     "no_token_index": 3771 % VOCAB},
     "sam3_lite_text": _SAM3_VISION,
     # its vision blocks take hidden_size // 64 heads: at least one
     "bridgetower": {"hidden_size": 64, "text_config.hidden_size": 64,
@@ -268,12 +279,24 @@ INPUT_VARIANTS: Dict[str, dict] = {
     # frames stacked four at a time before the encoder's input projection: [B, T, 4 * mel]
     "granite_speech5_ctc": {"features": 4 * 16},
     "granite_speech5_encoder": {"features": 4 * 16},
-    # VibeVoice's audio tokenizer downsamples 3200 times: [B, 1, samples]; its encoder takes the
-    # same audio, its decoder latents [B, hidden, frames]
     # its default 100-frame chunks (2 n_window; the position table holds the 13 tokens its
     # convolutions make of one): [B, mel, 100] and a frame mask
     "qwen3_asr_encoder": {"channels_first": True, "feature_frames": 100},
+    "lightglue": {"frames": 2},  # a keypoint matcher: a pair of images, [B, 2, C, H, W]
+    "muse_spark_audio": {"samples": 2 * 1920},  # whole frames of its feature extractor
+    # its DAC encoder downsamples 1920 times: [B, 1, samples]
+    "pe_audio_encoder": {"samples": 2 * 1920, "audio_channels": True},
     "dia": {"decoder_codebooks": 9},  # decoder_config.num_channels
+    # audio added to the text embeddings step by step: 8 frames per text token
+    "voxtral_realtime": {"audio_frames": 8 * SEQ},
+    # Perceiver's masked-LM decoder queries every position: text of max_position_embeddings
+    "perceiver": {"seq_len": POSITIONS},
+    # Kyutai STT's tokens: each step a text token and num_codebooks (32) audio tokens
+    "kyutai_speech_to_text": {"id_books": 33},
+    # a spectrogram of max_length frames of num_mel_bins: [B, frames, mel]
+    "audio-spectrogram-transformer": {"main_shape": (64, 16)},
+    # VibeVoice's audio tokenizer downsamples 3200 times: [B, 1, samples]; its encoder takes the
+    # same audio, its decoder latents [B, hidden, frames]
     "vibevoice_acoustic_tokenizer": {"samples": 6400, "audio_channels": True},
     "vibevoice_acoustic_tokenizer_encoder": {"main_shape": (1, 6400)},
     "vibevoice_acoustic_tokenizer_decoder": {"main_shape": (HIDDEN, 4)},
@@ -726,17 +749,21 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
     vocab = int(getattr(tcfg, "vocab_size", None) or VOCAB)
     low = min(3, vocab - 1)
     kw: Dict[str, Any] = {}
-    seq = SEQ + variant.get("image_tokens", 0)
-    if variant.get("main_shape"):  # a float main input of a given shape per item
-        kw[main] = torch.randn(BATCH, *variant["main_shape"], generator=gen)
-        return kw
+    seq = int(variant.get("seq_len", SEQ)) + variant.get("image_tokens", 0)
     if main == "input_ids" and variant.get("codebooks"):  # a row per item and audio codebook
         books = int(tcfg.num_codebooks)
         kw["input_ids"] = torch.randint(low, vocab, (BATCH * books, seq), generator=gen)
         if with_labels and task == "causal_lm":  # [B, T, codebooks]
             kw["labels"] = kw["input_ids"].view(BATCH, books, seq).transpose(1, 2).contiguous()
         return kw
-    if main == "input_ids":
+    if variant.get("main_shape"):  # a float main input of a given shape per item
+        kw[main] = torch.randn(BATCH, *variant["main_shape"], generator=gen)
+    elif main == "input_ids" and variant.get("id_books"):  # a text token and audio codebooks
+        kw["input_ids"] = torch.randint(low, vocab, (BATCH, seq, variant["id_books"]),
+                                        generator=gen)
+        if "attention_mask" in sig:
+            kw["attention_mask"] = torch.ones(BATCH, seq, dtype=torch.long)
+    elif main == "input_ids":
         kw["input_ids"] = _text_ids(cfg, low, vocab, seq, gen)
         if "attention_mask" in sig:
             kw["attention_mask"] = torch.ones(BATCH, seq, dtype=torch.long)
@@ -769,6 +796,18 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
         kw["audio_mel_mask"] = torch.zeros(BATCH, 32, dtype=torch.bool)  # True: padding
     elif main == "past_values":
         return _series_inputs(cfg, sig, gen)
+    elif main == "inputs" and task in ("masked_lm", "seq_cls"):  # Perceiver's text: token ids
+        kw["inputs"] = _text_ids(cfg, low, vocab, seq, gen)
+        if "attention_mask" in sig:
+            kw["attention_mask"] = torch.ones(BATCH, seq, dtype=torch.long)
+    elif main == "states" and isinstance(getattr(cfg, "state_dim", None), int):
+        # Decision Transformer: a trajectory of states, actions, rewards, returns to go and steps
+        kw["states"] = torch.randn(BATCH, SEQ, cfg.state_dim, generator=gen)
+        kw["actions"] = torch.randn(BATCH, SEQ, int(cfg.act_dim), generator=gen)
+        kw["rewards"] = torch.randn(BATCH, SEQ, 1, generator=gen)
+        kw["returns_to_go"] = torch.randn(BATCH, SEQ, 1, generator=gen)
+        kw["timesteps"] = torch.arange(SEQ).expand(BATCH, SEQ).contiguous()
+        kw["attention_mask"] = torch.ones(BATCH, SEQ, dtype=torch.long)
     elif main == "latents" and isinstance(getattr(cfg, "hidden_size", None), int):
         # an audio codec's decoder (Mimi): continuous latents, [B, hidden, frames]
         kw["latents"] = torch.randn(BATCH, int(cfg.hidden_size), 8, generator=gen)
@@ -825,12 +864,21 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             kw[name] = torch.randn(BATCH, 1, 16000, generator=gen)
         elif name == "input_features_mask" and "input_features" in kw:
             kw[name] = _features_mask(cfg, kw["input_features"], variant)
+    frames = variant.get("audio_frames")
+    if frames and "input_features" in sig and "input_features" not in kw:
+        # text-first speech models (Voxtral Realtime): the audio beside the text, [B, mel, T]
+        mel = int(getattr(getattr(cfg, "audio_config", None) or cfg, "num_mel_bins", 16))
+        kw["input_features"] = torch.randn(BATCH, mel, frames, generator=gen)
     if variant.get("extras"):
         _add_extras(kw, cfg, sig, main, gen)
     is_ed = bool(getattr(cfg, "is_encoder_decoder", False))
     labels_vocab = vocab
     if with_labels:
         if task in ("causal_lm", "masked_lm"):
+            kw["labels"] = kw["input_ids" if "input_ids" in kw else main].clone()
+        elif task in ("seq2seq", "speech_seq2seq") and not is_ed and main == "input_ids":
+            # a decoder-only model under a seq2seq mapping (Voxtral Realtime, VibeVoice): it
+            # predicts its own text
             kw["labels"] = kw["input_ids"].clone()
         elif task in ("seq2seq", "speech_seq2seq"):
             kw["labels"] = torch.randint(low, labels_vocab, (BATCH, DEC_SEQ), generator=gen)
@@ -838,6 +886,8 @@ def make_inputs(model, cfg, task: str, gen: torch.Generator, with_labels: bool,
             kw["labels"] = torch.randint(0, int(getattr(cfg, "num_labels", 2)), (BATCH,), generator=gen)
     if is_ed and "labels" not in kw and "decoder_input_ids" in sig:
         kw["decoder_input_ids"] = torch.randint(low, labels_vocab, (BATCH, DEC_SEQ), generator=gen)
+    if variant.get("id_books") and "labels" in kw:  # decoder-only: a text label per step
+        kw["labels"] = torch.randint(low, labels_vocab, (BATCH, seq), generator=gen)
     books = variant.get("decoder_codebooks")
     if books:  # Dia: the decoder's audio codebooks, [B, T, books]; labels [B * books, T]
         if "labels" in kw:
