@@ -122,6 +122,50 @@ def test_wrong_result_in_float64_too_is_a_mismatch():
     assert rec["status"] == "mismatch" and rec["float64_check"].startswith("float64 differs"), rec
 
 
+# An op both of whose float32 kernels are off by the same relative 1e-3, in opposite directions
+# (CPU's up, tpu's down), and exact in float64: tpu is exactly as accurate as CPU.
+_LIB.define("wobble(Tensor x) -> Tensor")
+_LIB.impl("wobble", lambda x: x * (1 + 1e-3) if x.dtype == torch.float32 else x.clone(), "CPU")
+_LIB.impl("wobble", lambda x: x * (1 - 1e-3) if x.dtype == torch.float32 else x.clone(),
+          "PrivateUse1")
+_LIB.impl("wobble", lambda x: x.clone(), "Meta")
+torch.library.register_autograd("pjrt_zoo_plant::wobble", lambda ctx, g: g)
+
+
+class _Threshold(torch.nn.Module):
+    """A decision at a threshold: which |y| exceed |x|. Float64 says none; a rounding error
+    flips it, so the integer output differs between the devices."""
+
+    def __init__(self, wobble: bool):
+        super().__init__()
+        self.lin = torch.nn.Linear(6, 6)
+        self.wobble = wobble
+
+    def forward(self, x):
+        x = self.lin(x)
+        y = torch.ops.pjrt_zoo_plant.wobble(x) if self.wobble else \
+            torch.ops.pjrt_zoo_plant.plant(x, 0.5)
+        return y, (y.abs() > x.abs()).long()
+
+
+def test_a_threshold_that_rounding_flips_on_cpu_too_passes_by_the_audit():
+    # CPU's own float32 flips the decision against float64, float64 matches on both devices,
+    # and the audit finds every op as accurate as CPU's: rounding, not a wrong op
+    rec = run_case(Case(zoo="test", name="threshold", build=lambda: _Threshold(True),
+                        inputs=_inputs))
+    assert rec["status"] == "pass", json.dumps(rec, indent=1)
+    assert "differ in shape, NaN/inf or integer values, as CPU's own float32" in \
+        rec["float64_check"] and "per-op audit" in rec["float64_check"], rec["float64_check"]
+
+
+def test_a_threshold_flipped_only_on_tpu_is_a_mismatch():
+    # CPU's float32 decision equals its float64 one: a flip on tpu is not rounding
+    rec = run_case(Case(zoo="test", name="threshold", build=lambda: _Threshold(False),
+                        inputs=_inputs))
+    assert rec["status"] == "mismatch", json.dumps(rec, indent=1)
+    assert rec["float64_check"].startswith("not a rounding difference"), rec["float64_check"]
+
+
 def test_cpu_failure_is_skipped_not_error():
     def build():
         raise ValueError("this config is invalid")

@@ -59,6 +59,8 @@ def _rel_err(x: torch.Tensor, ref: torch.Tensor) -> float:
 
 def _cpu_copy(tree, dtype=None):
     def f(a):
+        if isinstance(a, torch.device) and a.type == "tpu":  # a factory's device= argument
+            return torch.device("cpu")
         if not isinstance(a, torch.Tensor):
             return a
         c = a.detach().to("cpu", copy=True)
