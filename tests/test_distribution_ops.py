@@ -101,3 +101,14 @@ def test_poisson_rejects_negative_and_nan_rates_like_cpu():
                 torch.poisson(torch.tensor([1.0, bad], device=dev))
     with pytest.raises(NotImplementedError, match="not implemented for 'Long'"):
         torch.poisson(torch.ones(2, dtype=torch.int64, device=TPU))
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16])
+def test_half_precision_samples_stay_positive(dtype):
+    # computed in float32; the floor is the smallest normal number of the result's dtype (a
+    # float32 floor would round to zero in float16)
+    a = torch.tensor([0.0, 1e-3, 0.5, 3.0], dtype=dtype, device=TPU)
+    g = torch._standard_gamma(a).cpu()
+    assert g.dtype == dtype and (g >= torch.finfo(dtype).tiny).all()
+    d = torch._sample_dirichlet(torch.tensor([[0.0, 0.0], [1.0, 2.0]], dtype=dtype, device=TPU))
+    assert d.dtype == dtype and (d.cpu() > 0).all()

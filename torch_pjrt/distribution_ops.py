@@ -24,15 +24,19 @@ import torch
 
 ROUNDS = 16
 _LIBS: list = []
-_NAMES = {torch.float16: "Half", torch.bfloat16: "BFloat16", torch.float32: "Float",
-          torch.float64: "Double"}
+_FLOATS = (torch.float16, torch.bfloat16, torch.float32, torch.float64)
 
 
 def _compute_dtype(alpha: torch.Tensor, kernel: str) -> torch.dtype:
-    if alpha.dtype not in _NAMES:  # integers, bool, complex: CPU's NotImplementedError
+    if alpha.dtype not in _FLOATS:  # integers, bool, complex: CPU's NotImplementedError
         name = torch.empty(0, dtype=alpha.dtype).type().split(".")[-1][:-len("Tensor")]
         raise NotImplementedError(f'"{kernel}" not implemented for \'{name}\'')
     return torch.float64 if alpha.dtype == torch.float64 else torch.float32
+
+
+def _at_least_tiny(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """x in dtype, at least dtype's smallest normal number (CPU's floor for these samplers)."""
+    return x.clamp_min(torch.finfo(x.dtype).tiny).to(dtype).clamp_min(torch.finfo(dtype).tiny)
 
 
 def _gamma(a: torch.Tensor, generator) -> torch.Tensor:
@@ -58,15 +62,14 @@ def _gamma(a: torch.Tensor, generator) -> torch.Tensor:
 
 def _standard_gamma(alpha: torch.Tensor, generator=None) -> torch.Tensor:
     ct = _compute_dtype(alpha, "gamma_tpu")
-    out = _gamma(alpha.to(ct), generator)
-    return out.clamp_min(torch.finfo(ct).tiny).to(alpha.dtype)
+    return _at_least_tiny(_gamma(alpha.to(ct), generator), alpha.dtype)
 
 
 def _sample_dirichlet(alpha: torch.Tensor, generator=None) -> torch.Tensor:
     ct = _compute_dtype(alpha, "dirichlet")
     tiny = torch.finfo(ct).tiny
     g = _gamma(alpha.to(ct), generator).clamp_min(tiny)
-    return (g / g.sum(-1, keepdim=True)).clamp_min(tiny).to(alpha.dtype)
+    return _at_least_tiny(g / g.sum(-1, keepdim=True), alpha.dtype)
 
 
 # Poisson(rate): below SMALL_RATE by inversion over the first INVERSION_TERMS values (the
