@@ -39,6 +39,14 @@ def _at_least_tiny(x: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return x.clamp_min(torch.finfo(x.dtype).tiny).to(dtype).clamp_min(torch.finfo(dtype).tiny)
 
 
+def _first_accepted(candidates: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    """Per element, the first of the ROUNDS candidates (dim 0) that was accepted, else the last."""
+    order = torch.arange(ROUNDS, device=candidates.device)
+    order = order.reshape((ROUNDS,) + (1,) * (candidates.dim() - 1))
+    first = torch.where(accepted, order, ROUNDS - 1).amin(0, keepdim=True)
+    return candidates.gather(0, first).squeeze(0)
+
+
 def _gamma(a: torch.Tensor, generator) -> torch.Tensor:
     """Gamma(a, 1) samples in a's dtype (float32 or float64), before CPU's clamping."""
     kw = dict(generator=generator, device=a.device, dtype=a.dtype)
@@ -51,9 +59,7 @@ def _gamma(a: torch.Tensor, generator) -> torch.Tensor:
     u = torch.rand(rounds, **kw)
     v = (1.0 + c * x) ** 3
     accepted = (v > 0) & (torch.log(u) < 0.5 * x * x + d - d * v + d * torch.log(v))
-    order = torch.arange(ROUNDS, device=a.device).reshape((ROUNDS,) + (1,) * a.dim())
-    first = torch.where(accepted, order, ROUNDS - 1).amin(0, keepdim=True)
-    sample = d * v.clamp_min(0).gather(0, first).squeeze(0)
+    sample = d * _first_accepted(v.clamp_min(0), accepted)
     scale = torch.rand(tuple(a.shape), **kw) ** (1.0 / a)
     sample = torch.where(small, sample * scale, sample)
     sample = torch.where(a > 0, sample, 0.0)  # alpha <= 0 or NaN: CPU gives the tiny value
@@ -116,9 +122,7 @@ def _poisson_large(lam: torch.Tensor, generator) -> torch.Tensor:
     possible = (k >= 0) & ~((us < 0.013) & (v > us))
     bound = torch.log(v) + torch.log(inv_alpha) - torch.log(a / (us * us) + b)
     accepted = squeeze | (possible & (bound <= _log_poisson_pmf(k.clamp_min(0), lam)))
-    order = torch.arange(ROUNDS, device=lam.device).reshape((ROUNDS,) + (1,) * lam.dim())
-    first = torch.where(accepted, order, ROUNDS - 1).amin(0, keepdim=True)
-    return k.clamp_min(0).gather(0, first).squeeze(0)
+    return _first_accepted(k.clamp_min(0), accepted)
 
 
 def _poisson(rate: torch.Tensor, generator=None) -> torch.Tensor:

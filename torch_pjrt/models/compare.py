@@ -572,8 +572,6 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
     if bad64:
         w = worst(bad64)
         return False, f"float64 differs as well: {w.name} {w.ratio:.3g}x the tolerance"
-    # accuracy of each side's float32 against CPU's float64, at each side's worst tensor (per
-    # tensor the figures are noisy: which tensor an amplified rounding lands in varies)
     for d in bad:
         if d.name in unmatched:
             return False, f"float64 check: {d.name} has no float64 counterpart"
@@ -592,6 +590,8 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
             case, f"{names} differ in shape, NaN/inf or integer values, as CPU's own float32 "
             f"does from CPU's float64; in float64 tpu matches CPU (worst {worst(diffs64).ratio:.2g}x "
             "the tolerance)", None, require_all=True)
+    # accuracy of each side's float32 against CPU's float64, at each side's worst tensor (per
+    # tensor the figures are noisy: which tensor an amplified rounding lands in varies)
     et_w = ec_w = 0.0
     et_name = ec_name = ""
     for name, (et, ec) in accuracy.items():
