@@ -4,22 +4,65 @@
 
 namespace torch_pjrt {
 
-pj_dtype_t to_pj_dtype(at::ScalarType t) {
+bool pj_dtype_of(at::ScalarType t, pj_dtype_t* out) {
   switch (t) {
-    case at::kBool: return PJ_BOOL;
-    case at::kByte: return PJ_U8;
-    case at::kChar: return PJ_I8;
-    case at::kShort: return PJ_I16;
-    case at::kInt: return PJ_I32;
-    case at::kLong: return PJ_I64;
-    case at::kHalf: return PJ_F16;
-    case at::kBFloat16: return PJ_BF16;
-    case at::kFloat: return PJ_F32;
-    case at::kDouble: return PJ_F64;
-    case at::kComplexFloat: return PJ_C64;
-    case at::kComplexDouble: return PJ_C128;
-    default: TORCH_CHECK_TYPE(false, "dtype ", t, " is not supported on the tpu device");
+    case at::kBool: *out = PJ_BOOL; return true;
+    case at::kByte: *out = PJ_U8; return true;
+    case at::kChar: *out = PJ_I8; return true;
+    case at::kShort: *out = PJ_I16; return true;
+    case at::kInt: *out = PJ_I32; return true;
+    case at::kLong: *out = PJ_I64; return true;
+    case at::kHalf: *out = PJ_F16; return true;
+    case at::kBFloat16: *out = PJ_BF16; return true;
+    case at::kFloat: *out = PJ_F32; return true;
+    case at::kDouble: *out = PJ_F64; return true;
+    case at::kComplexFloat: *out = PJ_C64; return true;
+    case at::kComplexDouble: *out = PJ_C128; return true;
+    default: return false;
   }
+}
+
+pj_dtype_t to_pj_dtype(at::ScalarType t) {
+  pj_dtype_t d;
+  TORCH_CHECK_TYPE(pj_dtype_of(t, &d), "dtype ", t, " is not supported on the tpu device");
+  return d;
+}
+
+pj_scalar_t scalar_value(const c10::Scalar& s) {
+  pj_scalar_t v{};
+  if (s.isBoolean()) {
+    v.dtype = PJ_BOOL;
+    v.i = s.toBool();
+  } else if (s.isIntegral(false)) {
+    v.dtype = PJ_I64;
+    v.i = s.toLong();
+  } else if (s.isComplex()) {
+    v.dtype = PJ_C128;
+    auto z = s.toComplexDouble();
+    v.f = z.real();
+    v.imag = z.imag();
+  } else {
+    v.dtype = PJ_F64;
+    v.f = s.toDouble();
+  }
+  return v;
+}
+
+pj_scalar_t scalar_value(const at::Tensor& t) {
+  pj_scalar_t s{};
+  s.dtype = to_pj_dtype(t.scalar_type());
+  if (t.is_complex()) {
+    auto v = t.item<c10::complex<double>>();
+    s.f = v.real();
+    s.imag = v.imag();
+  } else if (t.is_floating_point()) {
+    s.f = t.item<double>();
+    // half types have no scalar upload path; they arrive as f32 and convert in-program
+    if (s.dtype == PJ_F16 || s.dtype == PJ_BF16) s.dtype = PJ_F32;
+  } else {
+    s.i = t.item<int64_t>();
+  }
+  return s;
 }
 
 at::ScalarType from_pj_dtype(pj_dtype_t t) {
@@ -127,20 +170,7 @@ void CallBuilder::describe(const at::Tensor& t, pj_tensor_desc_t* d, bool readin
     // A 0-d CPU tensor (Python number or scalar tensor) travels by value.
     TORCH_CHECK(c_->nscalars < PJ_CALL_MAX_SCALARS, "too many scalar arguments");
     int si = c_->nscalars++;
-    pj_scalar_t& s = c_->scalars[si];
-    s = pj_scalar_t{};
-    s.dtype = d->dtype;
-    if (t.is_complex()) {
-      auto v = t.item<c10::complex<double>>();
-      s.f = v.real();
-      s.imag = v.imag();
-    } else if (t.is_floating_point()) {
-      s.f = t.item<double>();
-      // half types have no scalar upload path; they arrive as f32 and convert in-program
-      if (s.dtype == PJ_F16 || s.dtype == PJ_BF16) s.dtype = PJ_F32;
-    } else {
-      s.i = t.item<int64_t>();
-    }
+    c_->scalars[si] = scalar_value(t);
     d->slot = -1;
     d->scalar = si;
     d->wrapped = t.unsafeGetTensorImpl()->is_wrapped_number();
@@ -190,23 +220,7 @@ void CallBuilder::add_tensor_list(const std::string& name, const std::vector<at:
 int CallBuilder::push_scalar(const c10::Scalar& s) {
   TORCH_CHECK(c_->nscalars < PJ_CALL_MAX_SCALARS, "too many scalar arguments");
   int idx = c_->nscalars++;
-  pj_scalar_t& v = c_->scalars[idx];
-  v = pj_scalar_t{};
-  if (s.isBoolean()) {
-    v.dtype = PJ_BOOL;
-    v.i = s.toBool();
-  } else if (s.isIntegral(false)) {
-    v.dtype = PJ_I64;
-    v.i = s.toLong();
-  } else if (s.isComplex()) {
-    v.dtype = PJ_C128;
-    auto z = s.toComplexDouble();
-    v.f = z.real();
-    v.imag = z.imag();
-  } else {
-    v.dtype = PJ_F64;
-    v.f = s.toDouble();
-  }
+  c_->scalars[idx] = scalar_value(s);
   return idx;
 }
 

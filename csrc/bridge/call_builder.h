@@ -16,7 +16,12 @@ extern "C" {
 namespace torch_pjrt {
 
 pj_dtype_t to_pj_dtype(at::ScalarType t);  // throws TypeError for unsupported dtypes
+bool pj_dtype_of(at::ScalarType t, pj_dtype_t* out);  // false for unsupported dtypes
 at::ScalarType from_pj_dtype(pj_dtype_t t);
+// A Python number as a scalar argument (double, int64, bool or complex: its own type).
+pj_scalar_t scalar_value(const c10::Scalar& s);
+// A 0-d CPU tensor as a scalar argument (by value, of the tensor's dtype).
+pj_scalar_t scalar_value(const at::Tensor& t);
 
 class CallBuilder {
  public:

@@ -20,6 +20,7 @@
 #include "eager_mode.h"
 #include "ivalue_map.h"
 #include "meta_cache.h"
+#include "call_memo.h"
 #include "view_index_put.h"
 extern "C" {
 #include "../ops/dynamic.h"
@@ -404,6 +405,13 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   const int device = call_device(args);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
 
+  // A call of a kind the call memo can repeat (call_memo.h) keeps a memo once it ran: not
+  // Debug or NaN-checked calls (checked one by one), random ops (a new seed each), ops whose
+  // indices are checked (they name the Python line of each call).
+  CallSignature sig;
+  const bool memoizable = !debug && !check_nan() && !checks_indices(base) &&
+                         !is_random_op(schema, base) && call_signature(op, args, sig);
+
   CallBuilder b(base, schema.overload_name(), device);
   for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
   // The source line a device-side index check names (one frame walk per indexing op).
@@ -608,6 +616,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       }
     } else {
       b.run();
+      if (memoizable && write_back.empty()) store_memo(op, sig, b.call(), args, dests, returns);
     }
     if (check_nan()) check_finite(schema, args, dests);
   }
@@ -875,6 +884,7 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 }
 
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (run_memoized(op, stack)) return;
   const std::string base = base_name(op.schema());
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
@@ -900,6 +910,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // meta function raises CPU's error (or, where it accepts, runs the op through its out= form).
 // Only refusals by the Meta kernel take that path: nothing has run yet.
 void structured_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (run_memoized(op, stack)) return;
   const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   torch::jit::Stack call(stack->end() - n, stack->end());
   meta_refused = false;

@@ -3,6 +3,7 @@
 #include <torch/extension.h>
 
 #include "bridge.h"
+#include "call_memo.h"
 #include "eager_mode.h"
 extern "C" {
 #include "torch_pjrt/call.h"
@@ -40,6 +41,9 @@ void bind_dispatch(pybind11::module_& m) {
         "Device-side index checks for the ops called from now on (TORCH_PJRT_CHECK_BOUNDS sets "
         "the start value); programs of both kinds stay cached under their own keys.");
   m.def("_index_checks", [] { return pj_checks_enabled(); });
+  m.def("_set_call_memo", [](bool on) { set_call_memo_enabled(on); },
+        "Whether repeated eager calls run from the call memo (call_memo.h); on by default.");
+  m.def("_call_memo", [] { return call_memo_enabled(); });
   m.def("_set_source_lines", [](const std::string& file, std::unordered_map<int, std::string> lines) {
     set_source_lines(file, std::move(lines));
   }, "A compiled graph's generated-code lines -> its nodes' user source lines (index-check "

@@ -501,10 +501,21 @@ pj_status_t *pj_run_program(pj_program_t *prog, int device, struct PJRT_Buffer *
     return pj_status_new(PJ_ERR_RUNTIME, "internal: program has %zu outputs, expected %d",
                          nprog, nouts);
   size_t nargs = (size_t)nbufs + (size_t)nscalars + checks;
-  struct PJRT_Buffer **args = calloc(nargs + 1, sizeof *args);
-  bool *don = calloc(nargs + 1, sizeof *don);
-  bool *owned = calloc((size_t)nscalars + 1, sizeof *owned);
-  struct PJRT_Buffer **all_outs = checks ? calloc((size_t)nouts + 2, sizeof *all_outs) : outs;
+  /* Small calls (nearly all eager ops) use the stack: these allocations were a measurable part
+   * of a cache-hit op. */
+  enum { SMALL = 32 };
+  struct PJRT_Buffer *args_small[SMALL + 1], *outs_small[SMALL + 2];
+  bool don_small[SMALL + 1], owned_small[SMALL + 1];
+  const bool small = nargs <= SMALL && (size_t)nouts <= SMALL;
+  struct PJRT_Buffer **args = small ? args_small : calloc(nargs + 1, sizeof *args);
+  bool *don = small ? don_small : calloc(nargs + 1, sizeof *don);
+  bool *owned = small ? owned_small : calloc((size_t)nscalars + 1, sizeof *owned);
+  struct PJRT_Buffer **all_outs =
+      !checks ? outs : small ? outs_small : calloc((size_t)nouts + 2, sizeof *all_outs);
+  if (small) {
+    memset(don_small, 0, sizeof don_small);
+    memset(owned_small, 0, sizeof owned_small);
+  }
   pj_status_t *st = NULL;
   int uploaded = 0;
   bool acquired = false;
@@ -535,10 +546,43 @@ done:
    * until the launched execution is done with them */
   for (int i = 0; i < uploaded; i++)
     if (owned[i]) pj_buffer_destroy(args[nbufs + i]);
-  free(args);
-  free(don);
-  free(owned);
-  if (all_outs != outs) free(all_outs);
+  if (!small) {
+    free(args);
+    free(don);
+    free(owned);
+    if (all_outs != outs) free(all_outs);
+  }
+  return st;
+}
+
+/* Runs prog over the call's slots (caller holds pj_run_lock): the read slots' storages are its
+ * buffer arguments in slot order (a written one donated), the written slots' storages take its
+ * results. Shared by pj_call_run and pj_prepared_run. */
+static pj_status_t *execute_slots(pj_program_t *prog, int device, const pj_slot_t *slots,
+                                  int nslots, const int *written, int nwritten,
+                                  const pj_scalar_t *scalars, int nscalars,
+                                  const pj_check_site_t *site) {
+  struct PJRT_Buffer *bufs[PJ_CALL_MAX_SLOTS], *outs[PJ_CALL_MAX_SLOTS];
+  bool donate[PJ_CALL_MAX_SLOTS];
+  int nbufs = 0;
+  pj_status_t *st = NULL;
+  for (int s = 0, w = 0; s < nslots && !st; s++) {
+    const bool writes = w < nwritten && written[w] == s;
+    w += writes;
+    if (!slots[s].read) continue;
+    st = pj_storage_materialize(slots[s].storage, slots[s].dtype);
+    donate[nbufs] = writes;
+    bufs[nbufs++] = slots[s].storage->buf;
+  }
+  if (!st)
+    st = pj_run_program(prog, device, bufs, donate, nbufs, scalars, nscalars, outs, nwritten,
+                        site, 1);
+  /* A donated input's memory now belongs to the output; its handle is still destroyed by the
+   * swap, like any replaced buffer. */
+  for (int i = 0; i < nwritten && !st; i++) {
+    const pj_slot_t *sl = &slots[written[i]];
+    pj_storage_swap(sl->storage, outs[i], sl->dtype);
+  }
   return st;
 }
 
@@ -559,34 +603,108 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   for (int s = 0; s < c->nslots; s++)
     if (pj_call_writes_slot(c, s)) written[nwritten++] = s;
-  struct PJRT_Buffer *bufs[PJ_CALL_MAX_SLOTS], *outs[PJ_CALL_MAX_SLOTS];
-  bool donate[PJ_CALL_MAX_SLOTS];
-  int nbufs = 0;
   single_build_t b = {c, fn, written, nwritten};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
   /* the op's name is put on an error here, not formatted for every call */
   pj_status_t *st = pj_program_for_key(k.p, k.len, build_single, &b, NULL, &prog);
   if (st) st = pj_status_wrap(st, "aten::%s: ", c->op);
-  for (int s = 0; s < c->nslots && !st; s++) {
-    if (!c->slots[s].read) continue;
-    st = pj_storage_materialize(c->slots[s].storage, c->slots[s].dtype);
-    bool w = false;
-    for (int i = 0; i < nwritten; i++) w = w || written[i] == s;
-    donate[nbufs] = w;
-    bufs[nbufs++] = c->slots[s].storage->buf;
-  }
   const pj_check_site_t site = {0, c->op, c->where};
   if (!st)
-    st = pj_run_program(prog, c->device, bufs, donate, nbufs, c->scalars, c->nscalars, outs,
-                        nwritten, &site, 1);
-  /* A donated input's memory now belongs to the output; its handle is still destroyed by the
-   * swap, like any replaced buffer. */
-  for (int i = 0; i < nwritten && !st; i++) {
-    pj_slot_t *sl = &c->slots[written[i]];
-    pj_storage_swap(sl->storage, outs[i], sl->dtype);
-  }
+    st = execute_slots(prog, c->device, c->slots, c->nslots, written, nwritten, c->scalars,
+                       c->nscalars, &site);
   pthread_mutex_unlock(&pj_run_lock);
   free(k.p);
+  return st;
+}
+
+/* ---- prepared calls (call.h) ---- */
+
+struct pj_prepared {
+  bool deferred;
+  int device;
+  int nslots, nwritten, nscalars;
+  pj_dtype_t dtype[PJ_PREPARED_MAX_SLOTS];
+  int64_t numel[PJ_PREPARED_MAX_SLOTS];
+  bool read[PJ_PREPARED_MAX_SLOTS];
+  bool writes[PJ_PREPARED_MAX_SLOTS];
+  int written[PJ_PREPARED_MAX_SLOTS];
+  char op[64];
+  uint64_t hash, hash2; /* of the key: pj_hash_bytes seeds 0 and PJ_KEY_SEED2 */
+  size_t keylen;
+  unsigned char key[];
+};
+
+pj_prepared_t *pj_prepared_new(const pj_call_t *c, bool deferred) {
+  if (c->nslots > PJ_PREPARED_MAX_SLOTS || strlen(c->op) >= sizeof((pj_prepared_t *)0)->op ||
+      c->where)
+    return NULL;
+  pj_runtime_t *rt = NULL;
+  if (!deferred) {
+    pj_status_t *st = pj_runtime_get(&rt);
+    if (st) {
+      pj_status_free(st);
+      return NULL;
+    }
+  }
+  pj_keybuf_t k = {0};
+  /* the same keys as pj_call_run (runtime identity) and pj_call_defer (none) */
+  if (!pj_call_key(c, deferred ? "" : pj_runtime_key_identity(rt), &k)) {
+    free(k.p);
+    return NULL;
+  }
+  pj_prepared_t *p = malloc(sizeof *p + k.len);
+  if (!p) {
+    free(k.p);
+    return NULL;
+  }
+  p->deferred = deferred;
+  p->device = c->device;
+  p->nslots = c->nslots;
+  p->nscalars = c->nscalars;
+  p->nwritten = 0;
+  for (int s = 0; s < c->nslots; s++) {
+    p->dtype[s] = c->slots[s].dtype;
+    p->numel[s] = c->slots[s].numel;
+    p->read[s] = c->slots[s].read;
+    p->writes[s] = pj_call_writes_slot(c, s);
+    if (p->writes[s]) p->written[p->nwritten++] = s;
+  }
+  strcpy(p->op, c->op);
+  p->hash = pj_hash_bytes(k.p, k.len, 0);
+  p->hash2 = pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2);
+  p->keylen = k.len;
+  memcpy(p->key, k.p, k.len);
+  free(k.p);
+  return p;
+}
+
+void pj_prepared_free(pj_prepared_t *p) { free(p); }
+
+pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storages,
+                             const pj_scalar_t *scalars, bool *missed) {
+  *missed = false;
+  pj_slot_t slots[PJ_PREPARED_MAX_SLOTS];
+  for (int s = 0; s < p->nslots; s++)
+    slots[s] = (pj_slot_t){storages[s], p->dtype[s], p->numel[s], p->read[s]};
+  if (p->deferred) {
+    unsigned char *key = malloc(p->keylen);
+    if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
+    memcpy(key, p->key, p->keylen);
+    return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
+                           p->writes, scalars, p->nscalars, NULL);
+  }
+  PJ_TRY(pj_defer_flush());
+  pthread_mutex_lock(&pj_run_lock);
+  pj_program_t *prog = pj_cache_lookup_hashed(p->hash, p->key, p->keylen);
+  pj_status_t *st = NULL;
+  if (!prog) {
+    *missed = true; /* evicted from the memory cache: the caller builds the call again */
+  } else {
+    const pj_check_site_t site = {0, p->op, NULL};
+    st = execute_slots(prog, p->device, slots, p->nslots, p->written, p->nwritten, scalars,
+                       p->nscalars, &site);
+  }
+  pthread_mutex_unlock(&pj_run_lock);
   return st;
 }

@@ -42,6 +42,16 @@ pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const
                           const pj_val_t *scalars, pj_val_t *full, bool *written,
                           struct pj_check_emit *chk);
 
+/* Seed of a key's second hash: with the first (seed 0) it is a 128-bit digest of an op's key,
+ * which stands for the key inside a fused graph's key (pj_graph_key). */
+#define PJ_KEY_SEED2 0x6a09e667f3bcc909ull
+/* Records a call in the defer_and_fuse graph (defer.c): key (made by pj_call_key with an empty
+ * identity; owned by the recorder from here on, freed on failure too) with its two hashes, the
+ * slots (storages borrowed), which slots it writes, its scalar values (copied) and its
+ * index-check site ("op\0where\0", owned from here on; NULL for none). */
+pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
+                             int device, const pj_slot_t *slots, int nslots, const bool *writes,
+                             const pj_scalar_t *scalars, int nscalars, char *site);
 /* Serializes program execution and the scalar-buffer cache. */
 extern pthread_mutex_t pj_run_lock;
 

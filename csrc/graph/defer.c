@@ -22,9 +22,14 @@
  * every later position whose hash equals the first one is a candidate period P, verified op by
  * op (h[i] == h[i-P]); a candidate that matches two whole periods is learned. Once learned, the
  * stream is followed by phase and the graph is cut whenever the phase returns to 0, so every
- * iteration runs the same program. A mismatch forgets the period and learning restarts. */
+ * iteration runs the same program. A mismatch forgets the period and learning restarts.
+ * Phase 0 is a graph's first op: a learned period is rotated to the position its ops have in
+ * the graph being recorded, which then simply grows to the period's length (cutting at the
+ * period's own first op would leave a short graph, one more program to compile). After a
+ * natural flush the next op starts a graph, so it takes phase 0 if it is the period's first
+ * op: a loop that reads every N iterations then runs the same programs every N iterations
+ * (the full-length one and one for the remainder), not a shifted set each time. */
 #define DETECT_CANDIDATES 16
-#define DETECT_MIN_OPS 64 /* a learned period shorter than this is repeated up to it */
 typedef struct {
   bool active; /* learning: a size-bound flush happened since the last natural flush */
   uint64_t *hist;
@@ -33,6 +38,7 @@ typedef struct {
   int ncand;
   uint64_t *period;
   int plen, phase;
+  bool realign; /* a natural flush just happened: the next op may restart the phase at 0 */
 } detector_t;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
@@ -276,10 +282,15 @@ bool pj_graph_key(const graph_t *g, const bool *live, const bool *zeros,
   pj_key_str(k, identity);
   pj_key_str(k, "defer_and_fuse");
   pj_key_int(k, g->nops);
+  /* Each op stands by its key's length and 128-bit digest (two independent 64-bit hashes),
+   * not its whole key: a graph of 64 ops had a key of about 40 KB, copied, hashed and compared
+   * at every flush. Two distinct op keys with equal lengths and both hashes equal would share a
+   * program; at 2^-128 per pair that is far below any other failure rate of the system. */
   for (int i = 0; i < g->nops; i++) {
     const dop_t *op = &g->ops[i];
-    pj_key_int(k, (int64_t)op->keylen);
-    pj_key_put(k, op->key, op->keylen);
+    const uint64_t digest[3] = {(uint64_t)op->keylen, op->hash, op->hash2};
+    pj_key_put(k, digest, sizeof digest);
+    pj_key_int(k, op->nslots);
     pj_key_put(k, op->gslot, sizeof(int) * (size_t)op->nslots);
   }
   pj_key_int(k, g->nst);
@@ -430,6 +441,7 @@ static void detector_forget(void) {
   free(D.period);
   D.period = NULL;
   D.plen = D.phase = 0;
+  D.realign = false;
   D.active = false;
   detector_restart();
 }
@@ -438,6 +450,8 @@ static void detector_forget(void) {
  * before this op because it starts a new loop iteration. */
 static bool detector_step(uint64_t h) {
   if (D.plen > 0) {
+    if (D.realign && D.period[0] == h) D.phase = 0; /* the graph is empty (just flushed) */
+    D.realign = false;
     if (D.period[D.phase] == h) {
       bool cut = D.phase == 0;
       D.phase = (D.phase + 1) % D.plen;
@@ -474,17 +488,22 @@ static bool detector_step(uint64_t h) {
       continue;
     }
     if (i == 2 * P - 1) {
-      /* two whole periods matched: learn it (repeated up to DETECT_MIN_OPS ops) */
-      int reps = (DETECT_MIN_OPS + P - 1) / P;
+      /* two whole periods matched: learn it, repeated as often as the size bound holds it
+       * (candidates are at most half the bound long), so graphs are about the bound's size */
+      int reps = max_ops / P;
       uint64_t *per = malloc(sizeof *per * (size_t)P * (size_t)reps);
       if (!per) {
         detector_restart();
         return false;
       }
-      for (int r = 0; r < reps; r++) memcpy(per + (size_t)r * (size_t)P, D.hist, sizeof *per * (size_t)P);
+      /* hist[j] is at graph position G.nops - i + j (this op is about to be recorded at
+       * G.nops; learning may have begun in an earlier graph, hence the modular arithmetic) */
+      const int L = P * reps;
+      const int q0 = G.nops - i;
+      for (int pos = 0; pos < L; pos++) per[pos] = D.hist[(((pos - q0) % P) + P) % P];
       D.period = per;
-      D.plen = P * reps;
-      D.phase = 0;
+      D.plen = L;
+      D.phase = (G.nops + 1) % L; /* the next op's position */
       detector_restart();
       return false;
     }
@@ -504,34 +523,46 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
     free(k.p);
     return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
   }
-  dop_t op = {.key = k.p, .keylen = k.len, .nslots = c->nslots, .nscalars = c->nscalars};
-  op.hash = pj_hash_bytes(k.p, k.len, 0);
-  op.gslot = malloc(sizeof(int) * (size_t)(c->nslots + 1));
-  op.scalars = malloc(sizeof(pj_scalar_t) * (size_t)(c->nscalars + 1));
+  bool writes[PJ_CALL_MAX_SLOTS];
+  for (int s = 0; s < c->nslots; s++) writes[s] = pj_call_writes_slot(c, s);
+  /* (site_of gives NULL also when out of memory: the error then names no line) */
+  return pj_defer_record(k.p, k.len, pj_hash_bytes(k.p, k.len, 0),
+                         pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2), c->device, c->slots,
+                         c->nslots, writes, c->scalars, c->nscalars, site_of(c));
+}
+
+pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
+                             int device, const pj_slot_t *slots, int nslots, const bool *writes,
+                             const pj_scalar_t *scalars, int nscalars, char *site) {
+  dop_t op = {.key = key, .keylen = keylen, .hash = hash, .hash2 = hash2, .nslots = nslots,
+              .nscalars = nscalars, .site = site};
+  op.gslot = malloc(sizeof(int) * (size_t)(nslots + 1));
+  op.scalars = malloc(sizeof(pj_scalar_t) * (size_t)(nscalars + 1));
   if (!op.gslot || !op.scalars) {
     free(op.key);
     free(op.gslot);
     free(op.scalars);
+    free(op.site);
     return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
   }
-  memcpy(op.scalars, c->scalars, sizeof(pj_scalar_t) * (size_t)c->nscalars);
-  op.site = site_of(c); /* NULL also when out of memory: the error then names no line */
+  memcpy(op.scalars, scalars, sizeof(pj_scalar_t) * (size_t)nscalars);
   pj_status_t *st = NULL;
   pthread_mutex_lock(&mu);
   const bool cap = atomic_load(&capturing);
   bool cut = !cap && detector_step(op.hash);
-  if (G.nops > 0 && (cut || (!cap && G.nops >= max_ops) || G.device != c->device)) {
+  const bool full = !cap && G.nops >= max_ops;
+  if (G.nops > 0 && (cut || full || G.device != device)) {
     if (cut) pj_metric_add(PJ_METRIC_DEFER_CUTS, 1);
-    else if (G.nops >= max_ops && D.plen == 0 && !D.active) {
+    else if (full && !D.active) {
       D.active = true; /* a loop without reads, perhaps: learn its period from here */
       detector_restart();
     }
     st = flush_locked();
   }
   /* A storage seen with another element type than the graph's: run what is recorded first. */
-  for (int s = 0; s < c->nslots && !st && G.nops > 0; s++) {
-    int gi = find_store(&G, c->slots[s].storage);
-    if (gi >= 0 && (G.st[gi].dtype != c->slots[s].dtype || G.st[gi].numel != c->slots[s].numel))
+  for (int s = 0; s < nslots && !st && G.nops > 0; s++) {
+    int gi = find_store(&G, slots[s].storage);
+    if (gi >= 0 && (G.st[gi].dtype != slots[s].dtype || G.st[gi].numel != slots[s].numel))
       st = flush_locked();
   }
   if (!st && G.nops == G.cap_ops) {
@@ -544,8 +575,8 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
       G.cap_ops = cap;
     }
   }
-  for (int s = 0; s < c->nslots && !st; s++) {
-    const pj_slot_t *sl = &c->slots[s];
+  for (int s = 0; s < nslots && !st; s++) {
+    const pj_slot_t *sl = &slots[s];
     int gi = find_store(&G, sl->storage);
     if (gi < 0) gi = add_store(&G, sl->storage, sl->dtype, sl->numel, sl->read);
     if (gi < 0) st = pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
@@ -559,14 +590,14 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
     free(op.site);
     return st;
   }
-  for (int s = 0; s < c->nslots; s++)
-    if (pj_call_writes_slot(c, s)) {
+  for (int s = 0; s < nslots; s++)
+    if (writes[s]) {
       gstore_t *g = &G.st[op.gslot[s]];
       g->written = true;
       if (!g->s->buf) g->s->dtype = g->dtype;
       g->s->pending = 1;
     }
-  G.device = c->device;
+  G.device = device;
   G.ops[G.nops++] = op;
   atomic_store(&pending_ops, G.nops);
   pj_metric_add(PJ_METRIC_DEFER_OPS, 1);
@@ -589,6 +620,8 @@ pj_status_t *pj_defer_flush(void) {
   if (D.plen == 0) {
     D.active = false;
     detector_restart();
+  } else {
+    D.realign = true;
   }
   pj_status_t *st = flush_locked();
   pthread_mutex_unlock(&mu);

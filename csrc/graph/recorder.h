@@ -14,7 +14,8 @@
 typedef struct {
   unsigned char *key;
   size_t keylen;
-  uint64_t hash; /* of the key: the loop-period detector compares these */
+  uint64_t hash;  /* of the key: the loop-period detector compares these */
+  uint64_t hash2; /* the key's second hash (PJ_KEY_SEED2): with hash, its digest in a graph key */
   int nslots;
   int *gslot; /* graph storage of each slot */
   int nscalars;

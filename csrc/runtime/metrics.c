@@ -21,6 +21,7 @@ static const char *const kNames[PJ_NUM_METRICS] = {
     [PJ_METRIC_DISK_CORRUPT] = "disk_cache_corrupt_entries",
     [PJ_METRIC_DISK_EVICTIONS] = "disk_cache_evictions",
     [PJ_METRIC_DEFER_OPS] = "defer_ops",
+    [PJ_METRIC_MEMO_HITS] = "memo_hits",
     [PJ_METRIC_DEFER_FLUSHES] = "defer_flushes",
     [PJ_METRIC_DEFER_CUTS] = "defer_loop_cuts",
     [PJ_METRIC_DEFER_ELIDED] = "defer_elided_storages",

@@ -112,6 +112,23 @@ void pj_lowering_each(void (*fn)(const char *name, void *user), void *user);
  * slot's storage holds its new buffer. Thread-safe. */
 pj_status_t *pj_call_run(pj_call_t *c);
 
+/* A call made ready for reuse (the bridge's call memo, csrc/bridge/call_memo.cpp): its program
+ * key and slot roles, taken once from a full call that has run (so its program is cached), for
+ * later calls that differ from it only in storage identities and scalar values. Running one
+ * skips the call description, the key and its hash: a cache-hit op's host work. Immutable once
+ * made; usable from any thread. */
+#define PJ_PREPARED_MAX_SLOTS 16
+typedef struct pj_prepared pj_prepared_t;
+/* deferred: for recording in defer_and_fuse (else for Strict). NULL when the call cannot be
+ * prepared (too many slots, a source line to report, out of memory). */
+pj_prepared_t *pj_prepared_new(const pj_call_t *c, bool deferred);
+void pj_prepared_free(pj_prepared_t *p);
+/* Runs (Strict) or records (deferred) the prepared call with storages[s] in slot s and
+ * scalars[i] as its scalar values. Sets *missed, doing nothing, when a Strict call's program
+ * is no longer in the memory cache (evicted): the caller then runs the full call. */
+pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storages,
+                             const pj_scalar_t *scalars, bool *missed);
+
 #ifdef __cplusplus
 }
 #endif

@@ -34,6 +34,7 @@ typedef enum {
   PJ_METRIC_PLAN_RUNS,       /* plan executions (one program execution each) */
   PJ_METRIC_D2D_TRANSFERS,   /* copies from one device's buffer to another device */
   PJ_METRIC_D2D_BYTES,
+  PJ_METRIC_MEMO_HITS,       /* eager calls run from the bridge's call memo (call_memo.h) */
   PJ_NUM_METRICS
 } pj_metric_t;
 

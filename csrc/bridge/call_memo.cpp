@@ -1,0 +1,313 @@
+// The call memo (call_memo.h).
+//
+// Why a memo is exact: everything the full path derives from a call is a function of its
+// signature. The Meta result depends on dtypes, sizes, strides and non-tensor values (scalar
+// values included, as meta_cache.cpp keys them); CPU's argument checks and the overlap checks
+// on the same (all passed when the memo was made); the call's key on the tensors' views, the
+// slots' element types and sizes, which tensors share a storage, the eager mode and the
+// index-check setting. Storage identities and scalar values are the only things that vary,
+// and those are exactly what a prepared call takes. Ops whose full path does more than one
+// call per op, reads the Python line, draws random numbers or depends on values the signature
+// leaves out are not memoized (dispatch.cpp decides, store_memo's caller).
+//
+// Memos are per thread (no locks on the hot path) and bounded: a thread that sees more than
+// kMaxMemos signatures starts over.
+#include "call_memo.h"
+
+#include <atomic>
+#include <cstring>
+#include <memory>
+#include <unordered_map>
+
+#include "bridge.h"
+#include "call_builder.h"
+#include "eager_mode.h"
+extern "C" {
+#include "torch_pjrt/metrics.h"
+}
+
+namespace torch_pjrt {
+namespace {
+
+constexpr size_t kMaxMemos = 8192;
+
+void put(std::string& k, const void* p, size_t n) { k.append(static_cast<const char*>(p), n); }
+void put_i(std::string& k, int64_t v) { put(k, &v, sizeof v); }
+void put_tag(std::string& k, char t) { k.push_back(t); }
+
+// The element type a call's slot gets for this tensor's storage: the storage's own once it
+// holds (or will hold) contents, else the tensor's (CallBuilder::slot_for).
+pj_dtype_t slot_dtype(const pj_storage_t* s, pj_dtype_t tensor_dtype) {
+  return s->buf || s->pending ? s->dtype : tensor_dtype;
+}
+
+bool put_tensor(CallSignature& sig, const at::Tensor& t) {
+  std::string& k = sig.bytes;
+  if (!t.defined()) return put_tag(k, 'u'), true;
+  if (t.is_conj() || t.is_neg()) return false;  // resolved into copies by the full path
+  pj_dtype_t dt;
+  if (!pj_dtype_of(t.scalar_type(), &dt)) return false;  // the full path raises its error
+  const c10::DeviceType type = t.device().type();
+  if (type == c10::DeviceType::CPU) {
+    // a 0-d CPU tensor travels by value (CallBuilder::describe); anything else is an error
+    if (t.dim() != 0) return false;
+    put_tag(k, 'c');
+    put_i(k, dt);
+    put_i(k, t.unsafeGetTensorImpl()->is_wrapped_number());
+    sig.scalars.push_back(scalar_value(t));
+    return true;
+  }
+  if (type != c10::DeviceType::PrivateUse1) return false;
+  pj_storage_t* s = storage_of(t);
+  if (!s) return false;
+  int64_t alias = -1;  // the first earlier tensor of the same storage: one slot for both
+  for (size_t i = 0; i < sig.tensors.size() && alias < 0; i++)
+    if (storage_of(*sig.tensors[i]) == s) alias = static_cast<int64_t>(i);
+  put_tag(k, 't');
+  const int64_t dim = t.dim();
+  const int64_t head[7] = {t.device().index(), dt, dim, t.storage_offset(),
+                           static_cast<int64_t>(s->nbytes), slot_dtype(s, dt), alias};
+  put(k, head, sizeof head);
+  put(k, t.sizes().data(), sizeof(int64_t) * static_cast<size_t>(dim));
+  put(k, t.strides().data(), sizeof(int64_t) * static_cast<size_t>(dim));
+  sig.tensors.push_back(&t);
+  return true;
+}
+
+// A Scalar argument: its value is part of the signature (the Meta result may depend on it, as
+// meta_cache.cpp keys it) and also a runtime value of the call.
+void put_scalar(CallSignature& sig, const c10::Scalar& s) {
+  pj_scalar_t v = scalar_value(s);
+  put_tag(sig.bytes, 's');
+  put(sig.bytes, &v, sizeof v);
+  sig.scalars.push_back(v);
+}
+
+bool put_int_list(std::string& k, const c10::IValue& v) {
+  if (!v.isIntList()) return false;  // a list with symbolic elements
+  const auto l = v.toIntList();
+  put_tag(k, 'L');
+  put_i(k, static_cast<int64_t>(l.size()));
+  for (int64_t x : l) put_i(k, x);
+  return true;
+}
+
+// Mirrors add_argument (dispatch.cpp): what CallBuilder makes of each value, by schema type.
+bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValue& v) {
+  std::string& k = sig.bytes;
+  if (v.isNone()) return put_tag(k, 'n'), true;
+  c10::TypePtr type = arg.real_type();
+  if (type->kind() == c10::TypeKind::OptionalType)
+    type = type->expectRef<c10::OptionalType>().getElementType();
+  switch (type->kind()) {
+    case c10::TypeKind::TensorType: return v.isTensor() && put_tensor(sig, v.toTensor());
+    case c10::TypeKind::NumberType: return v.isScalar() && (put_scalar(sig, v.toScalar()), true);
+    case c10::TypeKind::IntType:
+    case c10::TypeKind::ScalarTypeType:
+    case c10::TypeKind::LayoutType:
+    case c10::TypeKind::MemoryFormatType:
+      if (!v.isInt()) return false;
+      put_tag(k, 'i');
+      return put_i(k, v.toInt()), true;
+    case c10::TypeKind::FloatType: {
+      if (!v.isDouble()) return false;
+      const double d = v.toDouble();
+      put_tag(k, 'f');
+      return put(k, &d, sizeof d), true;
+    }
+    case c10::TypeKind::BoolType:
+      if (!v.isBool()) return false;
+      put_tag(k, 'b');
+      return put_i(k, v.toBool()), true;
+    case c10::TypeKind::StringType: {
+      const std::string& s = v.toStringRef();
+      put_tag(k, 'S');
+      put_i(k, static_cast<int64_t>(s.size()));
+      return k.append(s), true;
+    }
+    case c10::TypeKind::DeviceObjType:
+      if (!v.isDevice()) return false;
+      put_tag(k, 'd');
+      put_i(k, static_cast<int64_t>(v.toDevice().type()));
+      return put_i(k, v.toDevice().index()), true;
+    case c10::TypeKind::ListType: {
+      auto elem = type->expectRef<c10::ListType>().getElementType()->kind();
+      if (elem == c10::TypeKind::IntType || elem == c10::TypeKind::SymIntType)
+        return put_int_list(k, v);
+      if (elem == c10::TypeKind::FloatType && v.isDoubleList()) {
+        const auto l = v.toDoubleList();
+        put_tag(k, 'F');
+        put_i(k, static_cast<int64_t>(l.size()));
+        for (double x : l) put(k, &x, sizeof x);
+        return true;
+      }
+      if (elem == c10::TypeKind::BoolType && v.isBoolList()) {
+        const auto l = v.toBoolList();
+        put_tag(k, 'B');
+        put_i(k, static_cast<int64_t>(l.size()));
+        for (bool x : l) put_i(k, x);
+        return true;
+      }
+      return false;  // tensor and Scalar lists: the full path (parts, per-device splits)
+    }
+    default: return false;  // symbolic values, generators, anything else
+  }
+}
+
+// Where a result comes from on a memo's run.
+struct ReturnSource {
+  enum Kind { kUndefined, kOutput, kArgument } kind;
+  int index;  // the output (kOutput) or the argument (kArgument)
+};
+
+struct OutputSpec {
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype;
+};
+
+struct Memo {
+  struct PreparedFree {
+    void operator()(pj_prepared_t* p) const { pj_prepared_free(p); }
+  };
+  std::unique_ptr<pj_prepared_t, PreparedFree> prepared;
+  int device = 0;
+  // slot s's storage: tensors[src] of the signature when src >= 0, else output -src - 1
+  c10::SmallVector<int, 8> slot_source;
+  std::vector<OutputSpec> outputs;  // the fresh destinations, in CallBuilder's order
+  c10::SmallVector<ReturnSource, 4> returns;
+};
+
+struct ThreadMemos {
+  std::unordered_map<std::string, Memo> memos;
+  // ops with at least one memo: a call of any other op skips the signature
+  std::unordered_map<const c10::FunctionSchema*, bool> memoized_ops;
+  CallSignature sig;  // reused by run_memoized: no allocation per call once warm
+};
+thread_local ThreadMemos tls;
+std::atomic<bool> enabled{true};
+
+}  // namespace
+
+void set_call_memo_enabled(bool on) { enabled = on; }
+bool call_memo_enabled() { return enabled.load(std::memory_order_relaxed); }
+
+bool call_signature(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                    CallSignature& sig) {
+  sig.bytes.clear();
+  sig.tensors.clear();
+  sig.scalars.clear();
+  const c10::FunctionSchema& schema = op.schema();
+  const auto& arguments = schema.arguments();
+  const size_t nargs = arguments.size();
+  const void* id = &schema;
+  put(sig.bytes, &id, sizeof id);
+  put_i(sig.bytes, static_cast<int64_t>(eager_mode()) | int64_t{pj_checks_enabled()} << 8);
+  const c10::IValue* args = stack.data() + (stack.size() - nargs);
+  for (size_t a = 0; a < nargs; a++)
+    if (!put_argument(sig, arguments[a], args[a])) return false;
+  return !sig.tensors.empty();  // the device is the first tpu tensor's
+}
+
+bool run_memoized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  if (tls.memoized_ops.find(&op.schema()) == tls.memoized_ops.end() || !call_memo_enabled())
+    return false;
+  if (eager_mode() == EagerMode::kDebug || check_nan()) return false;
+  CallSignature& sig = tls.sig;
+  if (!call_signature(op, *stack, sig)) return false;
+  auto it = tls.memos.find(sig.bytes);
+  if (it == tls.memos.end()) return false;
+  const Memo& memo = it->second;
+
+  c10::SmallVector<at::Tensor, 4> outputs;
+  for (const OutputSpec& o : memo.outputs)
+    outputs.push_back(at::empty_strided(
+        o.sizes, o.strides,
+        at::TensorOptions().dtype(o.dtype).device(c10::DeviceType::PrivateUse1, memo.device)));
+  pj_storage_t* storages[PJ_PREPARED_MAX_SLOTS];
+  for (size_t s = 0; s < memo.slot_source.size(); s++) {
+    const int src = memo.slot_source[s];
+    storages[s] = storage_of(src >= 0 ? *sig.tensors[static_cast<size_t>(src)]
+                                      : outputs[static_cast<size_t>(-src - 1)]);
+  }
+  bool missed = false;
+  check(pj_prepared_run(memo.prepared.get(), storages, sig.scalars.data(), &missed));
+  if (missed) {  // its program left the memory cache: the full path makes a new memo
+    tls.memos.erase(it);
+    return false;
+  }
+  const size_t nargs = op.schema().arguments().size();
+  c10::SmallVector<c10::IValue, 4> results;
+  for (const ReturnSource& r : memo.returns) {
+    if (r.kind == ReturnSource::kOutput) results.emplace_back(outputs[static_cast<size_t>(r.index)]);
+    else if (r.kind == ReturnSource::kArgument)
+      results.push_back((*stack)[stack->size() - nargs + static_cast<size_t>(r.index)]);
+    else results.emplace_back(at::Tensor());
+  }
+  torch::jit::drop(*stack, nargs);
+  for (c10::IValue& r : results) stack->push_back(std::move(r));
+  pj_metric_add(PJ_METRIC_MEMO_HITS, 1);
+  return true;
+}
+
+void store_memo(const c10::OperatorHandle& op, const CallSignature& sig, const pj_call_t& call,
+                const torch::jit::Stack& args, const std::vector<at::Tensor>& dests,
+                const std::vector<c10::IValue>& returns) {
+  if (!call_memo_enabled() || call.nout == 0 || call.where ||
+      call.nslots > PJ_PREPARED_MAX_SLOTS)
+    return;
+  // The arguments must still have the signature they had (an in-place destination that the
+  // full path resized would not).
+  CallSignature after;
+  if (!call_signature(op, args, after) || after.bytes != sig.bytes) return;
+  auto same = [](const at::Tensor& a, const at::Tensor& b) {
+    return a.unsafeGetTensorImpl() == b.unsafeGetTensorImpl();
+  };
+  Memo memo;
+  memo.device = call.device;
+  // destinations that are not arguments are the memo's outputs
+  std::vector<const at::Tensor*> outputs;
+  for (const at::Tensor& d : dests) {
+    bool argument = false;
+    for (const at::Tensor* t : sig.tensors) argument = argument || same(*t, d);
+    if (argument) continue;
+    outputs.push_back(&d);
+    memo.outputs.push_back({d.sizes().vec(), d.strides().vec(), d.scalar_type()});
+  }
+  for (int s = 0; s < call.nslots; s++) {
+    const pj_storage_t* st = call.slots[s].storage;
+    int src = 0;
+    bool found = false;
+    for (size_t i = 0; i < sig.tensors.size() && !found; i++)
+      if (storage_of(*sig.tensors[i]) == st) src = static_cast<int>(i), found = true;
+    for (size_t j = 0; j < outputs.size() && !found; j++)
+      if (storage_of(*outputs[j]) == st) src = -static_cast<int>(j) - 1, found = true;
+    if (!found) return;
+    memo.slot_source.push_back(src);
+  }
+  for (const c10::IValue& r : returns) {
+    if (!r.isTensor()) return;
+    const at::Tensor& t = r.toTensor();
+    if (!t.defined()) {
+      memo.returns.push_back({ReturnSource::kUndefined, 0});
+      continue;
+    }
+    int index = -1;
+    for (size_t j = 0; j < outputs.size() && index < 0; j++)
+      if (same(*outputs[j], t)) index = static_cast<int>(j);
+    if (index >= 0) {
+      memo.returns.push_back({ReturnSource::kOutput, index});
+      continue;
+    }
+    for (size_t a = 0; a < args.size() && index < 0; a++)
+      if (args[a].isTensor() && same(args[a].toTensor(), t)) index = static_cast<int>(a);
+    if (index < 0) return;
+    memo.returns.push_back({ReturnSource::kArgument, index});
+  }
+  memo.prepared.reset(pj_prepared_new(&call, eager_mode() == EagerMode::kDeferAndFuse));
+  if (!memo.prepared) return;
+  if (tls.memos.size() >= kMaxMemos) tls.memos.clear();
+  tls.memos.insert_or_assign(sig.bytes, std::move(memo));
+  tls.memoized_ops[&op.schema()] = true;
+}
+
+}  // namespace torch_pjrt
