@@ -742,9 +742,6 @@ static pj_status_t *index_plan(const pj_call_t *c, int64_t count, index_plan_t *
   return NULL;
 }
 
-/* The bridge's own "_pj_" calls (view_index_put.cpp) check their indices themselves. */
-static bool internal_call(pj_lower_t *L) { return !strncmp(L->c->op, "_pj_", 4); }
-
 /* The index tensors of a plan as one [B..., nidx] i64 value (negative indices wrapped). */
 static pj_val_t plan_indices(pj_lower_t *L, const index_plan_t *p, int64_t count) {
   pj_val_t parts[PJ_MAX_RANK], mc[PJ_MAX_RANK];
@@ -763,7 +760,7 @@ static pj_val_t plan_indices(pj_lower_t *L, const index_plan_t *p, int64_t count
     pj_val_t v = given ? pj_tensor_at(L, "indices", p->entry[k]) : mc[mk++];
     /* CPU names the index tensor's position among the given ones as its "dimension" */
     const int64_t size = p->self_dims[p->dims[k]];
-    if (given && !internal_call(L)) /* index_put: one bad index drops every update */
+    if (given) /* index_put: one bad index drops every update */
       v = pj_check_drop_all(L, pj_check_index(L, v, size, k, true, PJ_CHECK_DIM), v, size);
     v = wrap_negative(L, v, size);
     parts[k] = with_unit_tail(L, pj_broadcast_to(H, v, p->brank, p->bshape));
@@ -1020,14 +1017,6 @@ static pj_status_t *lower_view_put(pj_lower_t *L) {
   return NULL;
 }
 
-/* "_pj_check_index" (index, size, dim): only the device-side check of an index tensor given
- * for a dim of that size (advanced indexing's rule and error), no result. */
-static pj_status_t *lower_check_index(pj_lower_t *L) {
-  pj_check_index(L, pj_tensor(L, "index"), pj_int(L, "size", 0), (int)pj_int(L, "dim", 0), true,
-                 PJ_CHECK_DIM);
-  return NULL;
-}
-
 /* ---- data-dependent shapes (dynamic.h) ---- */
 
 static bool index_has_mask(const pj_call_t *c) {
@@ -1164,8 +1153,6 @@ const pj_lowering_entry_t pj_lowerings_index[] = {
     {"index_put", lower_index_put},
     {"_index_put_impl", lower_index_put},
     {"_unsafe_index_put", lower_index_put},
-    {"_pj_index_put_unchecked", lower_index_put},
-    {"_pj_check_index", lower_check_index},
     {"_pj_view_put", lower_view_put},
     {"_pj_count_nonzero", lower_count},
     {"_pj_count_masked_select", lower_count},
