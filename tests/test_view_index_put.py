@@ -172,27 +172,44 @@ def _view_dims(shape):
     return out
 
 
-def _index_copy_cases():
+_SLICE_OPS = {
+    "index_copy_": lambda v, dim, i, src: v.index_copy_(dim, i, src),
+    "index_add_": lambda v, dim, i, src: v.index_add_(dim, i, src),
+    "index_add_alpha": lambda v, dim, i, src: v.index_add_(dim, i, src, alpha=-2.5),
+    "index_add_int32": lambda v, dim, i, src: v.index_add_(dim, i.int(), src),
+    "index_fill_": lambda v, dim, i, src: v.index_fill_(dim, i, 1.25),
+    "index_fill_negative": lambda v, dim, i, src: v.index_fill_(dim, i - v.shape[dim], -3.0),
+    "index_fill_tensor": lambda v, dim, i, src: v.index_fill_(
+        dim, i, torch.tensor(7, device=v.device)),  # an int64 0-d value, converted
+}
+
+
+def _slice_cases():
     for vname, (shape, make) in _views().items():
         for dname in _view_dims(make(torch.zeros(shape)).shape):
-            yield pytest.param(vname, dname, id=f"{vname}-{dname}")
+            for op in _SLICE_OPS:
+                yield pytest.param(vname, dname, op, id=f"{vname}-{dname}-{op}")
 
 
-@pytest.mark.parametrize("vname,dname", list(_index_copy_cases()))
-def test_index_copy_into_view_matches_cpu(vname, dname, fallbacks):
+@pytest.mark.parametrize("vname,dname,op", list(_slice_cases()))
+def test_slice_writes_into_view_match_cpu(vname, dname, op, fallbacks):
     torch.manual_seed(1)
     shape, make = _views()[vname]
     base = torch.randn(shape)
     dev = base.to(TPU)
     vc, vd = make(base), make(dev)
     dim, idx = _view_dims(vc.shape)[dname]
+    if op.startswith("index_add"):  # duplicates add up
+        idx = torch.cat([idx, idx[:1]])
     src_shape = list(vc.shape)
     src_shape[dim] = idx.numel()
     src = torch.randn(src_shape)
-    vc.index_copy_(dim, idx, src)
-    vd.index_copy_(dim, idx.to(TPU), src.to(TPU))
-    assert torch.equal(dev.cpu(), base)
-    assert torch.equal(vd.cpu(), vc)
+    _SLICE_OPS[op](vc, dim, idx, src)
+    _SLICE_OPS[op](vd, dim, idx.to(TPU), src.to(TPU))
+    if op.startswith("index_add"):  # the order of the additions may differ from CPU's
+        torch.testing.assert_close(dev.cpu(), base)
+    else:
+        assert torch.equal(dev.cpu(), base)
     fallbacks.assert_none()
 
 
@@ -264,6 +281,16 @@ def _w_index_copy(d):
     return lambda x: x.index_copy_(1, i, v)
 
 
+def _w_index_add(d):
+    i, v = L([3, 0, 3]).to(d), torch.ones(4, 3, device=d)
+    return lambda x: x.index_add_(1, i, v, alpha=2)
+
+
+def _w_index_fill(d):
+    i = L([-1, 0]).to(d)
+    return lambda x: x.index_fill_(1, i, 8.0)
+
+
 def _w_scatter(d):
     i, v = L([[1], [0], [3], [2]]).to(d), torch.full((4, 1), 4.0, device=d)
     return lambda x: x.scatter_(1, i, v)
@@ -283,6 +310,8 @@ _WRITES = {
     "index_put_": _w_index_put,
     "index_put_acc": _w_index_put_acc,
     "index_copy_": _w_index_copy,
+    "index_add_": _w_index_add,
+    "index_fill_": _w_index_fill,
     "scatter_": _w_scatter,
     "scatter_value": _w_scatter_value,
     "scatter_add_": _w_scatter_add,
@@ -305,7 +334,8 @@ def test_writes_into_views_in_each_eager_mode(op, mode, fallbacks):
     fallbacks.assert_none()
 
 
-@pytest.mark.parametrize("op", ["index_copy_", "scatter_", "scatter_add_", "index_put_acc"])
+@pytest.mark.parametrize("op", ["index_copy_", "index_add_", "index_fill_", "scatter_",
+                                "scatter_add_", "index_put_acc"])
 def test_autograd_through_writes_into_views(op, fallbacks):
     w_c = torch.randn(4, 8, requires_grad=True)
     s_c = torch.randn(4, 2, requires_grad=True)
@@ -316,6 +346,11 @@ def test_autograd_through_writes_into_views(op, fallbacks):
         v = y[:, ::2]  # [4, 4], strided
         if op == "index_copy_":
             v.index_copy_(1, L([3, 0]).to(dv), src * 3)
+        elif op == "index_add_":
+            v.index_add_(1, L([3, 3]).to(dv), src * 3, alpha=0.5)
+        elif op == "index_fill_":
+            v.index_fill_(1, L([3, 1]).to(dv), 2.0)
+            v.mul_(src[:, :1])
         elif op == "scatter_":
             v.scatter_(1, L([[1, 0], [0, 2], [3, 1], [2, 3]]).to(dv), src * 3)
         elif op == "scatter_add_":
@@ -337,6 +372,10 @@ _BAD = {
                                                accumulate=True),
     "index_copy_": lambda v, d: v.index_copy_(1, L([0, 4]).to(d), torch.full((4, 2), 5.0, device=d)),
     "index_copy_negative": lambda v, d: v.index_copy_(0, L([1, -1]).to(d), torch.full((2, 4), 5.0, device=d)),
+    "index_add_": lambda v, d: v.index_add_(1, L([0, 4]).to(d), torch.full((4, 2), 5.0, device=d)),
+    "index_add_1d": lambda v, d: v[1].index_add_(0, L([0, -1]).to(d), torch.full((2,), 5.0, device=d)),
+    "index_fill_": lambda v, d: v.index_fill_(0, L([1, 4]).to(d), 5.0),
+    "index_fill_negative": lambda v, d: v.index_fill_(1, L([-1, -5]).to(d), 5.0),
     "scatter_": lambda v, d: v.scatter_(1, L([[0, 1], [4, 2]]).to(d), torch.full((2, 2), 5.0, device=d)),
     "scatter_negative": lambda v, d: v.scatter_(0, L([[0, -1]]).to(d), 5.0),
     "scatter_add_": lambda v, d: v.scatter_add_(0, L([[0, 1], [2, 4]]).to(d), torch.full((2, 2), 5.0, device=d)),

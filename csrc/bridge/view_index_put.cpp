@@ -16,7 +16,8 @@
 // every update, as CPU raises before writing) and scatters the values there.
 //
 // Handled: index_put_ / _index_put_impl_ (x[i, :, j] = v, accumulate or not, integer index
-// tensors), index_copy_, scatter_ (src or value, no reduce) and scatter_add_. Only the plain
+// tensors), index_copy_, index_add_, index_fill_, scatter_ (src or value, no reduce) and
+// scatter_add_. Only the plain
 // case is rewritten; anything else (bool masks, values of another dtype or device, shapes that
 // do not match exactly, overlapping or conjugate views, whole-storage tensors that the general
 // path already writes in place, Debug mode, which replays indexing ops on CPU for its
@@ -88,26 +89,38 @@ bool same_kind(const at::Tensor& self, const at::Tensor& t) {
          !t.is_neg();
 }
 
-// Runs "_pj_view_put" (see the header comment); `values` undefined means the scalar `value`.
-void run_view_put(const at::Tensor& self, const char* form, const std::vector<at::Tensor>& idx,
-                  const std::vector<int64_t>& dims, const at::Tensor& values,
-                  const c10::Scalar& value, bool accumulate, pj_check_kind_t kind) {
+// The arguments of one "_pj_view_put" call besides self (see its lowering in csrc/ops/index.c).
+struct ViewPut {
+  const char* form;
+  std::vector<at::Tensor> idx;
+  std::vector<int64_t> dims;  // the view dim of each index tensor
+  at::Tensor values;          // undefined: the scalar `value`
+  c10::Scalar value;
+  std::optional<c10::Scalar> alpha;
+  bool accumulate;
+  bool negative_ok;
+  pj_check_kind_t kind;
+};
+
+void run_view_put(const at::Tensor& self, const ViewPut& p) {
   const int device = self.device().index() < 0 ? 0 : self.device().index();
   const int64_t storage_numel =
       static_cast<int64_t>(self.storage().nbytes() / static_cast<size_t>(self.element_size()));
   at::Tensor flat = self.as_strided({storage_numel}, {1}, 0);
   CallBuilder b("_pj_view_put", "", device);
-  b.add_str("form", form);
+  b.add_str("form", p.form);
   b.add_tensor("self", flat);
   b.add_ints("sizes", self.sizes());
   b.add_ints("strides", self.strides());
   b.add_scalar("offset", c10::Scalar(static_cast<int64_t>(self.storage_offset())));
-  b.add_tensor_list("indices", idx);
-  b.add_ints("dims", dims);
-  if (values.defined()) b.add_tensor("values", values);
-  else b.add_scalar("value", value);
-  b.add_bool("accumulate", accumulate);
-  b.add_int("kind", kind);
+  b.add_tensor_list("indices", p.idx);
+  b.add_ints("dims", p.dims);
+  if (p.values.defined()) b.add_tensor("values", p.values);
+  else b.add_scalar("value", p.value);
+  if (p.alpha) b.add_scalar("alpha", *p.alpha);
+  b.add_bool("accumulate", p.accumulate);
+  b.add_bool("negative_ok", p.negative_ok);
+  b.add_int("kind", p.kind);
   std::string where;  // the source line a failed index check names
   if (pj_checks_enabled()) {
     where = python_line();
@@ -176,7 +189,7 @@ bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
     auto b = broadcast(values.sizes(), result);
     if (!b || *b != result) return false;
   }
-  run_view_put(self, "index_put", idx, indexed, values, c10::Scalar(), accumulate, PJ_CHECK_DIM);
+  run_view_put(self, {"index_put", idx, indexed, values, {}, {}, accumulate, true, PJ_CHECK_DIM});
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
@@ -191,31 +204,64 @@ bool out_is_self(const torch::jit::Stack& stack, size_t first, size_t nargs) {
   return self.isTensor() && out.isTensor() && self.toTensor().is_same(out.toTensor());
 }
 
-// index_copy_(self, dim, index, source) (index_copy.out with out = self): source must have
-// self's shape with `dim` replaced by the (1-D, int64) index's length, exactly (CPU's checks;
-// anything else goes to the general path).
-bool index_copy(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
-  if (schema.name() != "aten::index_copy" || schema.overload_name() != "out") return false;
+// index_copy_(self, dim, index, source) (index_copy.out with out = self), index_add_(self, dim,
+// index, source, alpha) (index_add.out with out = self) and index_fill_(self, dim, index, value):
+// the slices of self at a 1-D index along `dim`. source must have self's shape with `dim`
+// replaced by the index's length, exactly; the index is int64 (index_add_: or int32); CPU's
+// checks, anything else goes to the general path.
+bool slices(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const std::string& name = schema.name();
+  const std::string& overload = schema.overload_name();
+  const bool copy = name == "aten::index_copy" && overload == "out";
+  const bool add = name == "aten::index_add" && overload == "out";
+  const bool fill = name == "aten::index_fill_" && (overload == "int_Scalar" || overload == "int_Tensor");
+  if (!copy && !add && !fill) return false;
   const size_t nargs = schema.arguments().size();
   const size_t first = stack->size() - nargs;
-  if (nargs != 5 || !out_is_self(*stack, first, nargs) || !(*stack)[first + 1].isInt() ||
-      !(*stack)[first + 2].isTensor() || !(*stack)[first + 3].isTensor())
+  if (nargs != (copy ? 5u : add ? 6u : 4u) || (!fill && !out_is_self(*stack, first, nargs)) ||
+      !(*stack)[first].isTensor() || !(*stack)[first + 1].isInt() || !(*stack)[first + 2].isTensor())
     return false;
   const at::Tensor self = (*stack)[first].toTensor();
   const at::Tensor index = (*stack)[first + 2].toTensor();
-  const at::Tensor source = (*stack)[first + 3].toTensor();
-  if (eager_mode() == EagerMode::kDebug || !partial_view(self) || !same_kind(self, source))
-    return false;
+  if (eager_mode() == EagerMode::kDebug || !partial_view(self)) return false;
   int64_t dim = (*stack)[first + 1].toInt();
   if (dim < -self.dim() || dim >= self.dim()) return false;
   if (dim < 0) dim += self.dim();
-  if (index.device() != self.device() || index.scalar_type() != at::kLong || index.dim() != 1)
+  const at::ScalarType it = index.scalar_type();
+  if (index.device() != self.device() || index.dim() != 1 ||
+      !(it == at::kLong || (add && it == at::kInt)))
     return false;
-  if (source.dim() != self.dim()) return false;
-  for (int64_t d = 0; d < self.dim(); d++)
-    if (source.size(d) != (d == dim ? index.numel() : self.size(d))) return false;
-  run_view_put(self, "index_copy", {index}, {dim}, source, c10::Scalar(), false,
-               PJ_CHECK_INDEX_COPY);
+  ViewPut p{"slices", {index}, {dim}, {}, {}, {}, add, fill, PJ_CHECK_INDEX_COPY};
+  const c10::IValue& v = (*stack)[first + 3];
+  if (fill) {
+    p.kind = PJ_CHECK_DIM;
+    if (v.isScalar()) {
+      p.value = v.toScalar();
+    } else if (v.isTensor() && v.toTensor().dim() == 0 && !v.toTensor().is_conj() &&
+               !v.toTensor().is_neg()) {
+      const at::Tensor t = v.toTensor();
+      if (t.device() == self.device()) p.values = t;  // converted in the program, as CPU does
+      else if (t.device().is_cpu()) p.value = t.item();
+      else return false;
+    } else {
+      return false;
+    }
+  } else {
+    if (!v.isTensor()) return false;
+    const at::Tensor source = v.toTensor();
+    if (!same_kind(self, source) || source.dim() != self.dim()) return false;
+    for (int64_t d = 0; d < self.dim(); d++)
+      if (source.size(d) != (d == dim ? index.numel() : self.size(d))) return false;
+    p.values = source;
+    if (add) {
+      const c10::IValue& alpha = (*stack)[first + 4];
+      if (!alpha.isScalar() || self.scalar_type() == at::kBool) return false;
+      if (!(alpha.toScalar().equal(1))) p.alpha = alpha.toScalar();
+      // CPU: "index out of range in self" (IndexError) into a 1-D tensor, else the dim and size
+      p.kind = self.dim() > 1 ? PJ_CHECK_DIM_RUNTIME : PJ_CHECK_SELF;
+    }
+  }
+  run_view_put(self, p);
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
@@ -255,7 +301,7 @@ bool scatter(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
     if (d != dim && index.size(d) > self.size(d)) return false;
     if (src.defined() && index.size(d) > src.size(d)) return false;
   }
-  run_view_put(self, "scatter", {index}, {dim}, src, value, add, PJ_CHECK_DIM_RUNTIME);
+  run_view_put(self, {"scatter", {index}, {dim}, src, value, {}, add, false, PJ_CHECK_DIM_RUNTIME});
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
@@ -265,7 +311,7 @@ bool scatter(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
 
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
-  return index_put(schema, stack) || index_copy(schema, stack) || scatter(schema, stack);
+  return index_put(schema, stack) || slices(schema, stack) || scatter(schema, stack);
 }
 
 }  // namespace torch_pjrt

@@ -6,9 +6,9 @@
 
 namespace torch_pjrt {
 
-// Runs an in-place index_put_ / _index_put_impl_ / index_copy_ / scatter_ / scatter_add_ whose
-// self is a view of part of its storage and returns true; false (stack untouched) for any other
-// call. Raises CPU's dtype error for every index_put form.
+// Runs an in-place index_put_ / _index_put_impl_ / index_copy_ / index_add_ / index_fill_ /
+// scatter_ / scatter_add_ whose self is a view of part of its storage and returns true; false
+// (stack untouched) for any other call. Raises CPU's dtype error for every index_put form.
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 }  // namespace torch_pjrt

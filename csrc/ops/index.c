@@ -900,10 +900,14 @@ static pj_status_t *lower_index_put(pj_lower_t *L) {
  *
  * form "index_put": indices[k] along view dim dims[k] (advanced indexing: broadcast to B, B in
  *   place of the indexed dims when they are adjacent, else first; negative indices wrap);
- * form "index_copy": indices[0] (1-D) along dims[0], R the view's shape with that dim replaced
- *   by the index's length (the same layout as index_put with one index; no negative indices);
+ * form "slices": indices[0] (1-D) along dims[0], R the view's shape with that dim replaced by
+ *   the index's length (index_copy_, index_add_, index_fill_; the layout of index_put with one
+ *   index);
  * form "scatter": indices[0] of R's shape along dims[0], each other dim d at its own position
- *   (torch.scatter; no negative indices); values from "values" sliced to R, or a "value" scalar.
+ *   (torch.scatter), values sliced to R.
+ * Values: the "values" tensor (broadcast to R; sliced for scatter) or the "value" scalar, times
+ * the optional "alpha" scalar; "accumulate" adds them instead of replacing. Negative indices
+ * wrap where "negative_ok" (default: form index_put) and are out of range elsewhere.
  *
  * An index outside its own dimension must not land on another element of the storage: it is
  * sent past the storage's end, where the scatter drops it. With the index checks on, each given
@@ -916,13 +920,13 @@ static pj_status_t *lower_view_put(pj_lower_t *L) {
   const int n = pj_list_len(L, "indices");
   const char *form = pj_str(L, "form", "");
   const bool put = !strcmp(form, "index_put"), scatter = !strcmp(form, "scatter");
+  const bool negative_ok = pj_bool(L, "negative_ok", put), acc = pj_bool(L, "accumulate", false);
   if (x.id < 0 || x.t.rank != 1 || rank < 1 || rank > PJ_MAX_RANK ||
       pj_ints(L, "strides", strides, PJ_MAX_RANK) != rank ||
       pj_ints(L, "dims", dims, PJ_MAX_RANK) != n || n < 1 || (!put && n != 1) ||
-      (!put && !scatter && strcmp(form, "index_copy")))
+      (!put && !scatter && strcmp(form, "slices")))
     return pj_status_new(PJ_ERR_RUNTIME, "internal: bad _pj_view_put call");
   const int64_t storage = x.t.dims[0];
-  const bool negative_ok = put, acc = pj_bool(L, "accumulate", false);
   const pj_check_kind_t kind = (pj_check_kind_t)pj_int(L, "kind", PJ_CHECK_DIM);
   pj_val_t idx[PJ_MAX_RANK];
   for (int k = 0; k < n; k++) {
@@ -974,15 +978,18 @@ static pj_status_t *lower_view_put(pj_lower_t *L) {
   }
   const int64_t m = pj_type_numel(&R);
 
+  const pj_type_t vt = pj_type_with_dtype(R, x.t.dtype);
   pj_val_t values;
-  if (scatter && !pj_has(L, "values")) {
-    values = pj_broadcast_in_dim(H, pj_convert(H, pj_scalar(L, "value"), x.t.dtype),
-                                 pj_type_with_dtype(R, x.t.dtype), NULL);
+  if (!pj_has(L, "values")) {
+    values = pj_broadcast_in_dim(H, pj_convert(H, pj_scalar(L, "value"), x.t.dtype), vt, NULL);
   } else {
     values = pj_convert(H, pj_tensor(L, "values"), x.t.dtype);
-    values = scatter ? slice_to(L, values, R)
-                     : pj_broadcast_to(H, values, R.rank, R.dims);
+    values = scatter && values.t.rank == R.rank ? slice_to(L, values, R)
+                                                : pj_broadcast_to(H, values, R.rank, R.dims);
   }
+  if (pj_has(L, "alpha"))
+    values = MUL(values, pj_broadcast_in_dim(H, pj_convert(H, pj_scalar(L, "alpha"), x.t.dtype),
+                                             vt, NULL));
   if (m == 0 || values.id < 0) {
     pj_set_result(L, 0, x);
     return NULL;
@@ -993,7 +1000,7 @@ static pj_status_t *lower_view_put(pj_lower_t *L) {
   for (int k = 0; k < n; k++) {
     const int64_t size = sizes[dims[k]];
     /* CPU names the index tensor's position among the given ones (advanced indexing) or the
-     * dim (index_copy, scatter) */
+     * dim (the other forms) */
     pj_val_t b = pj_check_index(L, idx[k], size, put ? k : (int)dims[k], negative_ok, kind);
     if (b.id >= 0) bad = bad.id < 0 ? b : OR(bad, b);
     pj_val_t i = negative_ok ? wrap_negative(L, idx[k], size) : idx[k];
