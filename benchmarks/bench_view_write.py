@@ -9,8 +9,10 @@ tensors, a value twice as wide). Also the same block write as index_copy_ (two b
 dim 0) and scatter_ (one block's elements along dim 0), into the view and into the base. Median
 of N repetitions per op and storage size, Strict mode.
 
-    .venv/bin/python benchmarks/bench_view_write.py [--sizes-mb 16 64 256] [--reps 20]
+    .venv/bin/python benchmarks/bench_view_write.py [--sizes-mb 16 64 256] [--reps 100]
         [--out docs/performance.md]
+
+The view and base repetitions alternate, so that other load on the machine falls on both.
 """
 from __future__ import annotations
 
@@ -29,15 +31,19 @@ BEGIN = "<!-- bench_view_write: begin -->"
 END = "<!-- bench_view_write: end -->"
 
 
-def _time(fn, reps: int) -> float:
-    fn()  # compile / warm
-    fn()
-    ts = []
+def _time_pair(fa, fb, reps: int) -> tuple[float, float]:
+    """Medians (ms) of fa and fb, their repetitions interleaved: other processes on the machine
+    then load both alike, and the ratio compares like with like."""
+    for _ in range(2):  # compile / warm
+        fa()
+        fb()
+    ta, tb = [], []
     for _ in range(reps):
-        t0 = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - t0)
-    return statistics.median(ts) * 1e3
+        for fn, ts in ((fa, ta), (fb, tb)):
+            t0 = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - t0)
+    return statistics.median(ta) * 1e3, statistics.median(tb) * 1e3
 
 
 def run(size_mb: int, reps: int) -> list[dict]:
@@ -54,11 +60,14 @@ def run(size_mb: int, reps: int) -> list[dict]:
     sidx = torch.full((1, 16, heads, d), blocks - 2, device="tpu")
     sidx2 = torch.full((1, 16, heads, 2 * d), blocks - 2, device="tpu")
 
-    def timed(write):
-        def fn():
-            write()
-            kv[0, 0, 0, 0].item()
-        return _time(fn, reps)
+    def row(op, view_write, base_write):
+        def synced(write):
+            def fn():
+                write()
+                kv[0, 0, 0, 0].item()
+            return fn
+        view, base = _time_pair(synced(view_write), synced(base_write), reps)
+        return {"op": op, "MB": size_mb, "view": view, "base": base}
 
     def put_view():
         kc[blk, :, off] = val
@@ -66,16 +75,13 @@ def run(size_mb: int, reps: int) -> list[dict]:
     def put_base():
         kv[blk, :, off] = val2
 
-    rows = [{"op": "x[blk, :, off] = v", "MB": size_mb, "view": timed(put_view),
-             "base": timed(put_base)}]
+    rows = [row("x[blk, :, off] = v", put_view, put_base)]
     # the result is right (spot check against a CPU replay of the last write)
     assert torch.equal(kv[blk.cpu()[0], :, off.cpu()[0]].cpu(), val2[0].cpu())
-    rows.append({"op": "index_copy_(0, blk, src)", "MB": size_mb,
-                 "view": timed(lambda: kc.index_copy_(0, blk, src)),
-                 "base": timed(lambda: kv.index_copy_(0, blk, src2))})
-    rows.append({"op": "scatter_(0, idx, src)", "MB": size_mb,
-                 "view": timed(lambda: kc.scatter_(0, sidx, src[:1])),
-                 "base": timed(lambda: kv.scatter_(0, sidx2, src2[:1]))})
+    rows.append(row("index_copy_(0, blk, src)", lambda: kc.index_copy_(0, blk, src),
+                    lambda: kv.index_copy_(0, blk, src2)))
+    rows.append(row("scatter_(0, idx, src)", lambda: kc.scatter_(0, sidx, src[:1]),
+                    lambda: kv.scatter_(0, sidx2, src2[:1])))
     assert torch.equal(kv[blocks - 2].cpu(), src2[0].cpu())
     del kv, kc
     return rows
@@ -84,7 +90,7 @@ def run(size_mb: int, reps: int) -> list[dict]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes-mb", type=int, nargs="+", default=[16, 64, 256])
-    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--reps", type=int, default=100)
     ap.add_argument("--out", default=None)
     a = ap.parse_args()
     rows = [r for s in a.sizes_mb for r in run(s, a.reps)]
@@ -96,7 +102,8 @@ def main() -> None:
              f"{load[2]:.1f}). `kc = kv.chunk(2, dim=3)[0]; kc[blk, :, off] = val` (2 blocks) vs "
              f"`kv[blk, :, off] = val2` on the base; the same two blocks written by `index_copy_` along "
              f"dim 0, and one block by `scatter_` along dim 0, into `kc` vs into `kv`. Each write "
-             f"is followed by a one-element `.item()`; median of {a.reps}, Strict mode.", "",
+             f"is followed by a one-element `.item()`; median of {a.reps}, the view and base writes "
+             f"interleaved, Strict mode.", "",
              "| write | storage | into the view (ms) | into the base (ms) | view / base |",
              "|---|---|---|---|---|"]
     for r in rows:
