@@ -17,11 +17,14 @@
 //
 // Handled: index_put_ / _index_put_impl_ (x[i, :, j] = v, accumulate or not, integer index
 // tensors), index_copy_, index_add_, index_fill_, scatter_ (src or value, no reduce) and
-// scatter_add_. Only the plain
-// case is rewritten; anything else (bool masks, values of another dtype or device, shapes that
-// do not match exactly, overlapping or conjugate views, whole-storage tensors that the general
-// path already writes in place, Debug mode, which replays indexing ops on CPU for its
-// synchronous errors) keeps the general path and its errors.
+// scatter_add_; x[mask] = v with a CPU bool mask too (it arrives as integer indices:
+// dispatch.cpp's indices_to_device). Only the plain case is rewritten; anything else (values of
+// another dtype or device, shapes that do not match exactly, overlapping or conjugate views,
+// whole-storage tensors that the general path already writes in place, Debug mode, which
+// replays indexing ops on CPU for its synchronous errors) keeps the general path and its errors.
+// So do masked writes with a tpu mask (x[mask] = v, masked_fill_, masked_scatter_): a mask has
+// as many elements as the view, so they cost O(view) either way (measured: a masked_fill_ into a
+// [16, 8, 64] view of a 256 MB storage costs what it costs on a tensor of the view's size).
 //
 // Also here: CPU's dtype check of every index_put form, which the lowering (converting the
 // values) would not make.
@@ -30,7 +33,6 @@
 #include "bridge.h"
 #include "call_builder.h"
 #include "eager_mode.h"
-
 
 #include <algorithm>
 #include <optional>
