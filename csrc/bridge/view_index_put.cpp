@@ -77,9 +77,9 @@ bool covers_whole_storage(const at::Tensor& t) {
 }
 
 // A tpu view of part of its storage, none of whose elements alias another (a write through it
-// is a scatter of distinct positions).
+// is a scatter of distinct positions), of a rank the lowering takes (PJ_MAX_RANK).
 bool partial_view(const at::Tensor& self) {
-  return storage_of(self) && self.numel() > 0 && self.dim() >= 1 &&
+  return storage_of(self) && self.numel() > 0 && self.dim() >= 1 && self.dim() <= PJ_MAX_RANK &&
          !covers_whole_storage(self) && !self.is_conj() && !self.is_neg() &&
          non_overlapping(self);
 }
@@ -184,7 +184,7 @@ bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
     if (adjacent && d == bpos) result.insert(result.end(), bshape.begin(), bshape.end());
     if (std::find(indexed.begin(), indexed.end(), d) == indexed.end()) result.push_back(self.size(d));
   }
-  if (result.size() > 8) return false;  // the lowering's rank limit (PJ_MAX_RANK)
+  if (result.size() > PJ_MAX_RANK) return false;  // the lowering's rank limit
   // values must broadcast to the result exactly (not the other way round): else the general
   // path raises PyTorch's shape-mismatch error.
   {

@@ -923,7 +923,7 @@ static pj_status_t *lower_view_put(pj_lower_t *L) {
   const bool negative_ok = pj_bool(L, "negative_ok", put), acc = pj_bool(L, "accumulate", false);
   if (x.id < 0 || x.t.rank != 1 || rank < 1 || rank > PJ_MAX_RANK ||
       pj_ints(L, "strides", strides, PJ_MAX_RANK) != rank ||
-      pj_ints(L, "dims", dims, PJ_MAX_RANK) != n || n < 1 || (!put && n != 1) ||
+      n < 1 || n > PJ_MAX_RANK || pj_ints(L, "dims", dims, PJ_MAX_RANK) != n || (!put && n != 1) ||
       (!put && !scatter && strcmp(form, "slices")))
     return pj_status_new(PJ_ERR_RUNTIME, "internal: bad _pj_view_put call");
   const int64_t storage = x.t.dims[0];
