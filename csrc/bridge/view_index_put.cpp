@@ -1,36 +1,38 @@
-// index_put_ into a view in O(written elements), and index_put's dtype check.
+// Indexed writes into a view in O(written elements), and index_put's dtype check.
 //
 // The general path writes a view by reading the whole view, computing its new value and writing
 // the whole view back (view_io.c: a scatter of every view element for a strided view), so an
-// indexed write of two rows into half of a KV cache costs the half. An in-place index_put_ on a
-// view is instead the same write into the 1-D whole storage at composed linear indices:
+// indexed write of two rows into half of a KV cache costs the half. An in-place indexed write
+// into a view is instead the same write into the 1-D whole storage at composed linear indices:
 //
 //   element (i_0, ..., i_{n-1}) of the view is storage element offset + sum_d i_d * stride_d,
 //
-// so with index tensors I_j on some dims and full slices on the others, the written elements
-// are offset + sum_j wrap(I_j) * stride_j (broadcast together, shape B) + sum over the other dims
-// of arange(size_d) * stride_d, laid out in PyTorch's advanced-indexing result order (B in place
-// of the indexed dims when they are adjacent, else first). That index tensor has exactly as many
-// elements as are written, and index_put_ on the whole storage is a scatter into the donated
-// buffer. An index out of its dimension's range must not land on another element of the storage
-// (the general path drops it, as XLA's scatter does): it is sent past the storage's end, where
-// the scatter drops it too. So the write is "_pj_index_put_unchecked" (the index_put lowering
-// without its device-side bounds check, which would blame the storage's end), and each given
-// index tensor is checked against its own dimension instead ("_pj_check_index", CPU's error
-// at the next synchronization: index_checks.h).
+// one op, "_pj_view_put" (csrc/ops/index.c), given the whole storage as a flat tensor (the
+// call's destination too, so its buffer is donated), the view's sizes and strides (ints: part of
+// the program's key) and storage offset (a scalar argument: one program serves every view of
+// the same geometry), the index tensors and the values. Inside the one program it composes the
+// storage positions of exactly the written elements, checks each index tensor against its own
+// view dimension (CPU's error at the next synchronization: index_checks.h; one bad index drops
+// every update, as CPU raises before writing) and scatters the values there.
+//
+// Handled: index_put_ / _index_put_impl_ (x[i, :, j] = v, accumulate or not, integer index
+// tensors), index_copy_, index_add_, index_fill_, scatter_ (src or value, no reduce) and
+// scatter_add_; x[mask] = v with a CPU bool mask too (it arrives as integer indices:
+// dispatch.cpp's indices_to_device). Only the plain case is rewritten; anything else (values of
+// another dtype or device, shapes that do not match exactly, overlapping or conjugate views,
+// whole-storage tensors that the general path already writes in place, Debug mode, which
+// replays indexing ops on CPU for its synchronous errors) keeps the general path and its errors.
+// So do masked writes with a tpu mask (x[mask] = v, masked_fill_, masked_scatter_): a mask has
+// as many elements as the view, so they cost O(view) either way (measured: a masked_fill_ into a
+// [16, 8, 64] view of a 256 MB storage costs what it costs on a tensor of the view's size).
 //
 // Also here: CPU's dtype check of every index_put form, which the lowering (converting the
 // values) would not make.
-//
-// Only the plain case is rewritten; anything else (bool masks, values of another dtype or
-// device, shapes that do not broadcast, overlapping or conjugate views, whole-storage tensors
-// that the general path already writes in place) keeps the general path and its errors.
 #include "view_index_put.h"
 
 #include "bridge.h"
 #include "call_builder.h"
 #include "eager_mode.h"
-
 
 #include <algorithm>
 #include <optional>
@@ -74,10 +76,63 @@ bool covers_whole_storage(const at::Tensor& t) {
          static_cast<size_t>(t.numel()) * t.element_size() == t.storage().nbytes();
 }
 
-}  // namespace
+// A tpu view of part of its storage, none of whose elements alias another (a write through it
+// is a scatter of distinct positions), of a rank the lowering takes (PJ_MAX_RANK).
+bool partial_view(const at::Tensor& self) {
+  return storage_of(self) && self.numel() > 0 && self.dim() >= 1 && self.dim() <= PJ_MAX_RANK &&
+         !covers_whole_storage(self) && !self.is_conj() && !self.is_neg() &&
+         non_overlapping(self);
+}
 
-bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
-  const c10::FunctionSchema& schema = op.schema();
+// The same device, and a value dtype the write takes without conversion (CPU requires equal
+// dtypes for every op here; a mismatch goes to the general path, which raises CPU's error).
+bool same_kind(const at::Tensor& self, const at::Tensor& t) {
+  return t.device() == self.device() && t.scalar_type() == self.scalar_type() && !t.is_conj() &&
+         !t.is_neg();
+}
+
+// The arguments of one "_pj_view_put" call besides self (see its lowering in csrc/ops/index.c).
+struct ViewPut {
+  const char* form;
+  std::vector<at::Tensor> idx;
+  std::vector<int64_t> dims;  // the view dim of each index tensor
+  at::Tensor values;          // undefined: the scalar `value`
+  c10::Scalar value;
+  std::optional<c10::Scalar> alpha;
+  bool accumulate;
+  bool negative_ok;
+  pj_check_kind_t kind;
+};
+
+void run_view_put(const at::Tensor& self, const ViewPut& p) {
+  const int device = self.device().index() < 0 ? 0 : self.device().index();
+  const int64_t storage_numel =
+      static_cast<int64_t>(self.storage().nbytes() / static_cast<size_t>(self.element_size()));
+  at::Tensor flat = self.as_strided({storage_numel}, {1}, 0);
+  CallBuilder b("_pj_view_put", "", device);
+  b.add_str("form", p.form);
+  b.add_tensor("self", flat);
+  b.add_ints("sizes", self.sizes());
+  b.add_ints("strides", self.strides());
+  b.add_scalar("offset", c10::Scalar(static_cast<int64_t>(self.storage_offset())));
+  b.add_tensor_list("indices", p.idx);
+  b.add_ints("dims", p.dims);
+  if (p.values.defined()) b.add_tensor("values", p.values);
+  else b.add_scalar("value", p.value);
+  if (p.alpha) b.add_scalar("alpha", *p.alpha);
+  b.add_bool("accumulate", p.accumulate);
+  b.add_bool("negative_ok", p.negative_ok);
+  b.add_int("kind", p.kind);
+  std::string where;  // the source line a failed index check names
+  if (pj_checks_enabled()) {
+    where = python_line();
+    b.call().where = where.c_str();
+  }
+  b.add_out(flat);
+  b.run();
+}
+
+bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   const std::string& name = schema.name();
   const bool in_place = name == "aten::index_put_" || name == "aten::_index_put_impl_";
   if (!in_place && name != "aten::index_put" && name != "aten::_unsafe_index_put") return false;
@@ -94,13 +149,9 @@ bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack
               "Index put requires the source and destination dtypes match, got ",
               self.scalar_type(), " for the destination and ", values.scalar_type(),
               " for the source.");
-  if (!in_place) return false;
+  if (!in_place || eager_mode() == EagerMode::kDebug) return false;
   const bool accumulate = nargs > 3 && (*stack)[first + 3].isBool() && (*stack)[first + 3].toBool();
-
-  if (!storage_of(self) || self.numel() == 0 || covers_whole_storage(self)) return false;
-  if (self.is_conj() || self.is_neg() || values.is_conj() || values.is_neg()) return false;
-  if (values.device() != self.device() || values.scalar_type() != self.scalar_type()) return false;
-  if (!non_overlapping(self)) return false;
+  if (!partial_view(self) || !same_kind(self, values)) return false;
 
   const int64_t ndim = self.dim();
   const c10::List<std::optional<at::Tensor>> list = indices_v.toOptionalTensorList();
@@ -124,102 +175,145 @@ bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack
     bshape = std::move(*b);
   }
   const bool adjacent = indexed.back() - indexed.front() + 1 == static_cast<int64_t>(indexed.size());
-
-  // Result layout: the broadcast index dims at `bpos`, the other dims around them in order.
-  const int64_t nb = static_cast<int64_t>(bshape.size());
+  // The result layout (the lowering builds the same): the broadcast index dims at `bpos`, the
+  // other dims around them in order.
   const int64_t bpos = adjacent ? indexed.front() : 0;
   std::vector<int64_t> result;
-  std::vector<int64_t> pos_of_dim(static_cast<size_t>(ndim), -1);  // result position of a dim
-  {
-    auto is_indexed = [&](int64_t d) {
-      return std::find(indexed.begin(), indexed.end(), d) != indexed.end();
-    };
-    if (!adjacent) result.insert(result.end(), bshape.begin(), bshape.end());
-    for (int64_t d = 0; d < ndim; d++) {
-      if (adjacent && d == indexed.front()) result.insert(result.end(), bshape.begin(), bshape.end());
-      if (is_indexed(d)) continue;
-      pos_of_dim[static_cast<size_t>(d)] = static_cast<int64_t>(result.size());
-      result.push_back(self.size(d));
-    }
+  if (!adjacent) result.insert(result.end(), bshape.begin(), bshape.end());
+  for (int64_t d = 0; d < ndim; d++) {
+    if (adjacent && d == bpos) result.insert(result.end(), bshape.begin(), bshape.end());
+    if (std::find(indexed.begin(), indexed.end(), d) == indexed.end()) result.push_back(self.size(d));
   }
-  const int64_t rank = static_cast<int64_t>(result.size());
+  if (result.size() > PJ_MAX_RANK) return false;  // the lowering's rank limit
   // values must broadcast to the result exactly (not the other way round): else the general
   // path raises PyTorch's shape-mismatch error.
   {
     auto b = broadcast(values.sizes(), result);
     if (!b || *b != result) return false;
   }
-
-  // In Strict mode the index arithmetic below would be a dozen tiny programs; recorded in
-  // defer_and_fuse mode and flushed at the end, it and the scatter are one program (cached by
-  // the graph's structure like any fused run), still asynchronous. Debug mode keeps running op
-  // by op; defer_and_fuse mode simply records.
-  const bool fuse = eager_mode() == EagerMode::kStrict;
-  const int thread_mode = thread_eager_mode();
-  if (fuse) set_thread_eager_mode(static_cast<int>(EagerMode::kDeferAndFuse));
-  struct Restore {
-    bool on;
-    int mode;
-    ~Restore() {
-      if (on) set_thread_eager_mode(mode);
-    }
-  } restore{fuse, thread_mode};
-
-  const auto i64 = self.options().dtype(at::kLong);
-  const int64_t storage_numel =
-      static_cast<int64_t>(self.storage().nbytes() / static_cast<size_t>(self.element_size()));
-  // the indexed dims' contribution, and whether every index is in range
-  at::Tensor lin, valid;
-  for (size_t k = 0; k < indexed.size(); k++) {
-    const int64_t size = self.size(indexed[k]);
-    at::Tensor i = idx[k].to(at::kLong);
-    at::Tensor ok = i.ge(-size).logical_and(i.lt(size));
-    i = at::where(i.lt(0), i + size, i).mul(self.stride(indexed[k]));
-    lin = lin.defined() ? lin + i : i;
-    valid = valid.defined() ? valid.logical_and(ok) : ok;
-  }
-  std::vector<int64_t> bview(static_cast<size_t>(rank), 1);
-  for (int64_t j = 0; j < nb; j++) bview[static_cast<size_t>(bpos + j)] = bshape[static_cast<size_t>(j)];
-  lin = lin.expand(bshape).reshape(bview);
-  valid = valid.expand(bshape).reshape(bview);
-  lin = lin + self.storage_offset();
-  for (int64_t d = 0; d < ndim; d++) {
-    const int64_t p = pos_of_dim[static_cast<size_t>(d)];
-    if (p < 0 || self.size(d) == 1) continue;
-    std::vector<int64_t> shape(static_cast<size_t>(rank), 1);
-    shape[static_cast<size_t>(p)] = self.size(d);
-    lin = lin + at::arange(self.size(d), i64).mul(self.stride(d)).reshape(shape);
-  }
-  // With the index checks on, one bad index drops every update (CPU raises before writing
-  // anything); without them each bad one is dropped, as XLA's scatter does.
-  lin = at::where(pj_checks_enabled() ? valid.all() : valid, lin, c10::Scalar(storage_numel))
-            .expand(result)
-            .reshape({-1});
-
-  const int device = self.device().index() < 0 ? 0 : self.device().index();
-  if (pj_checks_enabled()) {
-    const std::string where = python_line();
-    for (size_t k = 0; k < indexed.size(); k++) {
-      CallBuilder b("_pj_check_index", "", device);
-      b.add_tensor("index", idx[k]);
-      b.add_int("size", self.size(indexed[k]));
-      b.add_int("dim", static_cast<int64_t>(k));  // CPU names the index tensor's position
-      b.call().where = where.c_str();
-      b.run();
-    }
-  }
-  at::Tensor flat = self.as_strided({storage_numel}, {1}, 0);
-  CallBuilder b("_pj_index_put_unchecked", "", device);
-  b.add_tensor("self", flat);
-  b.add_tensor_list("indices", {lin});
-  b.add_tensor("values", values.expand(result).reshape({-1}));
-  b.add_bool("accumulate", accumulate);
-  b.add_out(flat);
-  b.run();
-  if (fuse) check(pj_defer_flush());
+  run_view_put(self, {"index_put", idx, indexed, values, {}, {}, accumulate, true, PJ_CHECK_DIM});
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
+}
+
+// The in-place ops below reach the fallback as their out= forms (structured_delegate: an
+// in-place call is the out= kernel with out = self). The out= tensor is the one written; the
+// call is in place when it is self itself, else it goes to the general path.
+bool out_is_self(const torch::jit::Stack& stack, size_t first, size_t nargs) {
+  const c10::IValue& self = stack[first];
+  const c10::IValue& out = stack[first + nargs - 1];
+  return self.isTensor() && out.isTensor() && self.toTensor().is_same(out.toTensor());
+}
+
+// index_copy_(self, dim, index, source) (index_copy.out with out = self), index_add_(self, dim,
+// index, source, alpha) (index_add.out with out = self) and index_fill_(self, dim, index, value):
+// the slices of self at a 1-D index along `dim`. source must have self's shape with `dim`
+// replaced by the index's length, exactly; the index is int64 (index_add_: or int32); CPU's
+// checks, anything else goes to the general path.
+bool slices(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const std::string& name = schema.name();
+  const std::string& overload = schema.overload_name();
+  const bool copy = name == "aten::index_copy" && overload == "out";
+  const bool add = name == "aten::index_add" && overload == "out";
+  const bool fill = name == "aten::index_fill_" && (overload == "int_Scalar" || overload == "int_Tensor");
+  if (!copy && !add && !fill) return false;
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+  if (nargs != (copy ? 5u : add ? 6u : 4u) || (!fill && !out_is_self(*stack, first, nargs)) ||
+      !(*stack)[first].isTensor() || !(*stack)[first + 1].isInt() || !(*stack)[first + 2].isTensor())
+    return false;
+  const at::Tensor self = (*stack)[first].toTensor();
+  const at::Tensor index = (*stack)[first + 2].toTensor();
+  if (eager_mode() == EagerMode::kDebug || !partial_view(self)) return false;
+  int64_t dim = (*stack)[first + 1].toInt();
+  if (dim < -self.dim() || dim >= self.dim()) return false;
+  if (dim < 0) dim += self.dim();
+  const at::ScalarType it = index.scalar_type();
+  if (index.device() != self.device() || index.dim() != 1 ||
+      !(it == at::kLong || (add && it == at::kInt)))
+    return false;
+  ViewPut p{"slices", {index}, {dim}, {}, {}, {}, add, fill, PJ_CHECK_INDEX_COPY};
+  const c10::IValue& v = (*stack)[first + 3];
+  if (fill) {
+    p.kind = PJ_CHECK_DIM;
+    if (v.isScalar()) {
+      p.value = v.toScalar();
+    } else if (v.isTensor() && v.toTensor().dim() == 0 && !v.toTensor().is_conj() &&
+               !v.toTensor().is_neg()) {
+      const at::Tensor t = v.toTensor();
+      if (t.device() == self.device()) p.values = t;  // converted in the program, as CPU does
+      else if (t.device().is_cpu()) p.value = t.item();
+      else return false;
+    } else {
+      return false;
+    }
+  } else {
+    if (!v.isTensor()) return false;
+    const at::Tensor source = v.toTensor();
+    if (!same_kind(self, source) || source.dim() != self.dim()) return false;
+    for (int64_t d = 0; d < self.dim(); d++)
+      if (source.size(d) != (d == dim ? index.numel() : self.size(d))) return false;
+    p.values = source;
+    if (add) {
+      const c10::IValue& alpha = (*stack)[first + 4];
+      if (!alpha.isScalar() || self.scalar_type() == at::kBool) return false;
+      if (!(alpha.toScalar().equal(1))) p.alpha = alpha.toScalar();
+      // CPU: "index out of range in self" (IndexError) into a 1-D tensor, else the dim and size
+      p.kind = self.dim() > 1 ? PJ_CHECK_DIM_RUNTIME : PJ_CHECK_SELF;
+    }
+  }
+  run_view_put(self, p);
+  torch::jit::drop(*stack, nargs);
+  stack->push_back(self);
+  return true;
+}
+
+// scatter_(self, dim, index, src | value) and scatter_add_(self, dim, index, src) (scatter.src_out
+// / scatter.value_out / scatter_add.out with out = self), without a reduce argument: index of
+// self's rank (int64), no larger than self off `dim` and than src everywhere (CPU's checks).
+bool scatter(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const std::string& name = schema.name();
+  const std::string& overload = schema.overload_name();
+  const bool add = name == "aten::scatter_add" && overload == "out";
+  if (!add && !(name == "aten::scatter" && (overload == "src_out" || overload == "value_out")))
+    return false;
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+  if (nargs != 5 || !out_is_self(*stack, first, nargs) || !(*stack)[first + 1].isInt() ||
+      !(*stack)[first + 2].isTensor())
+    return false;
+  const at::Tensor self = (*stack)[first].toTensor();
+  const at::Tensor index = (*stack)[first + 2].toTensor();
+  const c10::IValue& src_v = (*stack)[first + 3];
+  at::Tensor src;
+  c10::Scalar value;
+  if (src_v.isTensor()) src = src_v.toTensor();
+  else if (src_v.isScalar()) value = src_v.toScalar();
+  else return false;
+  if (eager_mode() == EagerMode::kDebug || !partial_view(self)) return false;
+  if (src.defined() && (!same_kind(self, src) || src.dim() != self.dim())) return false;
+  int64_t dim = (*stack)[first + 1].toInt();
+  if (dim < -self.dim() || dim >= self.dim()) return false;
+  if (dim < 0) dim += self.dim();
+  if (index.device() != self.device() || index.scalar_type() != at::kLong ||
+      index.dim() != self.dim() || index.numel() == 0)
+    return false;
+  for (int64_t d = 0; d < self.dim(); d++) {
+    if (d != dim && index.size(d) > self.size(d)) return false;
+    if (src.defined() && index.size(d) > src.size(d)) return false;
+  }
+  run_view_put(self, {"scatter", {index}, {dim}, src, value, {}, add, false, PJ_CHECK_DIM_RUNTIME});
+  torch::jit::drop(*stack, nargs);
+  stack->push_back(self);
+  return true;
+}
+
+}  // namespace
+
+bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  return index_put(schema, stack) || slices(schema, stack) || scatter(schema, stack);
 }
 
 }  // namespace torch_pjrt

@@ -1,4 +1,4 @@
-// index_put_ into a view as a scatter into the whole storage (view_index_put.cpp).
+// Indexed writes into a view as one scatter into the whole storage (view_index_put.cpp).
 #pragma once
 
 #include <ATen/core/dispatch/Dispatcher.h>
@@ -6,8 +6,9 @@
 
 namespace torch_pjrt {
 
-// Runs an in-place index_put_ / _index_put_impl_ whose self is a view of part of its storage
-// and returns true; false (stack untouched) for any other call.
+// Runs an in-place index_put_ / _index_put_impl_ / index_copy_ / index_add_ / index_fill_ /
+// scatter_ / scatter_add_ whose self is a view of part of its storage and returns true; false
+// (stack untouched) for any other call. Raises CPU's dtype error for every index_put form.
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 }  // namespace torch_pjrt

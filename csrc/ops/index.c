@@ -742,9 +742,6 @@ static pj_status_t *index_plan(const pj_call_t *c, int64_t count, index_plan_t *
   return NULL;
 }
 
-/* The bridge's own "_pj_" calls (view_index_put.cpp) check their indices themselves. */
-static bool internal_call(pj_lower_t *L) { return !strncmp(L->c->op, "_pj_", 4); }
-
 /* The index tensors of a plan as one [B..., nidx] i64 value (negative indices wrapped). */
 static pj_val_t plan_indices(pj_lower_t *L, const index_plan_t *p, int64_t count) {
   pj_val_t parts[PJ_MAX_RANK], mc[PJ_MAX_RANK];
@@ -763,7 +760,7 @@ static pj_val_t plan_indices(pj_lower_t *L, const index_plan_t *p, int64_t count
     pj_val_t v = given ? pj_tensor_at(L, "indices", p->entry[k]) : mc[mk++];
     /* CPU names the index tensor's position among the given ones as its "dimension" */
     const int64_t size = p->self_dims[p->dims[k]];
-    if (given && !internal_call(L)) /* index_put: one bad index drops every update */
+    if (given) /* index_put: one bad index drops every update */
       v = pj_check_drop_all(L, pj_check_index(L, v, size, k, true, PJ_CHECK_DIM), v, size);
     v = wrap_negative(L, v, size);
     parts[k] = with_unit_tail(L, pj_broadcast_to(H, v, p->brank, p->bshape));
@@ -889,11 +886,141 @@ static pj_status_t *lower_index_put(pj_lower_t *L) {
   return NULL;
 }
 
-/* "_pj_check_index" (index, size, dim): only the device-side check of an index tensor given
- * for a dim of that size (advanced indexing's rule and error), no result. */
-static pj_status_t *lower_check_index(pj_lower_t *L) {
-  pj_check_index(L, pj_tensor(L, "index"), pj_int(L, "size", 0), (int)pj_int(L, "dim", 0), true,
-                 PJ_CHECK_DIM);
+/* ---- writes through a view into its whole storage ("_pj_view_put", view_index_put.cpp) ----
+ *
+ * self is the view's whole storage as a 1-D tensor; the view is (sizes, strides, offset) over
+ * it: view element (i_0, ..., i_{r-1}) is storage element offset + sum_d i_d * strides[d]. The
+ * written view elements form a value of shape R (the write's "result" shape), each given either
+ * by an index tensor along one view dim or by its own position along another, so their storage
+ * positions are offset + sum of (index * stride) terms + sum of (iota * stride) terms over R, a
+ * value with exactly as many elements as are written. The write is then one 1-D scatter into
+ * the storage, whose buffer the call donates: its cost follows the written elements, not the
+ * storage. offset is a scalar argument (one program serves every view of one geometry: each
+ * layer of a cache, each chunk).
+ *
+ * form "index_put": indices[k] along view dim dims[k] (advanced indexing: broadcast to B, B in
+ *   place of the indexed dims when they are adjacent, else first; negative indices wrap);
+ * form "slices": indices[0] (1-D) along dims[0], R the view's shape with that dim replaced by
+ *   the index's length (index_copy_, index_add_, index_fill_; the layout of index_put with one
+ *   index);
+ * form "scatter": indices[0] of R's shape along dims[0], each other dim d at its own position
+ *   (torch.scatter), values sliced to R.
+ * Values: the "values" tensor (broadcast to R; sliced for scatter) or the "value" scalar, times
+ * the optional "alpha" scalar; "accumulate" adds them instead of replacing. Negative indices
+ * wrap where "negative_ok" (default: form index_put) and are out of range elsewhere.
+ *
+ * An index outside its own dimension must not land on another element of the storage: it is
+ * sent past the storage's end, where the scatter drops it. With the index checks on, each given
+ * index tensor is checked against its dimension (CPU's error of `kind` at the next
+ * synchronization) and one bad index drops every update (CPU raises before writing). */
+static pj_status_t *lower_view_put(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  int64_t sizes[PJ_MAX_RANK], strides[PJ_MAX_RANK], dims[PJ_MAX_RANK];
+  const int rank = pj_ints(L, "sizes", sizes, PJ_MAX_RANK);
+  const int n = pj_list_len(L, "indices");
+  const char *form = pj_str(L, "form", "");
+  const bool put = !strcmp(form, "index_put"), scatter = !strcmp(form, "scatter");
+  const bool negative_ok = pj_bool(L, "negative_ok", put), acc = pj_bool(L, "accumulate", false);
+  if (x.id < 0 || x.t.rank != 1 || rank < 1 || rank > PJ_MAX_RANK ||
+      pj_ints(L, "strides", strides, PJ_MAX_RANK) != rank ||
+      n < 1 || n > PJ_MAX_RANK || pj_ints(L, "dims", dims, PJ_MAX_RANK) != n || (!put && n != 1) ||
+      (!put && !scatter && strcmp(form, "slices")))
+    return pj_status_new(PJ_ERR_RUNTIME, "internal: bad _pj_view_put call");
+  const int64_t storage = x.t.dims[0];
+  const pj_check_kind_t kind = (pj_check_kind_t)pj_int(L, "kind", PJ_CHECK_DIM);
+  pj_val_t idx[PJ_MAX_RANK];
+  for (int k = 0; k < n; k++) {
+    idx[k] = as_i64(L, pj_tensor_at(L, "indices", k));
+    if (idx[k].id < 0 || dims[k] < 0 || dims[k] >= rank) return NULL;
+  }
+
+  /* R, where each index lands in it (bdims: R dim of each index dim, right-aligned to B), and
+   * the R position of each non-indexed view dim (-1: indexed) */
+  pj_type_t R = {.dtype = PJ_I64, .rank = 0};
+  int64_t bdims[PJ_MAX_RANK][PJ_MAX_RANK];
+  int pos[PJ_MAX_RANK];
+  for (int d = 0; d < rank; d++) pos[d] = -1;
+  if (scatter) {
+    R = pj_type(PJ_I64, idx[0].t.rank, idx[0].t.dims);
+    if (R.rank != rank) return pj_status_new(PJ_ERR_RUNTIME, "internal: bad _pj_view_put call");
+    for (int d = 0; d < rank; d++) {
+      bdims[0][d] = d;
+      if (d != dims[0]) pos[d] = d;
+    }
+  } else {
+    int brank = 0;
+    int64_t bshape[PJ_MAX_RANK];
+    for (int k = 0; k < n; k++) brank = idx[k].t.rank > brank ? idx[k].t.rank : brank;
+    for (int i = 0; i < brank; i++) bshape[i] = 1;
+    for (int k = 0; k < n; k++)
+      for (int i = 0; i < idx[k].t.rank; i++) {
+        int64_t s = idx[k].t.dims[i], *b = &bshape[brank - idx[k].t.rank + i];
+        if (*b == 1) *b = s;
+        else if (s != 1 && s != *b)
+          return pj_status_new(PJ_ERR_INDEX, "shape mismatch: indexing tensors could not be "
+                               "broadcast together");
+      }
+    bool adjacent = true;
+    for (int k = 1; k < n; k++) adjacent = adjacent && dims[k] == dims[k - 1] + 1;
+    const int bpos = adjacent ? (int)dims[0] : 0;
+    if (rank - n + brank > PJ_MAX_RANK)
+      return pj_status_new(PJ_ERR_UNIMPLEMENTED, "indexing result of rank %d", rank - n + brank);
+    for (int d = 0; d <= rank; d++) {
+      if (R.rank == bpos)
+        for (int i = 0; i < brank; i++) R.dims[R.rank++] = bshape[i];
+      if (d == rank) break;
+      bool indexed = false;
+      for (int k = 0; k < n; k++) indexed = indexed || dims[k] == d;
+      if (!indexed) pos[d] = R.rank, R.dims[R.rank++] = sizes[d];
+    }
+    for (int k = 0; k < n; k++)
+      for (int i = 0; i < idx[k].t.rank; i++) bdims[k][i] = bpos + brank - idx[k].t.rank + i;
+  }
+  const int64_t m = pj_type_numel(&R);
+
+  const pj_type_t vt = pj_type_with_dtype(R, x.t.dtype);
+  pj_val_t values;
+  if (!pj_has(L, "values")) {
+    values = pj_broadcast_in_dim(H, pj_convert(H, pj_scalar(L, "value"), x.t.dtype), vt, NULL);
+  } else {
+    values = pj_convert(H, pj_tensor(L, "values"), x.t.dtype);
+    values = scatter && values.t.rank == R.rank ? slice_to(L, values, R)
+                                                : pj_broadcast_to(H, values, R.rank, R.dims);
+  }
+  if (pj_has(L, "alpha"))
+    values = MUL(values, pj_broadcast_in_dim(H, pj_convert(H, pj_scalar(L, "alpha"), x.t.dtype),
+                                             vt, NULL));
+  if (m == 0 || values.id < 0) {
+    pj_set_result(L, 0, x);
+    return NULL;
+  }
+
+  pj_val_t lin = pj_broadcast_in_dim(H, pj_scalar(L, "offset"), R, NULL), bad = kBad,
+           valid = kBad;
+  for (int k = 0; k < n; k++) {
+    const int64_t size = sizes[dims[k]];
+    /* CPU names the index tensor's position among the given ones (advanced indexing) or the
+     * dim (the other forms) */
+    pj_val_t b = pj_check_index(L, idx[k], size, put ? k : (int)dims[k], negative_ok, kind);
+    if (b.id >= 0) bad = bad.id < 0 ? b : OR(bad, b);
+    pj_val_t i = negative_ok ? wrap_negative(L, idx[k], size) : idx[k];
+    if (!L->chk) { /* without checks each bad index is dropped alone */
+      pj_val_t ok = AND(CMP("GE", idx[k], pj_full(H, idx[k].t, negative_ok ? (double)-size : 0)),
+                        CMP("LT", idx[k], pj_full(H, idx[k].t, (double)size)));
+      ok = pj_broadcast_in_dim(H, ok, pj_type_with_dtype(R, PJ_BOOL), bdims[k]);
+      valid = valid.id < 0 ? ok : AND(valid, ok);
+    }
+    i = MUL(i, pj_full(H, i.t, (double)strides[dims[k]]));
+    lin = ADD(lin, pj_broadcast_in_dim(H, i, R, bdims[k]));
+  }
+  for (int d = 0; d < rank; d++)
+    if (pos[d] >= 0 && R.dims[pos[d]] > 1)
+      lin = ADD(lin, MUL(pj_iota(H, R, pos[d]), pj_full(H, R, (double)strides[d])));
+  if (valid.id >= 0) lin = SEL(valid, lin, pj_full(H, R, (double)storage));
+  lin = pj_check_drop_all(L, bad, lin, storage);
+  const int64_t zero = 0;
+  pj_set_result(L, 0, scatter_g(L, x, with_unit_tail(L, flat(L, lin)), flat(L, values), NULL, 0,
+                                &zero, 1, &zero, 1, acc ? "add" : NULL));
   return NULL;
 }
 
@@ -1033,8 +1160,7 @@ const pj_lowering_entry_t pj_lowerings_index[] = {
     {"index_put", lower_index_put},
     {"_index_put_impl", lower_index_put},
     {"_unsafe_index_put", lower_index_put},
-    {"_pj_index_put_unchecked", lower_index_put},
-    {"_pj_check_index", lower_check_index},
+    {"_pj_view_put", lower_view_put},
     {"_pj_count_nonzero", lower_count},
     {"_pj_count_masked_select", lower_count},
     {"_pj_count_index", lower_count},
