@@ -110,6 +110,10 @@ def _register() -> None:
         from . import _decompositions
 
         _decompositions.register(set(device._C._lowered_ops()))
+        # The first op's Meta kernel must not import torch._dynamo (_meta_no_dynamo.py).
+        from . import _meta_no_dynamo
+
+        _meta_no_dynamo.install()
         from . import vision_ops  # torchvision's detection ops (nms, roi_align)
 
         vision_ops.register()

@@ -14,6 +14,9 @@
 // kMaxMemos signatures starts over.
 #include "call_memo.h"
 
+#include <ATen/EmptyTensor.h>
+#include <c10/core/DeviceGuard.h>
+
 #include <atomic>
 #include <cstring>
 #include <memory>
@@ -41,6 +44,22 @@ pj_dtype_t slot_dtype(const pj_storage_t* s, pj_dtype_t tensor_dtype) {
   return s->buf || s->pending ? s->dtype : tensor_dtype;
 }
 
+// scalar_value(t) without a dispatch of item(): the value read from the host tensor itself
+// (a Python number arrives as such a tensor on every call of `x * 0.5`).
+pj_scalar_t cpu_scalar_value(const at::Tensor& t, pj_dtype_t dt) {
+  pj_scalar_t s{};
+  s.dtype = dt;
+  const void* p = t.const_data_ptr();
+  switch (t.scalar_type()) {
+    case at::kDouble: s.f = *static_cast<const double*>(p); return s;
+    case at::kFloat: s.f = *static_cast<const float*>(p); return s;
+    case at::kLong: s.i = *static_cast<const int64_t*>(p); return s;
+    case at::kInt: s.i = *static_cast<const int32_t*>(p); return s;
+    case at::kBool: s.i = *static_cast<const bool*>(p); return s;
+    default: return scalar_value(t);  // the other types as the full path converts them
+  }
+}
+
 bool put_tensor(CallSignature& sig, const at::Tensor& t) {
   std::string& k = sig.bytes;
   if (!t.defined()) return put_tag(k, 'u'), true;
@@ -54,7 +73,7 @@ bool put_tensor(CallSignature& sig, const at::Tensor& t) {
     put_tag(k, 'c');
     put_i(k, dt);
     put_i(k, t.unsafeGetTensorImpl()->is_wrapped_number());
-    sig.scalars.push_back(scalar_value(t));
+    sig.scalars.push_back(cpu_scalar_value(t, dt));
     return true;
   }
   if (type != c10::DeviceType::PrivateUse1) return false;
@@ -218,11 +237,18 @@ bool run_memoized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (it == tls.memos.end()) return false;
   const Memo& memo = it->second;
 
+  // Results are made as the empty_strided kernel (kernels.cpp) makes them, without its
+  // dispatch: the allocator takes the current device.
   c10::SmallVector<at::Tensor, 4> outputs;
-  for (const OutputSpec& o : memo.outputs)
-    outputs.push_back(at::empty_strided(
-        o.sizes, o.strides,
-        at::TensorOptions().dtype(o.dtype).device(c10::DeviceType::PrivateUse1, memo.device)));
+  {
+    std::optional<c10::DeviceGuard> guard;
+    if (current_device() != memo.device)
+      guard.emplace(c10::Device(c10::DeviceType::PrivateUse1, memo.device));
+    for (const OutputSpec& o : memo.outputs)
+      outputs.push_back(at::detail::empty_strided_generic(
+          o.sizes, o.strides, device_allocator(),
+          c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), o.dtype));
+  }
   pj_storage_t* storages[PJ_PREPARED_MAX_SLOTS];
   for (size_t s = 0; s < memo.slot_source.size(); s++) {
     const int src = memo.slot_source[s];
