@@ -1,0 +1,30 @@
+"""The first tpu op of a process does not import torch._dynamo (torch_pjrt/_meta_no_dynamo.py),
+and once Dynamo is imported the same Meta kernels behave as PyTorch's wrappers make them."""
+import subprocess
+import sys
+
+CODE = r"""
+import sys, torch, torch_pjrt
+x = torch.arange(12.0).reshape(3, 4).to("tpu")
+y = (x * 2 + 1).sum(dim=0)
+assert "torch._dynamo" not in sys.modules, "the first ops imported torch._dynamo"
+torch.testing.assert_close(y.cpu(), (torch.arange(12.0).reshape(3, 4) * 2 + 1).sum(dim=0))
+import torch._dynamo
+f = torch.compile(lambda a, b: torch.relu(a * 3 - b), backend="tpu")
+a, b = torch.randn(5, 6), torch.randn(5, 6)
+torch.testing.assert_close(f(a.to("tpu"), b.to("tpu")).cpu(), torch.relu(a * 3 - b))
+# eager ops after the import still give CPU's results and CPU's errors
+torch.testing.assert_close((x - 1).cpu(), torch.arange(12.0).reshape(3, 4) - 1)
+try:
+    x.add_(torch.ones(3, 4, dtype=torch.complex64, device="tpu"))
+except RuntimeError as e:
+    assert "can't be cast" in str(e), e
+else:
+    raise AssertionError("no error")
+print("ok")
+"""
+
+
+def test_first_ops_do_not_import_dynamo():
+    r = subprocess.run([sys.executable, "-c", CODE], capture_output=True, text=True, timeout=600)
+    assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
