@@ -1,7 +1,10 @@
 """Host overhead per eager op (issue 12 item 2), in one process: a cache-hit 8x8 add as the
 Python-return time of 1,000 calls (median of 15 blocks), the tiny-op chain `x = x * 0.5 + b` in
 Strict and defer_and_fuse (per op, median of blocks 5-12 of 2,000 ops, each block ending in
-`x.cpu()`), and the tiny-GPT training step in both modes (median of 30 steps after 5).
+`x.cpu()`; defer_and_fuse also counts the programs its loop detector compiled over all 12
+blocks), the tiny-GPT training step in both modes (median of 30 steps after 5), and the first
+op of a fresh process (`x * 2 + 1` on a tpu tensor, warm compile cache; its time and whether it
+imported torch._dynamo).
 
     .venv/bin/python benchmarks/bench_host_overhead.py [--label NAME]
 
@@ -18,6 +21,7 @@ import sys
 import time
 
 import torch
+from torch_pjrt import _C as torch_pjrt_C
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import bench_eager  # noqa: E402  (the tiny-GPT setup and training loop)
@@ -39,11 +43,14 @@ def dispatch_us() -> float:
     return statistics.median(ts)
 
 
-def chain_us(mode: str) -> float:
-    torch.tpu.set_eager_mode(mode)
+def chain_us(mode: str) -> tuple[float, int]:
     b = torch.randn(8, 8, device="tpu")
     x = torch.randn(8, 8, device="tpu")
+    torch.tpu.synchronize()
+    torch_pjrt_C._defer_reset_detector()
+    torch.tpu.set_eager_mode(mode)
     ts = []
+    c0 = torch.tpu.metrics()["compiles"]
     try:
         for _ in range(12):
             t0 = time.perf_counter_ns()
@@ -53,7 +60,27 @@ def chain_us(mode: str) -> float:
             ts.append((time.perf_counter_ns() - t0) / 2000 / 1e3)
     finally:
         torch.tpu.set_eager_mode("strict")
-    return statistics.median(ts[4:])
+    return statistics.median(ts[4:]), torch.tpu.metrics()["compiles"] - c0
+
+
+FIRST_OP = r"""
+import sys, time
+import torch
+x = torch.ones(4, 4).to("tpu")
+torch.tpu.synchronize()
+t0 = time.perf_counter()
+y = (x * 2 + 1).cpu()
+print(time.perf_counter() - t0, "torch._dynamo" in sys.modules)
+"""
+
+
+def first_op_s() -> tuple[float, bool]:
+    import subprocess
+
+    for _ in range(2):  # the first run fills the compile cache; the second is measured
+        out = subprocess.run([sys.executable, "-c", FIRST_OP], capture_output=True, text=True,
+                             check=True).stdout.split()
+    return float(out[0]), out[1] == "True"
 
 
 def gpt_ms(mode: str) -> float:
@@ -64,10 +91,15 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--label", default="this build")
     a = p.parse_args(argv)
-    r = {"add dispatch (us)": dispatch_us(), "chain strict (us/op)": chain_us("strict"),
-         "chain defer_and_fuse (us/op)": chain_us("defer_and_fuse"),
-         "GPT step strict (ms)": gpt_ms("strict"), "GPT step defer_and_fuse (ms)": gpt_ms("defer_and_fuse")}
-    print(a.label + ": " + ", ".join(f"{k} {v:.2f}" for k, v in r.items()), flush=True)
+    strict, _ = chain_us("strict")
+    defer, programs = chain_us("defer_and_fuse")
+    first, dynamo = first_op_s()
+    r = {"add dispatch (us)": dispatch_us(), "chain strict (us/op)": strict,
+         "chain defer_and_fuse (us/op)": defer, "defer chain programs compiled": programs,
+         "GPT step strict (ms)": gpt_ms("strict"), "GPT step defer_and_fuse (ms)": gpt_ms("defer_and_fuse"),
+         "first op (s)": first, "first op imported dynamo": dynamo}
+    print(a.label + ": " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
+                                     for k, v in r.items()), flush=True)
     return r
 
 

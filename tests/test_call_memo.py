@@ -189,3 +189,54 @@ print('ok')
     r = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                        timeout=600)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_index_errors_name_the_line_of_each_memoized_call(mode):
+    import inspect
+
+    w = torch.randn(10, 4, device=TPU)
+    good = torch.tensor([1, 2], device=TPU)
+    with torch.tpu.eager_mode(mode):
+        for _ in range(3):
+            torch.nn.functional.embedding(good, w)
+        torch.tpu.synchronize()
+        before = hits()
+        torch.nn.functional.embedding(torch.tensor([1, 12], device=TPU), w)
+        line = inspect.currentframe().f_lineno - 1
+        assert hits() > before  # the bad call ran from the memo
+        with pytest.raises(IndexError) as e:
+            torch.tpu.synchronize()
+    assert f"test_call_memo.py:{line}" in str(e.value), str(e.value)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_foreach_optimizer_steps_match_cpu(mode):
+    torch.manual_seed(1)
+    params_c = [torch.randn(5, 3), torch.randn(7), torch.randn(2, 2, 2)]
+    params_t = [p.clone().to(TPU).requires_grad_() for p in params_c]
+    params_c = [p.requires_grad_() for p in params_c]
+    opt_c = torch.optim.AdamW(params_c, lr=0.01, foreach=True)
+    opt_t = torch.optim.AdamW(params_t, lr=0.01, foreach=True)
+    with torch.tpu.eager_mode(mode):
+        before = hits()
+        for step in range(4):
+            grads = [torch.randn_like(p) for p in params_c]
+            for p, g in zip(params_c, grads):
+                p.grad = g
+            for p, g in zip(params_t, grads):
+                p.grad = g.to(TPU)
+            opt_c.step()
+            opt_t.step()
+        for pc, pt in zip(params_c, params_t):
+            torch.testing.assert_close(pt.detach().cpu(), pc.detach(), rtol=1e-5, atol=1e-6)
+        assert hits() > before
+
+
+def test_symint_arguments_are_memoized():
+    for k in range(3):
+        a = torch.randn(6, 6)
+        same(torch.tril(a.to(TPU), diagonal=1), torch.tril(a, diagonal=1))
+    before = hits()
+    same(torch.tril(a.to(TPU), diagonal=1), torch.tril(a, diagonal=1))
+    assert hits() > before

@@ -113,6 +113,7 @@ CallBuilder::CallBuilder(const std::string& op, const std::string& overload, int
   c_->overload = keep(overload);
   c_->device = device;
   c_->where = nullptr;
+  c_->display = nullptr;
   c_->checked = pj_checks_enabled();
 }
 

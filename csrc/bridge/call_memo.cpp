@@ -112,7 +112,10 @@ bool put_int_list(std::string& k, const c10::IValue& v) {
 }
 
 // Mirrors add_argument (dispatch.cpp): what CallBuilder makes of each value, by schema type.
-bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValue& v) {
+// foreach: a _foreach_* op, whose Scalar[] values (AdamW's step sizes, new every step) are
+// runtime values of the call that shape nothing (meta_cache.cpp leaves them out too).
+bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValue& v,
+                  bool foreach) {
   std::string& k = sig.bytes;
   if (v.isNone()) return put_tag(k, 'n'), true;
   c10::TypePtr type = arg.real_type();
@@ -120,21 +123,33 @@ bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValu
     type = type->expectRef<c10::OptionalType>().getElementType();
   switch (type->kind()) {
     case c10::TypeKind::TensorType: return v.isTensor() && put_tensor(sig, v.toTensor());
-    case c10::TypeKind::NumberType: return v.isScalar() && (put_scalar(sig, v.toScalar()), true);
+    case c10::TypeKind::NumberType:
+      if (!v.isScalar()) return false;
+      if (foreach) {  // as for Scalar[]: a runtime value (CallBuilder passes it as a scalar)
+        pj_scalar_t x = scalar_value(v.toScalar());
+        put_tag(k, 's');
+        put_i(k, x.dtype);
+        sig.scalars.push_back(x);
+        return true;
+      }
+      return put_scalar(sig, v.toScalar()), true;
     case c10::TypeKind::IntType:
+    case c10::TypeKind::SymIntType:  // a concrete value arrives as an int (else: not memoized)
     case c10::TypeKind::ScalarTypeType:
     case c10::TypeKind::LayoutType:
     case c10::TypeKind::MemoryFormatType:
       if (!v.isInt()) return false;
       put_tag(k, 'i');
       return put_i(k, v.toInt()), true;
-    case c10::TypeKind::FloatType: {
+    case c10::TypeKind::FloatType:
+    case c10::TypeKind::SymFloatType: {
       if (!v.isDouble()) return false;
       const double d = v.toDouble();
       put_tag(k, 'f');
       return put(k, &d, sizeof d), true;
     }
     case c10::TypeKind::BoolType:
+    case c10::TypeKind::SymBoolType:
       if (!v.isBool()) return false;
       put_tag(k, 'b');
       return put_i(k, v.toBool()), true;
@@ -160,6 +175,33 @@ bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValu
         for (double x : l) put(k, &x, sizeof x);
         return true;
       }
+      const bool optional = elem == c10::TypeKind::OptionalType;
+      if (optional)
+        elem = type->expectRef<c10::ListType>().getElementType()
+                   ->expectRef<c10::OptionalType>().getElementType()->kind();
+      if (elem == c10::TypeKind::TensorType && v.isList()) {
+        const auto& l = v.toListRef();
+        put_tag(k, 'T');
+        put_i(k, static_cast<int64_t>(l.size()));
+        for (const c10::IValue& e : l) {
+          if (e.isNone()) put_tag(k, 'u');
+          else if (!e.isTensor() || !put_tensor(sig, e.toTensor())) return false;
+        }
+        return true;
+      }
+      if (elem == c10::TypeKind::NumberType && foreach && v.isList()) {
+        const auto& l = v.toListRef();
+        put_tag(k, 'N');
+        put_i(k, static_cast<int64_t>(l.size()));
+        for (const c10::IValue& e : l) {
+          if (!e.isScalar()) return false;
+          pj_scalar_t x = scalar_value(e.toScalar());
+          put_i(k, x.dtype);  // the type shapes the program; the value is the call's
+          sig.scalars.push_back(x);
+        }
+        return true;
+      }
+      if (optional) return false;
       if (elem == c10::TypeKind::BoolType && v.isBoolList()) {
         const auto l = v.toBoolList();
         put_tag(k, 'B');
@@ -167,7 +209,7 @@ bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValu
         for (bool x : l) put_i(k, x);
         return true;
       }
-      return false;  // tensor and Scalar lists: the full path (parts, per-device splits)
+      return false;
     }
     default: return false;  // symbolic values, generators, anything else
   }
@@ -175,8 +217,9 @@ bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValu
 
 // Where a result comes from on a memo's run.
 struct ReturnSource {
-  enum Kind { kUndefined, kOutput, kArgument } kind;
+  enum Kind { kUndefined, kOutput, kArgument, kOutputList } kind;
   int index;  // the output (kOutput) or the argument (kArgument)
+  std::vector<int> list;  // kOutputList: the outputs of a Tensor[] return
 };
 
 struct OutputSpec {
@@ -194,6 +237,7 @@ struct Memo {
   c10::SmallVector<int, 8> slot_source;
   std::vector<OutputSpec> outputs;  // the fresh destinations, in CallBuilder's order
   c10::SmallVector<ReturnSource, 4> returns;
+  bool names_line = false;  // take python_line() for each run (index checks name it)
 };
 
 struct ThreadMemos {
@@ -222,8 +266,9 @@ bool call_signature(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   put(sig.bytes, &id, sizeof id);
   put_i(sig.bytes, static_cast<int64_t>(eager_mode()) | int64_t{pj_checks_enabled()} << 8);
   const c10::IValue* args = stack.data() + (stack.size() - nargs);
+  const bool foreach = schema.name().rfind("aten::_foreach_", 0) == 0;
   for (size_t a = 0; a < nargs; a++)
-    if (!put_argument(sig, arguments[a], args[a])) return false;
+    if (!put_argument(sig, arguments[a], args[a], foreach)) return false;
   return !sig.tensors.empty();  // the device is the first tpu tensor's
 }
 
@@ -255,8 +300,11 @@ bool run_memoized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     storages[s] = storage_of(src >= 0 ? *sig.tensors[static_cast<size_t>(src)]
                                       : outputs[static_cast<size_t>(-src - 1)]);
   }
+  std::string where;
+  if (memo.names_line) where = python_line();
   bool missed = false;
-  check(pj_prepared_run(memo.prepared.get(), storages, sig.scalars.data(), &missed));
+  check(pj_prepared_run(memo.prepared.get(), storages, sig.scalars.data(),
+                        memo.names_line ? where.c_str() : nullptr, &missed));
   if (missed) {  // its program left the memory cache: the full path makes a new memo
     tls.memos.erase(it);
     return false;
@@ -264,7 +312,12 @@ bool run_memoized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const size_t nargs = op.schema().arguments().size();
   c10::SmallVector<c10::IValue, 4> results;
   for (const ReturnSource& r : memo.returns) {
-    if (r.kind == ReturnSource::kOutput) results.emplace_back(outputs[static_cast<size_t>(r.index)]);
+    if (r.kind == ReturnSource::kOutputList) {
+      c10::List<at::Tensor> l;
+      for (int j : r.list) l.push_back(outputs[static_cast<size_t>(j)]);
+      results.emplace_back(std::move(l));
+    } else if (r.kind == ReturnSource::kOutput)
+      results.emplace_back(outputs[static_cast<size_t>(r.index)]);
     else if (r.kind == ReturnSource::kArgument)
       results.push_back((*stack)[stack->size() - nargs + static_cast<size_t>(r.index)]);
     else results.emplace_back(at::Tensor());
@@ -277,10 +330,8 @@ bool run_memoized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 
 void store_memo(const c10::OperatorHandle& op, const CallSignature& sig, const pj_call_t& call,
                 const torch::jit::Stack& args, const std::vector<at::Tensor>& dests,
-                const std::vector<c10::IValue>& returns) {
-  if (!call_memo_enabled() || call.nout == 0 || call.where ||
-      call.nslots > PJ_PREPARED_MAX_SLOTS)
-    return;
+                const std::vector<c10::IValue>& returns, bool names_line) {
+  if (!call_memo_enabled() || call.nout == 0 || call.nslots > PJ_PREPARED_MAX_SLOTS) return;
   // The arguments must still have the signature they had (an in-place destination that the
   // full path resized would not).
   CallSignature after;
@@ -290,6 +341,7 @@ void store_memo(const c10::OperatorHandle& op, const CallSignature& sig, const p
   };
   Memo memo;
   memo.device = call.device;
+  memo.names_line = names_line && call.where != nullptr;
   // destinations that are not arguments are the memo's outputs
   std::vector<const at::Tensor*> outputs;
   for (const at::Tensor& d : dests) {
@@ -310,24 +362,37 @@ void store_memo(const c10::OperatorHandle& op, const CallSignature& sig, const p
     if (!found) return;
     memo.slot_source.push_back(src);
   }
+  auto output_index = [&](const at::Tensor& t) {
+    for (size_t j = 0; j < outputs.size(); j++)
+      if (same(*outputs[j], t)) return static_cast<int>(j);
+    return -1;
+  };
   for (const c10::IValue& r : returns) {
+    if (r.isTensorList()) {
+      ReturnSource src{ReturnSource::kOutputList, 0, {}};
+      for (const at::Tensor& t : r.toTensorList()) {
+        const int j = t.defined() ? output_index(t) : -1;
+        if (j < 0) return;
+        src.list.push_back(j);
+      }
+      memo.returns.push_back(std::move(src));
+      continue;
+    }
     if (!r.isTensor()) return;
     const at::Tensor& t = r.toTensor();
     if (!t.defined()) {
-      memo.returns.push_back({ReturnSource::kUndefined, 0});
+      memo.returns.push_back({ReturnSource::kUndefined, 0, {}});
       continue;
     }
-    int index = -1;
-    for (size_t j = 0; j < outputs.size() && index < 0; j++)
-      if (same(*outputs[j], t)) index = static_cast<int>(j);
+    int index = output_index(t);
     if (index >= 0) {
-      memo.returns.push_back({ReturnSource::kOutput, index});
+      memo.returns.push_back({ReturnSource::kOutput, index, {}});
       continue;
     }
     for (size_t a = 0; a < args.size() && index < 0; a++)
       if (args[a].isTensor() && same(args[a].toTensor(), t)) index = static_cast<int>(a);
     if (index < 0) return;
-    memo.returns.push_back({ReturnSource::kArgument, index});
+    memo.returns.push_back({ReturnSource::kArgument, index, {}});
   }
   memo.prepared.reset(pj_prepared_new(&call, eager_mode() == EagerMode::kDeferAndFuse));
   if (!memo.prepared) return;

@@ -50,9 +50,10 @@ bool run_memoized(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 // After the full path ran `call` for the arguments `args` (whose signature, taken before the
 // call, is `sig`): keeps a memo if the call is one (dests: the destinations in CallBuilder's
-// order; returns: what went on the stack).
+// order; returns: what went on the stack). names_line: the op's index checks name the Python
+// line of each call (python_line(), taken again on each of the memo's runs).
 void store_memo(const c10::OperatorHandle& op, const CallSignature& sig, const pj_call_t& call,
                 const torch::jit::Stack& args, const std::vector<at::Tensor>& dests,
-                const std::vector<c10::IValue>& returns);
+                const std::vector<c10::IValue>& returns, bool names_line);
 
 }  // namespace torch_pjrt

@@ -406,12 +406,11 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
 
   // A call of a kind the call memo can repeat (call_memo.h) keeps a memo once it ran: not
-  // Debug or NaN-checked calls (checked one by one), random ops (a new seed each), ops whose
-  // indices are checked (they name the Python line of each call).
+  // Debug or NaN-checked calls (checked one by one), random ops (a new seed each), ops that
+  // index_put_into_view may take instead (its choice is not this path's).
   CallSignature sig;
-  const bool memoizable = !debug && !check_nan() && !checks_indices(base) &&
-                         !is_random_op(schema, base) && call_signature(op, args, sig);
-
+  const bool memoizable = !debug && !check_nan() && !is_random_op(schema, base) &&
+                          !view_put_candidate(base) && call_signature(op, args, sig);
   CallBuilder b(base, schema.overload_name(), device);
   for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
   // The source line a device-side index check names (one frame walk per indexing op).
@@ -616,7 +615,8 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       }
     } else {
       b.run();
-      if (memoizable && write_back.empty()) store_memo(op, sig, b.call(), args, dests, returns);
+      if (memoizable && write_back.empty())
+        store_memo(op, sig, b.call(), args, dests, returns, checks_indices(base));
     }
     if (check_nan()) check_finite(schema, args, dests);
   }

@@ -104,7 +104,7 @@ struct ViewPut {
   pj_check_kind_t kind;
 };
 
-void run_view_put(const at::Tensor& self, const ViewPut& p) {
+void run_view_put(const c10::FunctionSchema& schema, const at::Tensor& self, const ViewPut& p) {
   const int device = self.device().index() < 0 ? 0 : self.device().index();
   const int64_t storage_numel =
       static_cast<int64_t>(self.storage().nbytes() / static_cast<size_t>(self.element_size()));
@@ -124,9 +124,14 @@ void run_view_put(const at::Tensor& self, const ViewPut& p) {
   b.add_bool("negative_ok", p.negative_ok);
   b.add_int("kind", p.kind);
   std::string where;  // the source line a failed index check names
+  // and the op it names: the user's (index_copy_ -> "index_copy"), as the general path does
+  std::string display = schema.name().substr(schema.name().rfind("::") + 2);
+  if (display.size() > 1 && display.back() == '_' && display[display.size() - 2] != '_')
+    display.pop_back();
   if (pj_checks_enabled()) {
     where = python_line();
     b.call().where = where.c_str();
+    b.call().display = display.c_str();
   }
   b.add_out(flat);
   b.run();
@@ -191,7 +196,7 @@ bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
     auto b = broadcast(values.sizes(), result);
     if (!b || *b != result) return false;
   }
-  run_view_put(self, {"index_put", idx, indexed, values, {}, {}, accumulate, true, PJ_CHECK_DIM});
+  run_view_put(schema, self, {"index_put", idx, indexed, values, {}, {}, accumulate, true, PJ_CHECK_DIM});
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
@@ -263,7 +268,7 @@ bool slices(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
       p.kind = self.dim() > 1 ? PJ_CHECK_DIM_RUNTIME : PJ_CHECK_SELF;
     }
   }
-  run_view_put(self, p);
+  run_view_put(schema, self, p);
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
@@ -303,13 +308,19 @@ bool scatter(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
     if (d != dim && index.size(d) > self.size(d)) return false;
     if (src.defined() && index.size(d) > src.size(d)) return false;
   }
-  run_view_put(self, {"scatter", {index}, {dim}, src, value, {}, add, false, PJ_CHECK_DIM_RUNTIME});
+  run_view_put(schema, self, {"scatter", {index}, {dim}, src, value, {}, add, false, PJ_CHECK_DIM_RUNTIME});
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
 }
 
 }  // namespace
+
+bool view_put_candidate(const std::string& base) {
+  return base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index_put" ||
+         base == "index_copy" || base == "index_add" || base == "index_fill" ||
+         base == "scatter" || base == "scatter_add";
+}
 
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();

@@ -232,6 +232,7 @@ bool pj_call_decode(const unsigned char *key, size_t len, int device, pj_call_t 
   for (int o = 0; o < c->nout; o++) rtensor(&r, &c->outs[o]);
   c->checked = rint64(&r) != 0;
   c->where = NULL;
+  c->display = NULL;
   return r.ok && r.p == r.end;
 }
 
@@ -609,7 +610,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   /* the op's name is put on an error here, not formatted for every call */
   pj_status_t *st = pj_program_for_key(k.p, k.len, build_single, &b, NULL, &prog);
   if (st) st = pj_status_wrap(st, "aten::%s: ", c->op);
-  const pj_check_site_t site = {0, c->op, c->where};
+  const pj_check_site_t site = {0, c->display ? c->display : c->op, c->where};
   if (!st)
     st = execute_slots(prog, c->device, c->slots, c->nslots, written, nwritten, c->scalars,
                        c->nscalars, &site);
@@ -636,8 +637,8 @@ struct pj_prepared {
 };
 
 pj_prepared_t *pj_prepared_new(const pj_call_t *c, bool deferred) {
-  if (c->nslots > PJ_PREPARED_MAX_SLOTS || strlen(c->op) >= sizeof((pj_prepared_t *)0)->op ||
-      c->where)
+  const char *name = c->display ? c->display : c->op; /* what an index-check error names */
+  if (c->nslots > PJ_PREPARED_MAX_SLOTS || strlen(name) >= sizeof((pj_prepared_t *)0)->op)
     return NULL;
   pj_runtime_t *rt = NULL;
   if (!deferred) {
@@ -670,7 +671,7 @@ pj_prepared_t *pj_prepared_new(const pj_call_t *c, bool deferred) {
     p->writes[s] = pj_call_writes_slot(c, s);
     if (p->writes[s]) p->written[p->nwritten++] = s;
   }
-  strcpy(p->op, c->op);
+  strcpy(p->op, name);
   p->hash = pj_hash_bytes(k.p, k.len, 0);
   p->hash2 = pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2);
   p->keylen = k.len;
@@ -682,7 +683,7 @@ pj_prepared_t *pj_prepared_new(const pj_call_t *c, bool deferred) {
 void pj_prepared_free(pj_prepared_t *p) { free(p); }
 
 pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storages,
-                             const pj_scalar_t *scalars, bool *missed) {
+                             const pj_scalar_t *scalars, const char *where, bool *missed) {
   *missed = false;
   pj_slot_t slots[PJ_PREPARED_MAX_SLOTS];
   for (int s = 0; s < p->nslots; s++)
@@ -691,8 +692,16 @@ pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storag
     unsigned char *key = malloc(p->keylen);
     if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
     memcpy(key, p->key, p->keylen);
+    char *site = NULL; /* "op\0where\0", as pj_call_defer records it */
+    if (where) {
+      size_t a = strlen(p->op) + 1, b = strlen(where) + 1;
+      if ((site = malloc(a + b))) {
+        memcpy(site, p->op, a);
+        memcpy(site + a, where, b);
+      }
+    }
     return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
-                           p->writes, scalars, p->nscalars, NULL);
+                           p->writes, scalars, p->nscalars, site);
   }
   PJ_TRY(pj_defer_flush());
   pthread_mutex_lock(&pj_run_lock);
@@ -701,7 +710,7 @@ pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storag
   if (!prog) {
     *missed = true; /* evicted from the memory cache: the caller builds the call again */
   } else {
-    const pj_check_site_t site = {0, p->op, NULL};
+    const pj_check_site_t site = {0, p->op, where};
     st = execute_slots(prog, p->device, slots, p->nslots, p->written, p->nwritten, scalars,
                        p->nscalars, &site);
   }

@@ -145,10 +145,11 @@ int pj_graph_sites(const graph_t *g, pj_check_site_t **out) {
 /* "op\0where\0" of a call that names its source line (a dop's site), or NULL. */
 static char *site_of(const pj_call_t *c) {
   if (!c->where) return NULL;
-  size_t a = strlen(c->op) + 1, b = strlen(c->where) + 1;
+  const char *name = c->display ? c->display : c->op;
+  size_t a = strlen(name) + 1, b = strlen(c->where) + 1;
   char *s = malloc(a + b);
   if (s) {
-    memcpy(s, c->op, a);
+    memcpy(s, name, a);
     memcpy(s + a, c->where, b);
   }
   return s;
@@ -331,7 +332,10 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
     }
     for (int s = 0; s < c->nslots; s++) c->slots[s].storage = g->st[op->gslot[s]].s;
     memcpy(c->scalars, op->scalars, sizeof *op->scalars * (size_t)op->nscalars);
-    if (op->site) c->where = op->site + strlen(op->site) + 1;
+    if (op->site) {
+      c->display = op->site;
+      c->where = op->site + strlen(op->site) + 1;
+    }
     st = pj_call_run(c);
   }
   free(c);

@@ -98,6 +98,9 @@ typedef struct {
   /* Where the call came from (" at file:line" of the Python caller), named by an index-check
    * error (index_checks.h); NULL when unknown. Borrowed for the call; not part of the key. */
   const char *where;
+  /* The op an index-check error names when the call stands for another one (a user's
+   * index_copy_ written through a view as _pj_view_put); NULL: op. Not part of the key. */
+  const char *display;
 } pj_call_t;
 
 typedef struct pj_lower pj_lower_t;
@@ -117,17 +120,18 @@ pj_status_t *pj_call_run(pj_call_t *c);
  * later calls that differ from it only in storage identities and scalar values. Running one
  * skips the call description, the key and its hash: a cache-hit op's host work. Immutable once
  * made; usable from any thread. */
-#define PJ_PREPARED_MAX_SLOTS 16
+#define PJ_PREPARED_MAX_SLOTS 64
 typedef struct pj_prepared pj_prepared_t;
 /* deferred: for recording in defer_and_fuse (else for Strict). NULL when the call cannot be
- * prepared (too many slots, a source line to report, out of memory). */
+ * prepared (too many slots, out of memory). */
 pj_prepared_t *pj_prepared_new(const pj_call_t *c, bool deferred);
 void pj_prepared_free(pj_prepared_t *p);
-/* Runs (Strict) or records (deferred) the prepared call with storages[s] in slot s and
- * scalars[i] as its scalar values. Sets *missed, doing nothing, when a Strict call's program
- * is no longer in the memory cache (evicted): the caller then runs the full call. */
+/* Runs (Strict) or records (deferred) the prepared call with storages[s] in slot s,
+ * scalars[i] as its scalar values and `where` as its source line (pj_call_t.where; may be
+ * NULL). Sets *missed, doing nothing, when a Strict call's program is no longer in the memory
+ * cache (evicted): the caller then runs the full call. */
 pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storages,
-                             const pj_scalar_t *scalars, bool *missed);
+                             const pj_scalar_t *scalars, const char *where, bool *missed);
 
 #ifdef __cplusplus
 }
