@@ -1,12 +1,16 @@
 """Host overhead per eager op (issue 12 item 2), in one process: a cache-hit 8x8 add as the
 Python-return time of 1,000 calls (median of 15 blocks), the tiny-op chain `x = x * 0.5 + b` in
 Strict and defer_and_fuse (per op, median of blocks 5-12 of 2,000 ops, each block ending in
-`x.cpu()`; defer_and_fuse also counts the programs its loop detector compiled over all 12
-blocks), the tiny-GPT training step in both modes (median of 30 steps after 5), and the first
+`x.cpu()`; defer_and_fuse also counts the fused programs its graphs needed over all 12
+blocks: memory-cache misses, compiled or loaded from the disk cache), the tiny-GPT training step in both modes (median of 30 steps after 5), and the first
 op of a fresh process (`x * 2 + 1` on a tpu tensor, warm compile cache; its time and whether it
 imported torch._dynamo).
 
     .venv/bin/python benchmarks/bench_host_overhead.py [--label NAME]
+    .venv/bin/python benchmarks/bench_host_overhead.py --compare-memo 5
+
+--compare-memo N alternates the call memo on and off N times in one process (the same build,
+csrc/bridge/call_memo.h) for the dispatch and chain figures and prints their medians.
 
 Prints one line of figures. To compare two builds, run it alternately with each on
 PYTHONPATH (docs/performance.md, "Host overhead per op"); with a fresh TORCH_PJRT_CACHE_DIR
@@ -50,7 +54,8 @@ def chain_us(mode: str) -> tuple[float, int]:
     torch_pjrt_C._defer_reset_detector()
     torch.tpu.set_eager_mode(mode)
     ts = []
-    c0 = torch.tpu.metrics()["compiles"]
+    # programs new to the process (memory-cache misses; compiled or loaded from the disk cache)
+    c0 = torch.tpu.metrics()["cache_misses"]
     try:
         for _ in range(12):
             t0 = time.perf_counter_ns()
@@ -60,7 +65,7 @@ def chain_us(mode: str) -> tuple[float, int]:
             ts.append((time.perf_counter_ns() - t0) / 2000 / 1e3)
     finally:
         torch.tpu.set_eager_mode("strict")
-    return statistics.median(ts[4:]), torch.tpu.metrics()["compiles"] - c0
+    return statistics.median(ts[4:]), torch.tpu.metrics()["cache_misses"] - c0
 
 
 FIRST_OP = r"""
@@ -76,10 +81,13 @@ print(time.perf_counter() - t0, "torch._dynamo" in sys.modules)
 
 def first_op_s() -> tuple[float, bool]:
     import subprocess
+    import tempfile
 
+    # (run outside the checkout: `python -c` puts the working directory first on sys.path,
+    # which would shadow a build given on PYTHONPATH)
     for _ in range(2):  # the first run fills the compile cache; the second is measured
         out = subprocess.run([sys.executable, "-c", FIRST_OP], capture_output=True, text=True,
-                             check=True).stdout.split()
+                             check=True, cwd=tempfile.gettempdir()).stdout.split()
     return float(out[0]), out[1] == "True"
 
 
@@ -87,15 +95,39 @@ def gpt_ms(mode: str) -> float:
     return bench_eager.train_steps(bench_eager._gpt_setup, torch.device("tpu"), 30, 5, mode)[0]
 
 
+def compare_memo(n: int) -> dict:
+    runs = {True: {}, False: {}}
+    try:
+        for _ in range(n):
+            for on in (True, False):
+                torch_pjrt_C._set_call_memo(on)
+                for k, v in (("add dispatch (us)", dispatch_us()),
+                             ("chain strict (us/op)", chain_us("strict")[0]),
+                             ("chain defer_and_fuse (us/op)", chain_us("defer_and_fuse")[0])):
+                    runs[on].setdefault(k, []).append(v)
+    finally:
+        torch_pjrt_C._set_call_memo(True)
+    out = {}
+    for on, figures in runs.items():
+        med = {k: statistics.median(v) for k, v in figures.items()}
+        out["memo" if on else "full path"] = med
+        print(("memo on: " if on else "memo off (full path): ") +
+              ", ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
+    return out
+
+
 def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--label", default="this build")
+    p.add_argument("--compare-memo", type=int, default=0, metavar="N")
     a = p.parse_args(argv)
+    if a.compare_memo:
+        return compare_memo(a.compare_memo)
     strict, _ = chain_us("strict")
     defer, programs = chain_us("defer_and_fuse")
     first, dynamo = first_op_s()
     r = {"add dispatch (us)": dispatch_us(), "chain strict (us/op)": strict,
-         "chain defer_and_fuse (us/op)": defer, "defer chain programs compiled": programs,
+         "chain defer_and_fuse (us/op)": defer, "defer chain programs": programs,
          "GPT step strict (ms)": gpt_ms("strict"), "GPT step defer_and_fuse (ms)": gpt_ms("defer_and_fuse"),
          "first op (s)": first, "first op imported dynamo": dynamo}
     print(a.label + ": " + ", ".join(f"{k} {v:.2f}" if isinstance(v, float) else f"{k} {v}"
