@@ -269,3 +269,62 @@ def test_in_place_shift_by_a_float_is_the_cast_error_like_cpu():
         x = torch.ones(3, dtype=torch.int64, device=dev)
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
             x <<= 1.5
+
+
+def _outcome(fn, dev):
+    """(exception type name, None) or ("ok", result on the host)."""
+    try:
+        r = fn(dev)
+        return "ok", r.cpu()
+    except Exception as e:
+        return type(e).__name__, None
+
+
+_BOOL = lambda d: torch.tensor([True, False], device=d)  # noqa: E731
+_FLT = lambda d: torch.tensor([1.5, -2.0], device=d)  # noqa: E731
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize("case", [
+    lambda d: torch.sub(_BOOL(d), 3.0),          # the Scalar overload (fuzz seed 2000006023)
+    lambda d: torch.rsub(_BOOL(d), 3.0),
+    lambda d: torch.sub(_BOOL(d), True),
+    lambda d: torch.sub(_FLT(d), True),
+    lambda d: torch.sub(_FLT(d), _BOOL(d)),      # a bool tensor operand
+    lambda d: torch.rsub(_FLT(d), _BOOL(d)),
+    lambda d: _BOOL(d) - _BOOL(d),
+    lambda d: torch.sub(_FLT(d), 2),             # still computed
+    lambda d: torch.rsub(torch.tensor([3, 4], device=d), 1, alpha=2),
+])
+def test_subtraction_with_a_bool_operand_raises_like_cpu_fuzz_f11(case, mode):
+    torch.tpu.set_eager_mode(mode)
+    try:
+        want, got = _outcome(case, "cpu"), _outcome(case, TPU)
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    assert want[0] == got[0]
+    if want[0] == "ok":
+        assert got[1].dtype == want[1].dtype and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (3,), ()])
+def test_softmax_of_integers_empty_is_returned_else_not_implemented_fuzz_f12(fn, dtype, shape):
+    """CPU returns an empty integer input as it is and raises NotImplementedError otherwise;
+    tpu failed to compile exp of an integer (fuzz seeds 2000006068, 2000006075)."""
+    case = lambda d: fn(torch.zeros(shape, dtype=dtype, device=d), 0)  # noqa: E731
+    want, got = _outcome(case, "cpu"), _outcome(case, TPU)
+    assert want[0] == got[0]
+    if want[0] == "ok":
+        assert got[1].dtype == want[1].dtype and got[1].shape == want[1].shape
+
+
+@pytest.mark.parametrize("fn", [torch.argmin, torch.argmax])
+@pytest.mark.parametrize("shape", [(0,), (2,), ()])
+def test_argmin_argmax_of_bool_raise_like_cpu_fuzz_f13(fn, shape):
+    case = lambda d: fn(torch.zeros(shape, dtype=torch.bool, device=d))  # noqa: E731
+    assert _outcome(case, "cpu")[0] == _outcome(case, TPU)[0] == "RuntimeError"
+    # other dtypes are unchanged
+    x = torch.tensor([[3, 1], [0, 7]])
+    assert torch.equal(fn(x.to(TPU), dim=1).cpu(), fn(x, dim=1))

@@ -378,6 +378,22 @@ static pj_status_t *lower_binary(pj_lower_t *L) {
             pj_dtype_info(ct)->name);
     return NULL;
   }
+  if (!strcmp(row->name, "sub") || !strcmp(row->name, "rsub")) {
+    /* CPU's sub_check, which the Meta kernel of the Scalar overloads and of a bool tensor
+       operand does not reach; a Python bool operand counts as a bool tensor, as on CPU */
+    bool ab = pj_arg_dtype(L, an) == PJ_BOOL, bb = pj_arg_dtype(L, bn) == PJ_BOOL;
+    if (ab && bb) {
+      pj_fail(L, PJ_ERR_RUNTIME, "Subtraction, the `-` operator, with two bool tensors is not "
+              "supported. Use the `^` or `logical_xor()` operator instead.");
+      return NULL;
+    }
+    if (ab || bb) {
+      pj_fail(L, PJ_ERR_RUNTIME, "Subtraction, the `-` operator, with a bool tensor is not "
+              "supported. If you are trying to invert a mask, use the `~` or `logical_not()` "
+              "operator instead.");
+      return NULL;
+    }
+  }
   if (row->rule == B_LOGICAL) ct = PJ_BOOL;
   if (!strcmp(row->name, "float_power")) ct = pj_dtype_info(ct)->is_complex ? PJ_C128 : PJ_F64;
   pj_val_t a = arg_at_out(L, an, ct), b = arg_at_out(L, bn, ct);

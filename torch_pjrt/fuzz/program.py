@@ -347,6 +347,8 @@ def execute(prog, mode, every_step=None, stop_after=None, trace=None):
             try:
                 torch.tpu.synchronize()
             except Exception as e:
+                for r in rt[1]:  # the step raised: its results are not defined, as on CPU
+                    tpu.env.pop(r, None)
                 rt = ("exc", type(e).__name__, str(e).split("\n")[0][:200])
         if rc is None and rt is None:
             continue
