@@ -328,3 +328,35 @@ def test_argmin_argmax_of_bool_raise_like_cpu_fuzz_f13(fn, shape):
     # other dtypes are unchanged
     x = torch.tensor([[3, 1], [0, 7]])
     assert torch.equal(fn(x.to(TPU), dim=1).cpu(), fn(x, dim=1))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("shape,reps", [
+    ((1, 1, 1, 1, 1), (2, 1, 1, 1, 1)),            # F7: the composite needed rank 10
+    ((2, 1, 3, 1, 2), (1, 2, 1, 3, 2, 2)),
+    ((1, 2, 1, 2, 1, 2, 1, 2), (2, 1, 1, 1, 1, 1, 1, 3)),   # rank 8: by concatenation
+    ((2, 1, 2, 1, 2), (1, 0, 2, 1, 1)),
+    ((2, 3), (2, 1, 2)),                           # ranks up to 4 as before
+    ((2, 3), (1, 1)),
+])
+def test_repeat_past_rank_4_matches_cpu_f7(shape, reps, mode):
+    x = torch.randn(shape)
+    torch.tpu.set_eager_mode(mode)
+    try:
+        xt = x.to(TPU)
+        got = xt.repeat(*reps)
+        assert got.untyped_storage().data_ptr() != xt.untyped_storage().data_ptr()
+        got = got.cpu()
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    want = x.repeat(*reps)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got, want)
+
+
+def test_repeat_of_a_rank_5_tensor_backward_f7():
+    x = torch.randn(2, 1, 3, 1, 2, requires_grad=True)
+    xt = x.detach().to(TPU).requires_grad_()
+    (x.repeat(1, 2, 1, 3, 2) * torch.arange(144.0).reshape(2, 2, 3, 3, 4)).sum().backward()
+    (xt.repeat(1, 2, 1, 3, 2) * torch.arange(144.0).reshape(2, 2, 3, 3, 4).to(TPU)).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)

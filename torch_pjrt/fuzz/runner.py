@@ -41,9 +41,11 @@ def run_one(mode, seed, k, min_ops=5, max_ops=50, shrink=True, shapes="free",
     seen: a set of signatures (sig_key) already minimized; when given, only a failure with a
     new signature is minimized (and its signature added), the others are saved unminimized."""
     ps = program_seed(seed, k)
+    t0 = time.monotonic()
     prog = P.generate(ps, mode, min_ops, max_ops, shapes)
     res = P.check(prog)
-    rec = {"k": k, "seed": ps, "mode": mode, "status": res["status"], "result": res}
+    rec = {"k": k, "seed": ps, "mode": mode, "status": res["status"], "result": res,
+           "seconds": round(time.monotonic() - t0, 2)}
     if shapes != "free":
         rec["shapes"] = shapes
     if res["status"] in ("mismatch", "error", "gap"):
@@ -62,6 +64,7 @@ def run_one(mode, seed, k, min_ops=5, max_ops=50, shrink=True, shapes="free",
         rec["program"] = small
         rec["snippet"] = M.snippet(small, small_res)
         rec["result"] = small_res
+        rec["shrink_seconds"] = round(time.monotonic() - t0 - rec["seconds"], 2)
     return rec
 
 
