@@ -360,3 +360,21 @@ def test_repeat_of_a_rank_5_tensor_backward_f7():
     (x.repeat(1, 2, 1, 3, 2) * torch.arange(144.0).reshape(2, 2, 3, 3, 4)).sum().backward()
     (xt.repeat(1, 2, 1, 3, 2) * torch.arange(144.0).reshape(2, 2, 3, 3, 4).to(TPU)).sum().backward()
     torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize("fn", [torch.maximum, torch.minimum])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_maximum_minimum_propagate_nan_from_either_operand_f14(fn, dtype):
+    """tpu returned the first operand where only the second was NaN (the CPU plugin's
+    stablehlo.maximum/minimum); fuzz seed 2000006293: maximum(x, log(negative) * 0.5)."""
+    nan = float("nan")
+    y = torch.tensor([[1.0, nan, 2.0], [nan, 3.0, -1.0], [0.5, -0.25, nan]], dtype=dtype)
+    z = torch.zeros(1, dtype=dtype)
+    for a, b in ((z, y), (y, z), (y.flip(0), y), (y.t(), y)):
+        want = fn(a, b)
+        got = fn(a.to(TPU), b.to(TPU)).cpu()
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(7), want.nan_to_num(7))
+    out = torch.empty(3, 3, dtype=dtype, device=TPU)
+    fn(z.to(TPU), y.to(TPU), out=out)
+    assert torch.equal(out.cpu().isnan(), fn(z, y).isnan())

@@ -260,8 +260,8 @@ static const binary_row_t kBinary[] = {
     {"fmod", "stablehlo.remainder", B_ARITH},
     {"pow", NULL, B_ARITH},
     {"float_power", NULL, B_ARITH},
-    {"maximum", "stablehlo.maximum", B_ARITH},
-    {"minimum", "stablehlo.minimum", B_ARITH},
+    {"maximum", NULL, B_ARITH},
+    {"minimum", NULL, B_ARITH},
     {"fmax", NULL, B_ARITH},
     {"fmin", NULL, B_ARITH},
     {"atan2", "stablehlo.atan2", B_FLOAT},
@@ -332,6 +332,13 @@ static pj_val_t binary_formula(pj_lower_t *L, const char *n, pj_val_t a, pj_val_
     return SEL(fix, ADD(r, b), r);
   }
   if (!strcmp(n, "pow") || !strcmp(n, "float_power")) return pj_binary(H, "stablehlo.power", a, b);
+  if (!strcmp(n, "maximum") || !strcmp(n, "minimum")) {
+    /* NaN in either operand gives NaN, as on CPU; the CPU plugin's stablehlo.maximum/minimum
+       return the first operand when only the second is NaN (fuzz finding F14) */
+    pj_val_t m = !strcmp(n, "maximum") ? MAX(a, b) : MIN(a, b);
+    if (!pj_dtype_info(a.t.dtype)->is_float) return m;
+    return SEL(CMP("NE", a, a), a, SEL(CMP("NE", b, b), b, m));
+  }
   if (!strcmp(n, "fmax") || !strcmp(n, "fmin")) {
     pj_val_t m = !strcmp(n, "fmax") ? MAX(a, b) : MIN(a, b);
     if (!pj_dtype_info(a.t.dtype)->is_float) return m;
