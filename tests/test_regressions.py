@@ -378,3 +378,26 @@ def test_maximum_minimum_propagate_nan_from_either_operand_f14(fn, dtype):
     out = torch.empty(3, 3, dtype=dtype, device=TPU)
     fn(z.to(TPU), y.to(TPU), out=out)
     assert torch.equal(out.cpu().isnan(), fn(z, y).isnan())
+
+
+@pytest.mark.parametrize("shape,k", [((), 0), ((0,), 0), ((3,), 2)])
+def test_topk_of_bool_raises_like_cpu_f15(shape, k):
+    case = lambda d: torch.topk(torch.zeros(shape, dtype=torch.bool, device=d), k)[0]  # noqa: E731
+    assert _outcome(case, "cpu")[0] == _outcome(case, TPU)[0] == "RuntimeError"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_product_with_a_false_bool_keeps_nan_and_inf_f16(dtype):
+    """False * NaN and False * inf are NaN on CPU; XLA's rewrite of x * convert(pred) into a
+    select gave 0 (fuzz seed 2000006459: a bool times var() of one element)."""
+    nan, inf = float("nan"), float("inf")
+    m = torch.tensor([False, True, False, True, False])
+    x = torch.tensor([nan, nan, inf, -2.0, -3.0], dtype=dtype)
+    cases = [lambda d: torch.mul(m.to(d), x.to(d)), lambda d: torch.mul(x.to(d), m.to(d)),
+             lambda d: m[:1].to(d) * x.to(d), lambda d: x.to(d) * False,
+             lambda d: x.to(d).clone().mul_(m.to(d))]
+    for case in cases:
+        want, got = case("cpu"), case(TPU).cpu()
+        assert got.dtype == want.dtype
+        assert torch.equal(got.isnan(), want.isnan()), (want, got)
+        assert torch.equal(got.nan_to_num(7), want.nan_to_num(7))

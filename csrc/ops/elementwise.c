@@ -422,6 +422,15 @@ static pj_status_t *lower_binary(pj_lower_t *L) {
       !pj_dtype_info(ct)->is_signed)
     hlo = "stablehlo.shift_right_logical";
   pj_val_t r = hlo ? pj_binary(H, hlo, a, b) : binary_formula(L, row->name, a, b);
+  if (!strcmp(row->name, "mul") && pj_dtype_info(ct)->is_float &&
+      (pj_arg_dtype(L, an) == PJ_BOOL || pj_arg_dtype(L, bn) == PJ_BOOL)) {
+    /* XLA rewrites x * convert(pred) as select(pred, x, 0), which loses 0 * NaN = NaN and
+       0 * inf = NaN (fuzz finding F16): where the bool is false, the product is x * 0 */
+    bool a_bool = pj_arg_dtype(L, an) == PJ_BOOL;
+    pj_val_t x = a_bool ? b : a, p = pj_convert(H, a_bool ? a : b, PJ_BOOL);
+    pj_val_t zx = MUL(x, pj_full(H, x.t, 0));
+    r = SEL(p, x, zx);
+  }
   pj_set_result(L, 0, r);
   return NULL;
 }
