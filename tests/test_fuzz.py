@@ -152,3 +152,15 @@ def test_pause_file_waits_until_it_is_gone(tmp_path):
     threading.Timer(0.3, f.unlink).start()
     waited = runner.pause_wait(str(f), lambda: beats.append(1), poll=0.05)
     assert waited >= 0.25 and beats
+
+
+def test_defer_and_fuse_error_raised_at_the_next_flush_is_a_deferred_verdict():
+    """A lowering's check (argmin of bool) raises in DeferAndFuse at the flush the runner makes
+    after a step CPU raised on: a 'deferred' failure (known, F9), not a missed error."""
+    steps = [{"op": "input", "kw": {"shape": [3], "dtype": "bool", "layout": "contig",
+                                    "seed": 1}},
+             {"op": "argmin", "in": ["0"], "expr": "torch.argmin({0})"}]
+    res = program.check({"seed": 1, "mode": "defer_and_fuse", "steps": steps})
+    assert (res["status"], res["kind"], res["op"]) == ("known", "deferred", "argmin"), res
+    res = program.check({"seed": 1, "mode": "strict", "steps": steps})
+    assert res["status"] == "ok", res
