@@ -172,7 +172,10 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
         for k in range(programs):
             if until is not None and time.time() > until:
                 break
-            summary.paused += pause_wait(pause_file)
+            waited = pause_wait(pause_file)
+            if waited:
+                summary.paused += waited
+                log("%s: paused %.1f s (%s)" % (mode, waited, pause_file))
             keep(run_one(mode, seed, k, min_ops, max_ops, shrink != "none", shapes, seen))
         return summary
     k = 0
@@ -212,6 +215,7 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
                 deadline = time.monotonic() + timeout
                 if buf.startswith("PAUSED "):
                     summary.paused += float(buf.split()[1])
+                    log("%s: paused %s s (%s)" % (mode, buf.split()[1], pause_file))
                 continue
             if buf.startswith("START "):
                 current, deadline = int(buf.split()[1]), time.monotonic() + timeout
