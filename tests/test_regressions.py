@@ -401,3 +401,22 @@ def test_product_with_a_false_bool_keeps_nan_and_inf_f16(dtype):
         assert got.dtype == want.dtype
         assert torch.equal(got.isnan(), want.isnan()), (want, got)
         assert torch.equal(got.nan_to_num(7), want.nan_to_num(7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_floor_division_of_floats_matches_cpu_with_infinities_and_signed_zeros_f21(dtype):
+    """CPU floors through fmod: -inf // 3 is NaN and -1 // inf is -1, where floor(a / b) gave
+    -inf and -0 (fuzz seed 2001006141: torch.log(0) // 2 with rounding_mode='floor')."""
+    inf, nan = float("inf"), float("nan")
+    vals = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 7.0, -7.0, 0.3, -0.3, 1e30, -1e30, 3.0, inf, -inf,
+            nan]
+    a = torch.tensor([x for x in vals for _ in vals], dtype=dtype)
+    b = torch.tensor([y for _ in vals for y in vals], dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    a = torch.cat([a, (torch.randn(500, generator=g) * 10).to(dtype)])
+    b = torch.cat([b, (torch.randn(500, generator=g) * 3).to(dtype)])
+    for fn in (lambda p, q: torch.div(p, q, rounding_mode="floor"), torch.floor_divide):
+        want, got = fn(a, b), fn(a.to(TPU), b.to(TPU)).cpu()
+        assert torch.equal(got.isnan(), want.isnan())
+        ok = want.isnan() | ((got == want) & (got.signbit() == want.signbit()))
+        assert ok.all(), (a[~ok][:4], b[~ok][:4], want[~ok][:4], got[~ok][:4])

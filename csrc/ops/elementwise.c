@@ -291,8 +291,27 @@ static const binary_row_t kBinary[] = {
     {NULL, NULL, B_ARITH},
 };
 
+/* Float floor division as CPU defines it, through fmod rather than floor(a / b): the quotient
+ * of the exact multiple (a - fmod(a, b)) / b, one less when the remainder's sign differs from
+ * b's, rounded to the nearest integer below; a zero quotient takes the sign of a / b and b = 0
+ * gives a / b. So an infinite a gives NaN (fmod is NaN) and a finite a over an infinite b gives
+ * 0 or -1, where floor(a / b) gave an infinity or -0 (fuzz finding F21). Every step is in
+ * the input's dtype: for bfloat16 that is what matches CPU's results bit for bit. */
+static pj_val_t floor_div_float(pj_lower_t *L, pj_val_t a, pj_val_t b) {
+  pj_val_t zero = cst(L, a, 0), one = cst(L, a, 1);
+  pj_val_t q = DIV(a, b);
+  pj_val_t mod = pj_binary(H, "stablehlo.remainder", a, b);
+  pj_val_t d = DIV(SUB(a, mod), b);
+  pj_val_t signs_differ = pj_binary(H, "stablehlo.xor", CMP("LT", b, zero), CMP("LT", mod, zero));
+  d = SEL(pj_binary(H, "stablehlo.and", CMP("NE", mod, zero), signs_differ), SUB(d, one), d);
+  pj_val_t fl = U("floor", d);
+  fl = SEL(CMP("GT", SUB(d, fl), cst(L, a, 0.5)), ADD(fl, one), fl);
+  pj_val_t r = SEL(CMP("NE", d, zero), fl, MUL(q, zero)); /* 0 * q: a zero with q's sign */
+  return SEL(CMP("EQ", b, zero), q, r);
+}
+
 static pj_val_t floor_div(pj_lower_t *L, pj_val_t a, pj_val_t b) {
-  if (pj_dtype_info(a.t.dtype)->is_float) return U("floor", DIV(a, b));
+  if (pj_dtype_info(a.t.dtype)->is_float) return floor_div_float(L, a, b);
   /* integer floor division: truncating quotient, minus one when signs differ and inexact */
   pj_val_t q = DIV(a, b);
   pj_val_t r = pj_binary(H, "stablehlo.remainder", a, b);
