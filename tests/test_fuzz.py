@@ -102,3 +102,65 @@ def test_comparison_catches_value_dtype_nan_and_alias_differences():
     env["2"] = env["0"].clone()
     assert program.aliases(env, "1") == {"0"} and program.aliases(env, "2") == set()
     assert known.match("no_such_op", "value", "strict") is None
+
+
+def test_vocab_shapes_slice():
+    """--shapes vocab (the big runs' default): first inputs come from the vocabulary, and a
+    fixed-seed slice shows no mismatch outside known.py."""
+    for seed in range(30):
+        prog = program.generate(seed, "strict", 5, 14, shapes="vocab")
+        assert prog["shapes"] == "vocab"
+        first = prog["steps"][0]
+        assert first["op"] == "input"
+        assert first["kw"]["shape"] in program.VOCAB[len(first["kw"]["shape"])]
+    s = runner.run_mode("strict", 8, seed=7, min_ops=SLICE_OPS[0], max_ops=SLICE_OPS[1],
+                        shrink=False, shapes="vocab", log=lambda *_: None)
+    assert s.programs == 8
+    bad = [(r["seed"], r["result"]) for r in s.records if r["status"] in ("mismatch", "error")]
+    assert not bad, s.line() + "\n" + "\n".join(map(str, bad))
+
+
+def test_shrink_new_minimizes_each_signature_once(monkeypatch, tmp_path):
+    _planted_op()
+
+    def planted_program(ps, mode, *args, **kw):
+        return {"seed": ps, "mode": mode, "steps": [
+            {"op": "input", "kw": {"shape": [3], "dtype": "float32", "layout": "contig",
+                                   "seed": ps}},
+            {"op": "abs", "in": ["0"], "expr": "torch.abs({0})"},
+            {"op": "planted", "in": ["1"], "expr": "torch.ops.fuzz_planted.twice({0})"}]}
+    monkeypatch.setattr(program, "generate", planted_program)
+    seen = set()
+    first, second = (runner.run_one("strict", 0, k, shrink=True, seen=seen) for k in (0, 1))
+    assert first["status"] == second["status"] == "mismatch"
+    assert first["sig"] == second["sig"]
+    assert first.get("shrunk") and len(first["program"]["steps"]) == 2  # abs dropped
+    assert not second.get("shrunk") and "program" not in second
+    # A later run reads the minimized signatures back from DIR/failures.jsonl.
+    runner._save(str(tmp_path), first)
+    runner._save(str(tmp_path), second)
+    assert runner.load_seen(str(tmp_path)) == {tuple(first["sig"])}
+
+
+def test_pause_file_waits_until_it_is_gone(tmp_path):
+    import threading
+
+    f = tmp_path / "PAUSE"
+    assert runner.pause_wait(str(f)) == 0.0
+    f.write_text("")
+    beats = []
+    threading.Timer(0.3, f.unlink).start()
+    waited = runner.pause_wait(str(f), lambda: beats.append(1), poll=0.05)
+    assert waited >= 0.25 and beats
+
+
+def test_defer_and_fuse_error_raised_at_the_next_flush_is_a_deferred_verdict():
+    """A lowering's check (argmin of bool) raises in DeferAndFuse at the flush the runner makes
+    after a step CPU raised on: a 'deferred' failure (known, F9), not a missed error."""
+    steps = [{"op": "input", "kw": {"shape": [3], "dtype": "bool", "layout": "contig",
+                                    "seed": 1}},
+             {"op": "argmin", "in": ["0"], "expr": "torch.argmin({0})"}]
+    res = program.check({"seed": 1, "mode": "defer_and_fuse", "steps": steps})
+    assert (res["status"], res["kind"], res["op"]) == ("known", "deferred", "argmin"), res
+    res = program.check({"seed": 1, "mode": "strict", "steps": steps})
+    assert res["status"] == "ok", res

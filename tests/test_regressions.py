@@ -269,3 +269,154 @@ def test_in_place_shift_by_a_float_is_the_cast_error_like_cpu():
         x = torch.ones(3, dtype=torch.int64, device=dev)
         with pytest.raises(RuntimeError, match="can't be cast to the desired output type Long"):
             x <<= 1.5
+
+
+def _outcome(fn, dev):
+    """(exception type name, None) or ("ok", result on the host)."""
+    try:
+        r = fn(dev)
+        return "ok", r.cpu()
+    except Exception as e:
+        return type(e).__name__, None
+
+
+_BOOL = lambda d: torch.tensor([True, False], device=d)  # noqa: E731
+_FLT = lambda d: torch.tensor([1.5, -2.0], device=d)  # noqa: E731
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize("case", [
+    lambda d: torch.sub(_BOOL(d), 3.0),          # the Scalar overload (fuzz seed 2000006023)
+    lambda d: torch.rsub(_BOOL(d), 3.0),
+    lambda d: torch.sub(_BOOL(d), True),
+    lambda d: torch.sub(_FLT(d), True),
+    lambda d: torch.sub(_FLT(d), _BOOL(d)),      # a bool tensor operand
+    lambda d: torch.rsub(_FLT(d), _BOOL(d)),
+    lambda d: _BOOL(d) - _BOOL(d),
+    lambda d: torch.sub(_FLT(d), 2),             # still computed
+    lambda d: torch.rsub(torch.tensor([3, 4], device=d), 1, alpha=2),
+])
+def test_subtraction_with_a_bool_operand_raises_like_cpu_fuzz_f11(case, mode):
+    torch.tpu.set_eager_mode(mode)
+    try:
+        want, got = _outcome(case, "cpu"), _outcome(case, TPU)
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    assert want[0] == got[0]
+    if want[0] == "ok":
+        assert got[1].dtype == want[1].dtype and torch.equal(got[1], want[1])
+
+
+@pytest.mark.parametrize("fn", [torch.softmax, torch.log_softmax])
+@pytest.mark.parametrize("dtype", [torch.int64, torch.int32])
+@pytest.mark.parametrize("shape", [(0,), (2, 0), (3,), ()])
+def test_softmax_of_integers_empty_is_returned_else_not_implemented_fuzz_f12(fn, dtype, shape):
+    """CPU returns an empty integer input as it is and raises NotImplementedError otherwise;
+    tpu failed to compile exp of an integer (fuzz seeds 2000006068, 2000006075)."""
+    case = lambda d: fn(torch.zeros(shape, dtype=dtype, device=d), 0)  # noqa: E731
+    want, got = _outcome(case, "cpu"), _outcome(case, TPU)
+    assert want[0] == got[0]
+    if want[0] == "ok":
+        assert got[1].dtype == want[1].dtype and got[1].shape == want[1].shape
+
+
+@pytest.mark.parametrize("fn", [torch.argmin, torch.argmax])
+@pytest.mark.parametrize("shape", [(0,), (2,), ()])
+def test_argmin_argmax_of_bool_raise_like_cpu_fuzz_f13(fn, shape):
+    case = lambda d: fn(torch.zeros(shape, dtype=torch.bool, device=d))  # noqa: E731
+    assert _outcome(case, "cpu")[0] == _outcome(case, TPU)[0] == "RuntimeError"
+    # other dtypes are unchanged
+    x = torch.tensor([[3, 1], [0, 7]])
+    assert torch.equal(fn(x.to(TPU), dim=1).cpu(), fn(x, dim=1))
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("shape,reps", [
+    ((1, 1, 1, 1, 1), (2, 1, 1, 1, 1)),            # F7: the composite needed rank 10
+    ((2, 1, 3, 1, 2), (1, 2, 1, 3, 2, 2)),
+    ((1, 2, 1, 2, 1, 2, 1, 2), (2, 1, 1, 1, 1, 1, 1, 3)),   # rank 8: by concatenation
+    ((2, 1, 2, 1, 2), (1, 0, 2, 1, 1)),
+    ((2, 3), (2, 1, 2)),                           # ranks up to 4 as before
+    ((2, 3), (1, 1)),
+])
+def test_repeat_past_rank_4_matches_cpu_f7(shape, reps, mode):
+    x = torch.randn(shape)
+    torch.tpu.set_eager_mode(mode)
+    try:
+        xt = x.to(TPU)
+        got = xt.repeat(*reps)
+        assert got.untyped_storage().data_ptr() != xt.untyped_storage().data_ptr()
+        got = got.cpu()
+    finally:
+        torch.tpu.set_eager_mode("strict")
+    want = x.repeat(*reps)
+    assert got.shape == want.shape and got.stride() == want.stride()
+    assert torch.equal(got, want)
+
+
+def test_repeat_of_a_rank_5_tensor_backward_f7():
+    x = torch.randn(2, 1, 3, 1, 2, requires_grad=True)
+    xt = x.detach().to(TPU).requires_grad_()
+    (x.repeat(1, 2, 1, 3, 2) * torch.arange(144.0).reshape(2, 2, 3, 3, 4)).sum().backward()
+    (xt.repeat(1, 2, 1, 3, 2) * torch.arange(144.0).reshape(2, 2, 3, 3, 4).to(TPU)).sum().backward()
+    torch.testing.assert_close(xt.grad.cpu(), x.grad)
+
+
+@pytest.mark.parametrize("fn", [torch.maximum, torch.minimum])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_maximum_minimum_propagate_nan_from_either_operand_f14(fn, dtype):
+    """tpu returned the first operand where only the second was NaN (the CPU plugin's
+    stablehlo.maximum/minimum); fuzz seed 2000006293: maximum(x, log(negative) * 0.5)."""
+    nan = float("nan")
+    y = torch.tensor([[1.0, nan, 2.0], [nan, 3.0, -1.0], [0.5, -0.25, nan]], dtype=dtype)
+    z = torch.zeros(1, dtype=dtype)
+    for a, b in ((z, y), (y, z), (y.flip(0), y), (y.t(), y)):
+        want = fn(a, b)
+        got = fn(a.to(TPU), b.to(TPU)).cpu()
+        assert torch.equal(got.isnan(), want.isnan())
+        assert torch.equal(got.nan_to_num(7), want.nan_to_num(7))
+    out = torch.empty(3, 3, dtype=dtype, device=TPU)
+    fn(z.to(TPU), y.to(TPU), out=out)
+    assert torch.equal(out.cpu().isnan(), fn(z, y).isnan())
+
+
+@pytest.mark.parametrize("shape,k", [((), 0), ((0,), 0), ((3,), 2)])
+def test_topk_of_bool_raises_like_cpu_f15(shape, k):
+    case = lambda d: torch.topk(torch.zeros(shape, dtype=torch.bool, device=d), k)[0]  # noqa: E731
+    assert _outcome(case, "cpu")[0] == _outcome(case, TPU)[0] == "RuntimeError"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_product_with_a_false_bool_keeps_nan_and_inf_f16(dtype):
+    """False * NaN and False * inf are NaN on CPU; XLA's rewrite of x * convert(pred) into a
+    select gave 0 (fuzz seed 2000006459: a bool times var() of one element)."""
+    nan, inf = float("nan"), float("inf")
+    m = torch.tensor([False, True, False, True, False])
+    x = torch.tensor([nan, nan, inf, -2.0, -3.0], dtype=dtype)
+    cases = [lambda d: torch.mul(m.to(d), x.to(d)), lambda d: torch.mul(x.to(d), m.to(d)),
+             lambda d: m[:1].to(d) * x.to(d), lambda d: x.to(d) * False,
+             lambda d: x.to(d).clone().mul_(m.to(d))]
+    for case in cases:
+        want, got = case("cpu"), case(TPU).cpu()
+        assert got.dtype == want.dtype
+        assert torch.equal(got.isnan(), want.isnan()), (want, got)
+        assert torch.equal(got.nan_to_num(7), want.nan_to_num(7))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_floor_division_of_floats_matches_cpu_with_infinities_and_signed_zeros_f21(dtype):
+    """CPU floors through fmod: -inf // 3 is NaN and -1 // inf is -1, where floor(a / b) gave
+    -inf and -0 (fuzz seed 2001006141: torch.log(0) // 2 with rounding_mode='floor')."""
+    inf, nan = float("inf"), float("nan")
+    vals = [0.0, -0.0, 1.0, -1.0, 2.5, -2.5, 7.0, -7.0, 0.3, -0.3, 1e30, -1e30, 3.0, inf, -inf,
+            nan]
+    a = torch.tensor([x for x in vals for _ in vals], dtype=dtype)
+    b = torch.tensor([y for _ in vals for y in vals], dtype=dtype)
+    g = torch.Generator().manual_seed(0)
+    a = torch.cat([a, (torch.randn(500, generator=g) * 10).to(dtype)])
+    b = torch.cat([b, (torch.randn(500, generator=g) * 3).to(dtype)])
+    for fn in (lambda p, q: torch.div(p, q, rounding_mode="floor"), torch.floor_divide):
+        want, got = fn(a, b), fn(a.to(TPU), b.to(TPU)).cpu()
+        assert torch.equal(got.isnan(), want.isnan())
+        ok = want.isnan() | ((got == want) & (got.signbit() == want.signbit()))
+        assert ok.all(), (a[~ok][:4], b[~ok][:4], want[~ok][:4], got[~ok][:4])

@@ -123,6 +123,9 @@ def _register() -> None:
         from . import distribution_ops  # Gamma / Dirichlet sampling
 
         distribution_ops.register()
+        from . import repeat_op  # repeat past rank 4 (the composite needs twice the rank)
+
+        repeat_op.register()
         _register_distributed(device)
         _registered = True
 

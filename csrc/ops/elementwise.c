@@ -260,8 +260,8 @@ static const binary_row_t kBinary[] = {
     {"fmod", "stablehlo.remainder", B_ARITH},
     {"pow", NULL, B_ARITH},
     {"float_power", NULL, B_ARITH},
-    {"maximum", "stablehlo.maximum", B_ARITH},
-    {"minimum", "stablehlo.minimum", B_ARITH},
+    {"maximum", NULL, B_ARITH},
+    {"minimum", NULL, B_ARITH},
     {"fmax", NULL, B_ARITH},
     {"fmin", NULL, B_ARITH},
     {"atan2", "stablehlo.atan2", B_FLOAT},
@@ -291,8 +291,27 @@ static const binary_row_t kBinary[] = {
     {NULL, NULL, B_ARITH},
 };
 
+/* Float floor division as CPU defines it, through fmod rather than floor(a / b): the quotient
+ * of the exact multiple (a - fmod(a, b)) / b, one less when the remainder's sign differs from
+ * b's, rounded to the nearest integer below; a zero quotient takes the sign of a / b and b = 0
+ * gives a / b. So an infinite a gives NaN (fmod is NaN) and a finite a over an infinite b gives
+ * 0 or -1, where floor(a / b) gave an infinity or -0 (fuzz finding F21). Every step is in
+ * the input's dtype: for bfloat16 that is what matches CPU's results bit for bit. */
+static pj_val_t floor_div_float(pj_lower_t *L, pj_val_t a, pj_val_t b) {
+  pj_val_t zero = cst(L, a, 0), one = cst(L, a, 1);
+  pj_val_t q = DIV(a, b);
+  pj_val_t mod = pj_binary(H, "stablehlo.remainder", a, b);
+  pj_val_t d = DIV(SUB(a, mod), b);
+  pj_val_t signs_differ = pj_binary(H, "stablehlo.xor", CMP("LT", b, zero), CMP("LT", mod, zero));
+  d = SEL(pj_binary(H, "stablehlo.and", CMP("NE", mod, zero), signs_differ), SUB(d, one), d);
+  pj_val_t fl = U("floor", d);
+  fl = SEL(CMP("GT", SUB(d, fl), cst(L, a, 0.5)), ADD(fl, one), fl);
+  pj_val_t r = SEL(CMP("NE", d, zero), fl, MUL(q, zero)); /* 0 * q: a zero with q's sign */
+  return SEL(CMP("EQ", b, zero), q, r);
+}
+
 static pj_val_t floor_div(pj_lower_t *L, pj_val_t a, pj_val_t b) {
-  if (pj_dtype_info(a.t.dtype)->is_float) return U("floor", DIV(a, b));
+  if (pj_dtype_info(a.t.dtype)->is_float) return floor_div_float(L, a, b);
   /* integer floor division: truncating quotient, minus one when signs differ and inexact */
   pj_val_t q = DIV(a, b);
   pj_val_t r = pj_binary(H, "stablehlo.remainder", a, b);
@@ -332,6 +351,13 @@ static pj_val_t binary_formula(pj_lower_t *L, const char *n, pj_val_t a, pj_val_
     return SEL(fix, ADD(r, b), r);
   }
   if (!strcmp(n, "pow") || !strcmp(n, "float_power")) return pj_binary(H, "stablehlo.power", a, b);
+  if (!strcmp(n, "maximum") || !strcmp(n, "minimum")) {
+    /* NaN in either operand gives NaN, as on CPU; the CPU plugin's stablehlo.maximum/minimum
+       return the first operand when only the second is NaN (fuzz finding F14) */
+    pj_val_t m = !strcmp(n, "maximum") ? MAX(a, b) : MIN(a, b);
+    if (!pj_dtype_info(a.t.dtype)->is_float) return m;
+    return SEL(CMP("NE", a, a), a, SEL(CMP("NE", b, b), b, m));
+  }
   if (!strcmp(n, "fmax") || !strcmp(n, "fmin")) {
     pj_val_t m = !strcmp(n, "fmax") ? MAX(a, b) : MIN(a, b);
     if (!pj_dtype_info(a.t.dtype)->is_float) return m;
@@ -378,6 +404,22 @@ static pj_status_t *lower_binary(pj_lower_t *L) {
             pj_dtype_info(ct)->name);
     return NULL;
   }
+  if (!strcmp(row->name, "sub") || !strcmp(row->name, "rsub")) {
+    /* CPU's sub_check, which the Meta kernel of the Scalar overloads and of a bool tensor
+       operand does not reach; a Python bool operand counts as a bool tensor, as on CPU */
+    bool ab = pj_arg_dtype(L, an) == PJ_BOOL, bb = pj_arg_dtype(L, bn) == PJ_BOOL;
+    if (ab && bb) {
+      pj_fail(L, PJ_ERR_RUNTIME, "Subtraction, the `-` operator, with two bool tensors is not "
+              "supported. Use the `^` or `logical_xor()` operator instead.");
+      return NULL;
+    }
+    if (ab || bb) {
+      pj_fail(L, PJ_ERR_RUNTIME, "Subtraction, the `-` operator, with a bool tensor is not "
+              "supported. If you are trying to invert a mask, use the `~` or `logical_not()` "
+              "operator instead.");
+      return NULL;
+    }
+  }
   if (row->rule == B_LOGICAL) ct = PJ_BOOL;
   if (!strcmp(row->name, "float_power")) ct = pj_dtype_info(ct)->is_complex ? PJ_C128 : PJ_F64;
   pj_val_t a = arg_at_out(L, an, ct), b = arg_at_out(L, bn, ct);
@@ -399,6 +441,15 @@ static pj_status_t *lower_binary(pj_lower_t *L) {
       !pj_dtype_info(ct)->is_signed)
     hlo = "stablehlo.shift_right_logical";
   pj_val_t r = hlo ? pj_binary(H, hlo, a, b) : binary_formula(L, row->name, a, b);
+  if (!strcmp(row->name, "mul") && pj_dtype_info(ct)->is_float &&
+      (pj_arg_dtype(L, an) == PJ_BOOL || pj_arg_dtype(L, bn) == PJ_BOOL)) {
+    /* XLA rewrites x * convert(pred) as select(pred, x, 0), which loses 0 * NaN = NaN and
+       0 * inf = NaN (fuzz finding F16): where the bool is false, the product is x * 0 */
+    bool a_bool = pj_arg_dtype(L, an) == PJ_BOOL;
+    pj_val_t x = a_bool ? b : a, p = pj_convert(H, a_bool ? a : b, PJ_BOOL);
+    pj_val_t zx = MUL(x, pj_full(H, x.t, 0));
+    r = SEL(p, x, zx);
+  }
   pj_set_result(L, 0, r);
   return NULL;
 }

@@ -268,6 +268,10 @@ static pj_status_t *lower_argmax_argmin(pj_lower_t *L) {
   bool is_max = !strcmp(L->c->op, "argmax");
   pj_val_t x = pj_tensor(L, "self");
   if (is_complex(x.t.dtype)) return unsupported_complex(L);
+  if (x.t.dtype == PJ_BOOL) { /* CPU's kernel checks this, its Meta kernel does not */
+    pj_fail(L, PJ_ERR_RUNTIME, "%s(): does not support bool input", L->c->op);
+    return NULL;
+  }
   rdims_t r;
   bool full = extremum_dims(L, &x.t, &r);
   if (!pj_hlo_ok(H)) return NULL;
@@ -454,6 +458,15 @@ static pj_status_t *lower_softmax(pj_lower_t *L) {
   int64_t dim = pj_int(L, "dim", -1);
   pj_dtype_t ct = acc_of(pj_out_type(L, 0).dtype);
   if (is_complex(ct)) return unsupported_complex(L);
+  if (!is_float(ct)) { /* integer or bool: CPU returns an empty input as it is, else raises */
+    if (pj_type_numel(&x.t) == 0) {
+      set_out(L, 0, pj_full(H, pj_out_type(L, 0), 0));
+      return NULL;
+    }
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s_lastdim_kernel_impl\" not implemented for '%s'",
+            logsm ? "log_softmax" : "softmax", pj_dtype_info(ct)->name);
+    return NULL;
+  }
   x = as_rank1(L, pj_convert(H, x, ct));
   rdims_t r;
   one_dim(L, &x.t, dim, &r);

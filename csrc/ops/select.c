@@ -508,6 +508,8 @@ static pj_status_t *lower_topk(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   if (is_complex(x.t.dtype))
     return pj_status_new(PJ_ERR_RUNTIME, "topk does not support complex inputs");
+  if (x.t.dtype == PJ_BOOL) /* CPU's kernel checks this (fuzz finding F15), its Meta does not */
+    return pj_status_new(PJ_ERR_RUNTIME, "topk does not support bool dtypes on CPU");
   int dim = x.t.rank ? pj_norm_dim(L, pj_int(L, "dim", -1), x.t.rank) : 0;
   int64_t k = pj_int(L, "k", 1);
   bool largest = pj_bool(L, "largest", true), sorted = pj_bool(L, "sorted", true);

@@ -2,26 +2,53 @@
 
 Each entry: ``op`` is a regular expression matched against the failing step's op name, ``kind``
 the failure kind it covers (``value``, ``dtype``, ``shape``, ``stride``, ``alias``,
-``exception``, ``tpu_error``, ``no_error``, ``inplace``) or ``*``, ``modes`` the eager modes it
-applies to, ``reason`` why it is tolerated and where it is tracked. Keep this list short: an entry
-hides a real difference from CPU, so it needs a tracked reason, not a shrug.
+``exception``, ``tpu_error``, ``no_error``, ``inplace``, ``deferred``) or ``*``, ``modes`` the
+eager modes it applies to, ``detail`` (optional) a regular expression the failure's message
+must match, ``reason`` why it is tolerated and where it is tracked. Keep this list short: an
+entry hides a real difference from CPU, so it needs a tracked reason, not a shrug.
 """
 from __future__ import annotations
 
 import re
 
 KNOWN: list[dict] = [
-    {"op": r"index_put_(acc)?", "kind": "no_error", "modes": ("defer_and_fuse",),
-     "detail": r".*shape mismatch: value tensor.*",
-     "reason": "index_put_'s value-shape check runs in the lowering, so DeferAndFuse records "
-               "the op and raises at the next flush (a RuntimeError from the read) instead of "
-               "at the call; open, docs/reliability.md F9"},
+    {"op": r".*", "kind": "deferred", "modes": ("defer_and_fuse",),
+     "reason": "a check made by the op's lowering (not by its Meta kernel) runs when the "
+               "recorded op is built: DeferAndFuse raises CPU's exception type at the next "
+               "flush instead of at the call (the runner flushes to see it); open, "
+               "docs/reliability.md F9"},
     {"op": r"hypot|abs_?|ceil|floor_?|round|trunc|relu_?|softmax|log_softmax|sign",
      "kind": "*", "detail": r".*(not implemented for '(Bool|Int|Long)'|Boolean inputs not "
                             r"supported).*",
      "reason": "CPU has no kernel for this dtype (its check lives in the CPU kernel, not in "
                "the Meta kernel tpu takes output metadata from): tpu computes it or fails to "
                "compile with a RuntimeError; open, docs/reliability.md F1"},
+    {"op": r"abs|logical_(not|and|or|xor)", "kind": "stride",
+     "reason": "these ops' functional forms call their out= kernel with an empty output; the "
+               "bridge resizes it row-major where CPU's TensorIterator keeps the input's "
+               "layout (values and shapes match, only the strides of a non-contiguous input's "
+               "result differ); open, in csrc/bridge (out= resizing), docs/reliability.md F2"},
+    {"op": r"div_floor|conv1d", "kind": "stride",
+     "reason": "PyTorch's own Meta kernels give these strides (div with rounding_mode='floor' "
+               "of a transposed input, conv1d with a transposed weight: row-major on meta, the "
+               "input's layout on CPU); tpu takes output metadata from Meta; docs/reliability.md "
+               "F2"},
+    {"op": r"roll", "kind": "tpu_error", "detail": r".*Dimension out of range.*",
+     "reason": "CPU's roll returns an empty input before it checks dim; PyTorch's Meta kernel, "
+               "which tpu takes output metadata from, checks it and raises IndexError (as it "
+               "does on CPU for a non-empty input); docs/reliability.md F18"},
+    {"op": r".*", "kind": "exception", "modes": ("debug",),
+     "detail": r"cpu (IndexError|NotImplementedError|ValueError|TypeError)\(.*tpu "
+               r"RuntimeError\(tpu debug mode: .*",
+     "reason": "debug mode re-raises an op's error as a RuntimeError that names the op, its "
+               "inputs and the Python line, so CPU's IndexError (an empty reduced dim of "
+               "max/min(dim), a bad softmax/sort dim) arrives with the right message and the "
+               "wrong type; the rethrow is in csrc/bridge/dispatch.cpp (not changed here); "
+               "open, docs/reliability.md F20"},
+    {"op": r"prod", "kind": "value", "detail": r".*\(bfloat16\).*",
+     "reason": "CPU's prod of bfloat16 rounds every partial product to bfloat16; tpu "
+               "accumulates in float32 and rounds once, closer to the exact product (seed "
+               "2000006605: exact 10.654, CPU 10.8125, tpu 10.625); docs/reliability.md F17"},
 ]
 
 # Out-of-range indices are generated in every mode: Debug raises CPU's exception at once,

@@ -44,8 +44,9 @@ def _dt(t) -> str:
 class Ctx:
     """What a generator sees: rng, live vars, a way to add fresh inputs."""
 
-    def __init__(self, rng, env, mode, add_input):
+    def __init__(self, rng, env, mode, add_input, vocab=False):
         self.rng = rng
+        self.vocab = vocab  # bounded shapes and slicing keys (program.VOCAB)
         self.env = env  # ref -> CPU tensor (only usable, defined vars)
         self.mode = mode
         self._add_input = add_input
@@ -79,6 +80,8 @@ class Ctx:
         shape = list(shape)
         if self.invalid():
             return shape[:-1] + [shape[-1] + 1] if shape else [2]
+        if self.vocab:  # the same shape, without its first dim, with a 1 there, or 0-d
+            return self.rng.choice([shape, shape, shape[1:], [1] + shape[1:], []])
         k = self.rng.randrange(0, len(shape) + 1)
         out = shape[k:]
         out = [1 if self.rng.random() < 0.3 else s for s in out]
@@ -279,6 +282,11 @@ def _key(c, shape):
     """A basic-indexing key (ints and slices with steps) valid for `shape`."""
     key = []
     for s in shape[: c.rng.randrange(1, len(shape) + 1)] if shape else []:
+        if c.vocab:
+            # A few patterns: all, from 1, every other, empty, first, last.
+            key.append(c.rng.choice([slice(None), slice(1, None), slice(None, None, 2),
+                                     slice(0, 0), 0, -1] if s > 0 else [slice(None)]))
+            continue
         r = c.rng.random()
         if r < 0.2 and s > 0:
             key.append(c.rng.randrange(-s, s))
@@ -511,8 +519,12 @@ def g_view(c):
     if form == "as_strided" and ta.numel() > 0 and ta.is_contiguous() and ta.storage_offset() == 0:
         n = ta.untyped_storage().nbytes() // ta.element_size()
         # A window that overlaps itself (stride 1 along both dims) when n allows it.
-        rows = c.rng.randrange(1, max(n, 1) + 1)
-        cols = c.rng.randrange(1, max(n - rows + 1, 1) + 1)
+        if c.vocab:  # two window sizes, both overlapping when n allows it
+            rows = min(c.rng.choice([2, 3]), n)
+            cols = max(min(2, n - rows + 1), 1)
+        else:
+            rows = c.rng.randrange(1, max(n, 1) + 1)
+            cols = c.rng.randrange(1, max(n - rows + 1, 1) + 1)
         return _step(form, [a], "torch.as_strided({0}, (%d, %d), (1, 1))" % (rows, cols))
     if form == "unsqueeze":
         return _step(form, [a], "{0}.unsqueeze(%d)" % c.rng.randrange(-nd - 1, nd + 1))

@@ -26,13 +26,36 @@ def program_seed(seed: int, k: int) -> int:
     return seed * 1_000_003 + k
 
 
-def run_one(mode, seed, k, min_ops=5, max_ops=50, shrink=True) -> dict:
-    """Generates, checks and (on failure) minimizes program k of run `seed` in `mode`."""
+SHRINK = ("all", "new", "none")
+
+
+def sig_key(status, result) -> tuple:
+    """A failure's distinct signature: (status, kind, op, detail with numbers blanked)."""
+    return (status, result.get("kind"), result.get("op"), _norm(result.get("detail", "")))
+
+
+def run_one(mode, seed, k, min_ops=5, max_ops=50, shrink=True, shapes="free",
+            seen=None) -> dict:
+    """Generates, checks and (on failure) minimizes program k of run `seed` in `mode`.
+
+    seen: a set of signatures (sig_key) already minimized; when given, only a failure with a
+    new signature is minimized (and its signature added), the others are saved unminimized."""
     ps = program_seed(seed, k)
-    prog = P.generate(ps, mode, min_ops, max_ops)
+    t0 = time.monotonic()
+    prog = P.generate(ps, mode, min_ops, max_ops, shapes)
     res = P.check(prog)
-    rec = {"k": k, "seed": ps, "mode": mode, "status": res["status"], "result": res}
+    rec = {"k": k, "seed": ps, "mode": mode, "status": res["status"], "result": res,
+           "seconds": round(time.monotonic() - t0, 2)}
+    if shapes != "free":
+        rec["shapes"] = shapes
+    if res["status"] in ("mismatch", "error", "gap"):
+        key = sig_key(res["status"], res)
+        rec["sig"] = list(key)
+        if shrink and seen is not None:
+            shrink = key not in seen
+            seen.add(key)
     if res["status"] in ("mismatch", "error", "gap") and shrink:
+        rec["shrunk"] = True
         small = M.minimize(prog, res)
         small_res = P.check(small)
         if M.signature(small_res) != M.signature(res):
@@ -41,6 +64,7 @@ def run_one(mode, seed, k, min_ops=5, max_ops=50, shrink=True) -> dict:
         rec["program"] = small
         rec["snippet"] = M.snippet(small, small_res)
         rec["result"] = small_res
+        rec["shrink_seconds"] = round(time.monotonic() - t0 - rec["seconds"], 2)
     return rec
 
 
@@ -49,6 +73,12 @@ class Summary:
         self.mode, self.progress, self.log = mode, progress, log
         self.records: list = []
         self.counts = {s: 0 for s in ("ok", "mismatch", "error", "known", "gap", "drift")}
+        self.t0, self.paused = time.monotonic(), 0.0  # paused: seconds spent in pause_wait
+
+    @property
+    def seconds(self) -> float:
+        """Wall time of the run so far, pauses excluded."""
+        return time.monotonic() - self.t0 - self.paused
 
     def add(self, rec):
         self.counts[rec["status"]] = self.counts.get(rec["status"], 0) + 1
@@ -63,9 +93,41 @@ class Summary:
 
     def line(self) -> str:
         c = self.counts
+        t = self.seconds
         return ("%s: %d programs, %d mismatches, %d errors (known %d, index gaps %d, drift stops %d)"
+                "; %.0f s, %.2f programs/s"
                 % (self.mode, self.programs, c["mismatch"], c["error"], c["known"], c["gap"],
-                   c["drift"]))
+                   c["drift"], t, self.programs / t if t > 0 else 0.0))
+
+
+def pause_wait(pause_file, heartbeat=None, poll=5.0) -> float:
+    """While `pause_file` exists, waits (calling heartbeat every `poll` s); returns the seconds
+    waited. Checked between programs, so the program running when the file appears ends
+    first."""
+    if not pause_file or not os.path.exists(pause_file):
+        return 0.0
+    t0 = time.monotonic()
+    while os.path.exists(pause_file):
+        if heartbeat:
+            heartbeat()
+        time.sleep(poll)
+    return time.monotonic() - t0
+
+
+def load_seen(out) -> set:
+    """Signatures of the failures already minimized in DIR/failures.jsonl (--shrink new)."""
+    seen: set = set()
+    path = os.path.join(out, "failures.jsonl") if out else None
+    if path and os.path.exists(path):
+        with open(path) as f:
+            for line in f:
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    continue  # a line cut by a kill
+                if rec.get("shrunk") and rec.get("sig"):
+                    seen.add(tuple(rec["sig"]))
+    return seen
 
 
 def _save(out, rec):
@@ -76,8 +138,16 @@ def _save(out, rec):
 
 
 def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=50,
-             timeout=300.0, log=print, shrink=True, progress=0, crash_at=None) -> Summary:
+             timeout=300.0, log=print, shrink=True, progress=0, crash_at=None, shapes="free",
+             pause_file=None, until=None) -> Summary:
+    """shrink: True/"all" (minimize every failure), "new" (only the first failure of each
+    signature not yet minimized in this run or in DIR/failures.jsonl), False/"none".
+    until: a time.time() after which no new program starts."""
+    shrink = {True: "all", False: "none"}.get(shrink, shrink)
+    if shrink not in SHRINK:
+        raise ValueError("shrink must be one of %s" % (SHRINK,))
     summary = Summary(mode, progress, log)
+    crashes_shrunk = [0]
 
     def keep(rec):
         summary.add(rec)
@@ -89,19 +159,35 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
         """A program the worker died on (crash) or never finished (hang)."""
         rec = {"k": k, "seed": program_seed(seed, k), "mode": mode, "status": "error",
                "result": {"kind": kind, "op": "?", "detail": detail}}
-        _crash_repro(rec, mode, min_ops, max_ops, shrink_it)
+        if shapes != "free":
+            rec["shapes"] = shapes
+        # Crashes come first: with --shrink new the first three of a run are minimized.
+        shrink_it = shrink_it and (shrink == "all" or crashes_shrunk[0] < 3)
+        crashes_shrunk[0] += bool(shrink_it)
+        _crash_repro(rec, mode, min_ops, max_ops, shrink_it, shapes)
         keep(rec)
 
+    seen = load_seen(out) if shrink == "new" else None
     if not isolate:
         for k in range(programs):
-            keep(run_one(mode, seed, k, min_ops, max_ops, shrink))
+            if until is not None and time.time() > until:
+                break
+            waited = pause_wait(pause_file)
+            if waited:
+                summary.paused += waited
+                log("%s: paused %.1f s (%s)" % (mode, waited, pause_file))
+            keep(run_one(mode, seed, k, min_ops, max_ops, shrink != "none", shapes, seen))
         return summary
     k = 0
-    while k < programs:
+    while k < programs and (until is None or time.time() <= until):
         cmd = [sys.executable, "-m", "torch_pjrt.fuzz", "--worker", "--mode", mode, "--seed",
                str(seed), "--start", str(k), "--programs", str(programs), "--min-ops",
-               str(min_ops), "--max-ops", str(max_ops)] + ([] if shrink else ["--no-shrink"]) + \
-            ([] if crash_at is None else ["--crash-at", str(crash_at)])
+               str(min_ops), "--max-ops", str(max_ops), "--shrink", shrink,
+               "--shapes", shapes] + \
+            ([] if crash_at is None else ["--crash-at", str(crash_at)]) + \
+            ([] if out is None else ["--out", out]) + \
+            ([] if pause_file is None else ["--pause-file", pause_file]) + \
+            ([] if until is None else ["--until", repr(until)])
         proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, text=True)
         current, deadline = None, time.monotonic() + timeout
         buf = ""
@@ -118,12 +204,19 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
             if not line:
                 rc = proc.wait()
                 if current is not None and rc != 0:
-                    worker_failure(current, "crash", "worker exited with status %d" % rc, shrink)
+                    worker_failure(current, "crash", "worker exited with status %d" % rc,
+                                   shrink != "none")
                     k = current + 1
                 else:
                     k = programs
                 break
             buf = line.strip()
+            if buf.startswith("PAUSE"):  # paused (a heartbeat) or resumed after N seconds
+                deadline = time.monotonic() + timeout
+                if buf.startswith("PAUSED "):
+                    summary.paused += float(buf.split()[1])
+                    log("%s: paused %s s (%s)" % (mode, buf.split()[1], pause_file))
+                continue
             if buf.startswith("START "):
                 current, deadline = int(buf.split()[1]), time.monotonic() + timeout
                 continue
@@ -136,25 +229,39 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
     return summary
 
 
-def _crash_repro(rec, mode, min_ops, max_ops, shrink):
+def _crash_repro(rec, mode, min_ops, max_ops, shrink, shapes="free"):
     """The program of a crash or hang (generation is deterministic and runs on CPU only),
     minimized in fresh interpreters when `shrink`."""
-    prog = P.generate(rec["seed"], mode, min_ops, max_ops)
+    prog = P.generate(rec["seed"], mode, min_ops, max_ops, shapes)
     if shrink:
+        rec["shrunk"] = True
         prog = M.minimize_crash(prog)
     rec["ops"] = len(prog["steps"])
     rec["program"] = prog
     rec["snippet"] = M.snippet(prog, None)
 
 
-def worker(mode, seed, start, programs, min_ops, max_ops, shrink, crash_at=None):
-    """The --isolate child: announces each program before running it, then prints its record."""
+def worker(mode, seed, start, programs, min_ops, max_ops, shrink, crash_at=None,
+           shapes="free", out=None, pause_file=None, until=None):
+    """The --isolate child: announces each program before running it, then prints its record.
+    While paused it prints PAUSE heartbeats, then PAUSED <seconds>."""
+    shrink = {True: "all", False: "none"}.get(shrink, shrink)
+    seen = load_seen(out) if shrink == "new" else None
+
+    def beat():
+        sys.stdout.write("PAUSE\n")
+        sys.stdout.flush()
     for k in range(start, programs):
+        waited = pause_wait(pause_file, beat)
+        if waited:
+            sys.stdout.write("PAUSED %.1f\n" % waited)
+        if until is not None and time.time() > until:
+            break
         sys.stdout.write("START %d\n" % k)
         sys.stdout.flush()
         if crash_at == k:  # a planted crash (tests of --isolate)
             os._exit(3)
-        rec = run_one(mode, seed, k, min_ops, max_ops, shrink)
+        rec = run_one(mode, seed, k, min_ops, max_ops, shrink != "none", shapes, seen)
         sys.stdout.write(json.dumps(rec, default=str) + "\n")
         sys.stdout.flush()
 
