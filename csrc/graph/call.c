@@ -685,6 +685,8 @@ void pj_prepared_free(pj_prepared_t *p) { free(p); }
 pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storages,
                              const pj_scalar_t *scalars, const char *where, bool *missed) {
   *missed = false;
+  pj_runtime_t *rt; /* a forked child's error, at the op as on the full path */
+  PJ_TRY(pj_runtime_get(&rt));
   pj_slot_t slots[PJ_PREPARED_MAX_SLOTS];
   for (int s = 0; s < p->nslots; s++)
     slots[s] = (pj_slot_t){storages[s], p->dtype[s], p->numel[s], p->read[s]};
