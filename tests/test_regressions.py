@@ -420,3 +420,35 @@ def test_floor_division_of_floats_matches_cpu_with_infinities_and_signed_zeros_f
         assert torch.equal(got.isnan(), want.isnan())
         ok = want.isnan() | ((got == want) & (got.signbit() == want.signbit()))
         assert ok.all(), (a[~ok][:4], b[~ok][:4], want[~ok][:4], got[~ok][:4])
+
+
+@pytest.mark.parametrize("case", ["min_empty_dim", "softmax_bad_dim", "sort_bad_dim"])
+def test_debug_mode_keeps_the_exception_type_fuzz_f20(case):
+    # Debug mode names the op, its inputs and the line in its error; it used to raise that as a
+    # RuntimeError whatever CPU raised (IndexError here).
+    ops = {"min_empty_dim": lambda t: torch.min(t, dim=0),
+           "softmax_bad_dim": lambda t: torch.softmax(t, dim=3),
+           "sort_bad_dim": lambda t: torch.sort(t, dim=-4)}
+    x = torch.zeros(0, 1) if case == "min_empty_dim" else torch.zeros(2, 3)
+    with pytest.raises(Exception) as ce:
+        ops[case](x)
+    with torch.tpu.eager_mode("debug"):
+        with pytest.raises(Exception) as te:
+            ops[case](x.to("tpu"))
+    assert te.type is ce.type, (ce.value, te.value)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+def test_addmm_operand_dtypes_raise_cpus_error_at_the_call(mode):
+    # tpu accepted addmm(float32 self, float64 mat1, float64 mat2) and, in defer_and_fuse,
+    # raised the other mixes only when the recorded ops ran
+    a, b, c = torch.randn(2, 3), torch.randn(3, 4), torch.randn(2, 4)
+    cases = [(c, a, b.double()), (c.double(), a, b.double()), (c, a.double(), b.double()),
+             (c.double(), a.double(), b)]
+    with torch.tpu.eager_mode(mode):
+        for args in cases:
+            with pytest.raises(RuntimeError) as ce:
+                torch.addmm(*args)
+            with pytest.raises(RuntimeError) as te:
+                torch.addmm(*[t.to("tpu") for t in args])
+            assert str(te.value) == str(ce.value)

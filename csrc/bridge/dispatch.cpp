@@ -394,6 +394,19 @@ void check_finite(const c10::FunctionSchema& schema, const torch::jit::Stack& ar
               " produced NaN or Inf from inputs ", describe_inputs(args), python_line());
 }
 
+// Raises `message` as an error of e's own type (an IndexError stays an IndexError), so that a
+// message added on the way keeps the Python exception CPU raises.
+[[noreturn]] void rethrow_as(const c10::Error& e, const std::string& message) {
+  if (dynamic_cast<const c10::IndexError*>(&e)) TORCH_CHECK_INDEX(false, message);
+  if (dynamic_cast<const c10::ValueError*>(&e)) TORCH_CHECK_VALUE(false, message);
+  if (dynamic_cast<const c10::TypeError*>(&e)) TORCH_CHECK_TYPE(false, message);
+  if (dynamic_cast<const c10::NotImplementedError*>(&e)) TORCH_CHECK_NOT_IMPLEMENTED(false, message);
+  if (dynamic_cast<const c10::LinAlgError*>(&e)) TORCH_CHECK_LINALG(false, message);
+  if (dynamic_cast<const c10::OutOfMemoryError*>(&e))
+    TORCH_CHECK_WITH(OutOfMemoryError, false, message);
+  TORCH_CHECK(false, message);
+}
+
 void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   const std::string& base) {
   const c10::FunctionSchema& schema = op.schema();
@@ -610,8 +623,9 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
         // executions too, so nothing is in flight when the op returns.
         for (const at::Tensor& d : dests) check(pj_stream_synchronize(d.device().index()));
       } catch (const c10::Error& e) {
-        TORCH_CHECK(false, "tpu debug mode: ", schema.operator_name(), " failed on inputs ",
-                    describe_inputs(args), python_line(), ": ", e.what_without_backtrace());
+        rethrow_as(e, c10::str("tpu debug mode: ", schema.operator_name(), " failed on inputs ",
+                               describe_inputs(args), python_line(), ": ",
+                               e.what_without_backtrace()));
       }
     } else {
       b.run();

@@ -81,6 +81,18 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
     if (a && b)
       TORCH_CHECK(a->dtype() == b->dtype(), "expected m1 and m2 to have the same dtype, but got: ",
                   a->dtype(), " != ", b->dtype());
+  } else if (base == "addmm") {
+    // CPU's addmm: self against mat2 first, then mat1 against mat2
+    const at::Tensor *self = tensor_arg(args, 0), *m1 = tensor_arg(args, 1),
+                     *m2 = tensor_arg(args, 2);
+    if (self && m2)
+      TORCH_CHECK(self->scalar_type() == m2->scalar_type(),
+                  "self and mat2 must have the same dtype, but got ", self->scalar_type(),
+                  " and ", m2->scalar_type());
+    if (m1 && m2)
+      TORCH_CHECK(m1->scalar_type() == m2->scalar_type(),
+                  "mat1 and mat2 must have the same dtype, but got ", m1->scalar_type(), " and ",
+                  m2->scalar_type());
   } else if (base == "bmm") {
     same_scalar_type(tensor_arg(args, 0), tensor_arg(args, 1));
   } else if (base == "baddbmm" || base == "addbmm") {

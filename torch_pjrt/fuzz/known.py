@@ -37,14 +37,6 @@ KNOWN: list[dict] = [
      "reason": "CPU's roll returns an empty input before it checks dim; PyTorch's Meta kernel, "
                "which tpu takes output metadata from, checks it and raises IndexError (as it "
                "does on CPU for a non-empty input); docs/reliability.md F18"},
-    {"op": r".*", "kind": "exception", "modes": ("debug",),
-     "detail": r"cpu (IndexError|NotImplementedError|ValueError|TypeError)\(.*tpu "
-               r"RuntimeError\(tpu debug mode: .*",
-     "reason": "debug mode re-raises an op's error as a RuntimeError that names the op, its "
-               "inputs and the Python line, so CPU's IndexError (an empty reduced dim of "
-               "max/min(dim), a bad softmax/sort dim) arrives with the right message and the "
-               "wrong type; the rethrow is in csrc/bridge/dispatch.cpp (not changed here); "
-               "open, docs/reliability.md F20"},
     {"op": r"prod", "kind": "value", "detail": r".*\(bfloat16\).*",
      "reason": "CPU's prod of bfloat16 rounds every partial product to bfloat16; tpu "
                "accumulates in float32 and rounds once, closer to the exact product (seed "
