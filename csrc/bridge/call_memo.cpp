@@ -6,9 +6,13 @@
 // on the same (all passed when the memo was made); the call's key on the tensors' views, the
 // slots' element types and sizes, which tensors share a storage, the eager mode and the
 // index-check setting. Storage identities and scalar values are the only things that vary,
-// and those are exactly what a prepared call takes. Ops whose full path does more than one
-// call per op, reads the Python line, draws random numbers or depends on values the signature
-// leaves out are not memoized (dispatch.cpp decides, store_memo's caller).
+// and those are exactly what a prepared call takes (with, for ops whose index checks name it,
+// the Python line, taken again on each run). Ops whose full path draws random numbers or may
+// take another route for the same signature are not memoized (dispatch.cpp decides, as
+// store_memo's caller); calls the signature cannot describe never get that far. What a memo
+// skips besides the work: warnings a Meta kernel would give on every call (none of the
+// lowered ops' Meta kernels warns per call for arguments that pass; resizing out= tensors,
+// which does, changes the signature and is never memoized).
 //
 // Memos are per thread (no locks on the hot path) and bounded: a thread that sees more than
 // kMaxMemos signatures starts over.
