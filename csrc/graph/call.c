@@ -694,16 +694,8 @@ pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storag
     unsigned char *key = malloc(p->keylen);
     if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
     memcpy(key, p->key, p->keylen);
-    char *site = NULL; /* "op\0where\0", as pj_call_defer records it */
-    if (where) {
-      size_t a = strlen(p->op) + 1, b = strlen(where) + 1;
-      if ((site = malloc(a + b))) {
-        memcpy(site, p->op, a);
-        memcpy(site + a, where, b);
-      }
-    }
     return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
-                           p->writes, scalars, p->nscalars, site);
+                           p->writes, scalars, p->nscalars, pj_defer_site(p->op, where));
   }
   PJ_TRY(pj_defer_flush());
   pthread_mutex_lock(&pj_run_lock);

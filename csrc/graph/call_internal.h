@@ -45,6 +45,9 @@ pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const
 /* Seed of a key's second hash: with the first (seed 0) it is a 128-bit digest of an op's key,
  * which stands for the key inside a fused graph's key (pj_graph_key). */
 #define PJ_KEY_SEED2 0x6a09e667f3bcc909ull
+/* A recorded call's index-check site, "op\0where\0" (malloc'd), or NULL when `where` is NULL
+ * (or out of memory: the error then names no line). defer.c. */
+char *pj_defer_site(const char *op, const char *where);
 /* Records a call in the defer_and_fuse graph (defer.c): key (made by pj_call_key with an empty
  * identity; owned by the recorder from here on, freed on failure too) with its two hashes, the
  * slots (storages borrowed), which slots it writes, its scalar values (copied) and its

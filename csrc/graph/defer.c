@@ -142,17 +142,20 @@ int pj_graph_sites(const graph_t *g, pj_check_site_t **out) {
   return n;
 }
 
-/* "op\0where\0" of a call that names its source line (a dop's site), or NULL. */
-static char *site_of(const pj_call_t *c) {
-  if (!c->where) return NULL;
-  const char *name = c->display ? c->display : c->op;
-  size_t a = strlen(name) + 1, b = strlen(c->where) + 1;
+char *pj_defer_site(const char *op, const char *where) {
+  if (!where) return NULL;
+  size_t a = strlen(op) + 1, b = strlen(where) + 1;
   char *s = malloc(a + b);
   if (s) {
-    memcpy(s, name, a);
-    memcpy(s + a, c->where, b);
+    memcpy(s, op, a);
+    memcpy(s + a, where, b);
   }
   return s;
+}
+
+/* The site of a call that names its source line, or NULL. */
+static char *site_of(const pj_call_t *c) {
+  return pj_defer_site(c->display ? c->display : c->op, c->where);
 }
 
 /* ---- the fused program ---- */
