@@ -321,6 +321,9 @@ _WRITES = {
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
 @pytest.mark.parametrize("op", list(_WRITES))
 def test_writes_into_views_in_each_eager_mode(op, mode, fallbacks):
+    # seeded: the sum below is compared with a relative tolerance, and an unseeded draw whose
+    # sum lands near 0 failed it about once in 80 runs (the fused sum adds in another order)
+    torch.manual_seed(3)
     base = torch.randn(4, 6)
     dev = base.to(TPU)
     with torch.tpu.eager_mode(mode):
