@@ -20,6 +20,9 @@ def main(argv=None) -> int:
     ap.add_argument("--isolate", action="store_true",
                     help="run in a worker subprocess; a crash or hang becomes a failure")
     ap.add_argument("--out", default=None, help="directory for failures.jsonl")
+    ap.add_argument("--first", type=int, default=0, metavar="K",
+                    help="number the programs from K (seeds SEED * 1000003 + K ...), to go on "
+                    "where an earlier run of the same seed stopped")
     ap.add_argument("--min-ops", type=int, default=5)
     ap.add_argument("--max-ops", type=int, default=50)
     ap.add_argument("--timeout", type=float, default=300.0,
@@ -91,7 +94,7 @@ def main(argv=None) -> int:
         until = None if a.minutes is None else time.time() + 60 * a.minutes
         s = runner.run_mode(mode, a.programs, a.seed, a.out, a.isolate, a.min_ops, a.max_ops,
                             a.timeout, shrink=shrink, progress=a.progress, shapes=shapes,
-                            pause_file=a.pause_file, until=until)
+                            pause_file=a.pause_file, until=until, first=a.first)
         lines.append(s.line())
         print(s.line(), flush=True)
         bad += s.counts["mismatch"] + s.counts["error"]

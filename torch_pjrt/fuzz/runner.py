@@ -139,8 +139,9 @@ def _save(out, rec):
 
 def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=50,
              timeout=300.0, log=print, shrink=True, progress=0, crash_at=None, shapes="free",
-             pause_file=None, until=None) -> Summary:
-    """shrink: True/"all" (minimize every failure), "new" (only the first failure of each
+             pause_file=None, until=None, first=0) -> Summary:
+    """Programs k = first .. first + programs - 1 (a later run can go on where one stopped).
+    shrink: True/"all" (minimize every failure), "new" (only the first failure of each
     signature not yet minimized in this run or in DIR/failures.jsonl), False/"none".
     until: a time.time() after which no new program starts."""
     shrink = {True: "all", False: "none"}.get(shrink, shrink)
@@ -168,8 +169,9 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
         keep(rec)
 
     seen = load_seen(out) if shrink == "new" else None
+    end = first + programs
     if not isolate:
-        for k in range(programs):
+        for k in range(first, end):
             if until is not None and time.time() > until:
                 break
             waited = pause_wait(pause_file)
@@ -178,10 +180,10 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
                 log("%s: paused %.1f s (%s)" % (mode, waited, pause_file))
             keep(run_one(mode, seed, k, min_ops, max_ops, shrink != "none", shapes, seen))
         return summary
-    k = 0
-    while k < programs and (until is None or time.time() <= until):
+    k = first
+    while k < end and (until is None or time.time() <= until):
         cmd = [sys.executable, "-m", "torch_pjrt.fuzz", "--worker", "--mode", mode, "--seed",
-               str(seed), "--start", str(k), "--programs", str(programs), "--min-ops",
+               str(seed), "--start", str(k), "--programs", str(end), "--min-ops",
                str(min_ops), "--max-ops", str(max_ops), "--shrink", shrink,
                "--shapes", shapes] + \
             ([] if crash_at is None else ["--crash-at", str(crash_at)]) + \
@@ -208,7 +210,7 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
                                    shrink != "none")
                     k = current + 1
                 else:
-                    k = programs
+                    k = end
                 break
             buf = line.strip()
             if buf.startswith("PAUSE"):  # paused (a heartbeat) or resumed after N seconds
@@ -224,8 +226,8 @@ def run_mode(mode, programs, seed, out=None, isolate=False, min_ops=5, max_ops=5
                 rec = json.loads(buf)
                 keep(rec)
                 current = None
-                if rec["k"] == programs - 1:
-                    k = programs
+                if rec["k"] == end - 1:
+                    k = end
     return summary
 
 
