@@ -150,6 +150,30 @@ void pj_stream_track(int device, PJRT_Event *ev) {
     return;
   }
   const PJRT_Api *api = pj_runtime_api(rt);
+  /* Fast path: the CPU client runs cheap programs inline, so the event is often ready already.
+   * Then it is completed and destroyed here: no entry, no callback registration. Its sequence
+   * number is still taken, so the markers' counting is the same as for a tracked entry that
+   * completed at once. */
+  if (valid_device(device) && PJ_API_HAS(api, PJRT_Event_IsReady) &&
+      PJ_API_HAS(api, PJRT_Event_Error)) {
+    PJRT_Event_IsReady_Args r = {.struct_size = PJRT_Event_IsReady_Args_STRUCT_SIZE, .event = ev};
+    PJRT_Error *rerr = api->PJRT_Event_IsReady(&r);
+    if (!rerr && r.is_ready) {
+      PJRT_Event_Error_Args ea = {.struct_size = PJRT_Event_Error_Args_STRUCT_SIZE, .event = ev};
+      PJRT_Error *failed = api->PJRT_Event_Error(&ea);
+      pj_status_t *err = failed ? pj_runtime_take_error(rt, failed, "device execution") : NULL;
+      destroy_event(ev);
+      pthread_mutex_lock(&g_lock);
+      device_state_t *d = &g_dev[device];
+      ++d->seq;
+      if (err) {
+        if (!d->error) d->error = err; else pj_status_free(err);
+      }
+      pthread_mutex_unlock(&g_lock);
+      return;
+    }
+    if (rerr) pj_status_free(pj_runtime_take_error(rt, rerr, "event is ready"));
+  }
   entry_t *e = calloc(1, sizeof *e);
   if (!e || !valid_device(device)) {
     /* Cannot track: order the host after the execution instead, so synchronize() stays
