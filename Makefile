@@ -100,6 +100,11 @@ build/tests/%: tests/c/%.c $(TEST_DEPS) $(C_OBJS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -Itests/c $< $(C_OBJS) -o $@ -ldl -lpthread -lm
 
+# The plugin's own cost per tiny execution (benchmarks/bench_host_overhead.py --floors runs it).
+build/bench/plugin_execute_floor: benchmarks/plugin_execute_floor.c $(TEST_DEPS) $(C_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(C_OBJS) -o $@ -ldl -lpthread -lm
+
 ctest: $(C_TESTS)
 	@set -e; for t in $(C_TESTS); do echo "== $$t"; ./$$t; done
 

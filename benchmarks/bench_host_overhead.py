@@ -8,9 +8,16 @@ imported torch._dynamo).
 
     .venv/bin/python benchmarks/bench_host_overhead.py [--label NAME]
     .venv/bin/python benchmarks/bench_host_overhead.py --compare-memo 5
+    .venv/bin/python benchmarks/bench_host_overhead.py --floors 5
 
 --compare-memo N alternates the call memo on and off N times in one process (the same build,
 csrc/bridge/call_memo.h) for the dispatch and chain figures and prints their medians.
+
+--floors N puts the chain beside its floors, N rounds in one process: the same chain on CPU
+eager (PyTorch's own cost per op, kernel included; its intra-op threads as set, see the
+printed count) and the PJRT plugin's own cost per execution of an 8x8 add, bare and through our
+runtime (benchmarks/plugin_execute_floor.c, built with make): a Strict op can not cost less
+than the plugin's execution plus PyTorch's dispatch.
 
 Prints one line of figures. To compare two builds, run it alternately with each on
 PYTHONPATH (docs/performance.md, "Host overhead per op"); with a fresh TORCH_PJRT_CACHE_DIR
@@ -91,6 +98,50 @@ def first_op_s() -> tuple[float, bool]:
     return float(out[0]), out[1] == "True"
 
 
+def cpu_chain_us() -> float:
+    b = torch.randn(8, 8)
+    x = torch.randn(8, 8)
+    ts = []
+    for _ in range(12):
+        t0 = time.perf_counter_ns()
+        for _ in range(1000):
+            x = x * 0.5 + b
+        ts.append((time.perf_counter_ns() - t0) / 2000 / 1e3)
+    return statistics.median(ts[4:])
+
+
+def plugin_floor_us() -> tuple[float, float]:
+    """(bare PJRT execute, pj_program_execute) medians in us, from the C program."""
+    import subprocess
+
+    from torch_pjrt import _plugins
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    exe = os.path.join(root, "build", "bench", "plugin_execute_floor")
+    subprocess.run(["make", "-s", "-C", root, "PYTHON=" + sys.executable,
+                    "build/bench/plugin_execute_floor"], check=True)
+    env = dict(os.environ, TORCH_PJRT_PLUGIN=_plugins._cpu_plugin() or "")
+    out = subprocess.run([exe], capture_output=True, text=True, check=True, env=env).stdout.split()
+    return float(out[1]), float(out[4])
+
+
+def floors(n: int) -> dict:
+    runs: dict = {}
+    print(f"CPU eager intra-op threads: {torch.get_num_threads()}", flush=True)
+    for _ in range(n):
+        bare, ours = plugin_floor_us()
+        for k, v in (("chain CPU eager (us/op)", cpu_chain_us()),
+                     ("chain strict (us/op)", chain_us("strict")[0]),
+                     ("chain defer_and_fuse (us/op)", chain_us("defer_and_fuse")[0]),
+                     ("plugin execute, bare (us)", bare),
+                     ("plugin execute, through the runtime (us)", ours)):
+            runs.setdefault(k, []).append(v)
+    med = {k: statistics.median(v) for k, v in runs.items()}
+    med["strict / defer_and_fuse"] = med["chain strict (us/op)"] / med["chain defer_and_fuse (us/op)"]
+    print(", ".join(f"{k} {v:.2f}" for k, v in med.items()), flush=True)
+    return med
+
+
 def gpt_ms(mode: str) -> float:
     return bench_eager.train_steps(bench_eager._gpt_setup, torch.device("tpu"), 30, 5, mode)[0]
 
@@ -120,7 +171,10 @@ def main(argv=None) -> dict:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--label", default="this build")
     p.add_argument("--compare-memo", type=int, default=0, metavar="N")
+    p.add_argument("--floors", type=int, default=0, metavar="N")
     a = p.parse_args(argv)
+    if a.floors:
+        return floors(a.floors)
     if a.compare_memo:
         return compare_memo(a.compare_memo)
     strict, _ = chain_us("strict")

@@ -99,6 +99,8 @@ void pj_program_free(pj_program_t *p) {
 
 size_t pj_program_num_outputs(const pj_program_t *p) { return p->num_outputs; }
 
+PJRT_LoadedExecutable *pj_program_loaded(const pj_program_t *p) { return p->exe; }
+
 pj_status_t *pj_program_serialize(const pj_program_t *p, void **bytes, size_t *len) {
   pj_runtime_t *rt;
   PJ_TRY(pj_runtime_get(&rt));

@@ -10,12 +10,15 @@
 extern "C" {
 #endif
 struct PJRT_Buffer;
+struct PJRT_LoadedExecutable;
 typedef struct pj_program pj_program_t;
 
 /* Compiles `text` (StableHLO, MLIR text) for one replica and one partition. */
 pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out);
 void pj_program_free(pj_program_t *p);
 size_t pj_program_num_outputs(const pj_program_t *p);
+/* The plugin's executable, owned by `p` (for measuring the bare PJRT call against ours). */
+struct PJRT_LoadedExecutable *pj_program_loaded(const pj_program_t *p);
 /* Serialized executable (tied to the plugin build): malloc'd bytes owned by the caller. */
 pj_status_t *pj_program_serialize(const pj_program_t *p, void **bytes, size_t *len);
 pj_status_t *pj_program_deserialize(const void *bytes, size_t len, pj_program_t **out);
