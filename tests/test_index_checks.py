@@ -44,6 +44,12 @@ BAD = {
     "index_put": lambda d: ones(4, d=d).index_put_((t([7], d),), ones(1, d=d)),
     "index_put_accumulate": lambda d: ones(4, d=d).index_put_((t([7], d),), ones(1, d=d),
                                                               accumulate=True),
+    # writes into non-contiguous views (their own lowering, _pj_view_put)
+    "index_put_into_view": lambda d: ones(4, 4, d=d).diagonal(1, 0, 1).index_put_(
+        (t([7], d),), ones(1, d=d)),
+    "index_copy_into_view": lambda d: ones(4, 4, d=d)[:, 1].index_copy_(0, t([7], d), ones(1, d=d)),
+    "index_add_into_view": lambda d: ones(4, 4, d=d)[:, 1].index_add_(0, t([-5], d), ones(1, d=d)),
+    "scatter_into_view": lambda d: ones(4, 4, d=d)[:, 1].scatter_(0, t([7], d), ones(1, d=d)),
     "setitem": lambda d: ones(4, 2, d=d).__setitem__(t([1, 6], d), 0.0),
     "index_add": lambda d: ones(4, d=d).index_add(0, t([7], d), ones(1, d=d)),
     "index_add_2d": lambda d: ones(4, 3, d=d).index_add(1, t([5], d), ones(4, 1, d=d)),
