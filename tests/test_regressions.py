@@ -422,6 +422,23 @@ def test_floor_division_of_floats_matches_cpu_with_infinities_and_signed_zeros_f
         assert ok.all(), (a[~ok][:4], b[~ok][:4], want[~ok][:4], got[~ok][:4])
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+def test_sums_of_negative_zeros_are_positive_zero_as_on_cpu_fuzz_f22(dtype):
+    """CPU's sums start from +0, so they are never -0; XLA turned a sum over one element (or a
+    scan's first element) into the element itself and kept -0 (fuzz seed 2000007325:
+    `x / t.sum(0)` was -inf on tpu, inf on CPU)."""
+    x = torch.tensor([[-0.0, 1.0], [-0.0, -0.0]], dtype=dtype)
+    ops = {"sum": lambda t: t.sum(), "sum_dim1": lambda t: t[:, :1].sum(1),
+           "sum_rows": lambda t: t[1:].sum(0), "mean": lambda t: t[:, :1].mean(1),
+           "nansum": lambda t: t[1:].nansum(1), "cumsum": lambda t: t.cumsum(1),
+           "sum_to_float64": lambda t: t[:1, :1].sum(dtype=torch.float64),
+           "zero_d_cumsum": lambda t: t[0, 0].cumsum(0)}  # CPU copies a 0-d input: -0 stays
+    for name, fn in ops.items():
+        want, got = fn(x), fn(x.to(TPU)).cpu()
+        assert torch.equal(got, want) and torch.equal(got.signbit(), want.signbit()), \
+            (name, want, got)
+
+
 @pytest.mark.parametrize("case", ["min_empty_dim", "softmax_bad_dim", "sort_bad_dim"])
 def test_debug_mode_keeps_the_exception_type_fuzz_f20(case):
     # Debug mode names the op, its inputs and the line in its error; it used to raise that as a

@@ -124,6 +124,15 @@ static pj_status_t *unsupported_complex(pj_lower_t *L) {
 
 /* ---- sum / mean / prod / nansum ---- */
 
+/* CPU's sums start from +0, so a float sum is never -0 (+0 + -0 is +0); XLA drops the
+ * initial value where it simplifies a reduction of one element, or a scan's first element,
+ * to the element itself, and keeps its sign. -0 becomes +0; NaN and every other value stay. */
+static pj_val_t no_negative_zero(pj_lower_t *L, pj_val_t v) {
+  if (!is_float(v.t.dtype)) return v;
+  pj_val_t zero = cst(L, v, 0);
+  return SEL(CMP("EQ", v, zero), zero, v);
+}
+
 static pj_status_t *lower_sum_like(pj_lower_t *L) {
   const char *op = L->c->op;
   pj_val_t x = pj_tensor(L, "self");
@@ -143,7 +152,7 @@ static pj_status_t *lower_sum_like(pj_lower_t *L) {
     v = reduce(L, x, &r, "mul");
   } else {
     if (!strcmp(op, "nansum") && is_float(ct)) x = SEL(CMP("NE", x, x), cst(L, x, 0), x);
-    v = reduce(L, x, &r, "add");
+    v = no_negative_zero(L, reduce(L, x, &r, "add"));
     if (!strcmp(op, "mean")) v = DIV(v, cst(L, v, (double)r.count));
   }
   set_out(L, 0, v);
@@ -428,10 +437,11 @@ static pj_status_t *lower_cumsum_cumprod(pj_lower_t *L) {
   pj_dtype_t ct = out == PJ_BOOL ? PJ_I64 : acc_of(out);
   x = pj_convert(H, pj_convert(H, x, out == PJ_BOOL ? x.t.dtype : out), ct);
   if (x.t.rank == 0) {
-    set_out(L, 0, x);
+    set_out(L, 0, x); /* CPU copies a 0-d input, -0 included */
     return NULL;
   }
-  set_out(L, 0, scan(L, x, dim, prod ? "stablehlo.multiply" : "stablehlo.add", prod ? 1 : 0));
+  pj_val_t v = scan(L, x, dim, prod ? "stablehlo.multiply" : "stablehlo.add", prod ? 1 : 0);
+  set_out(L, 0, prod ? v : no_negative_zero(L, v));
   return NULL;
 }
 
