@@ -347,8 +347,12 @@ def g_reduce(c):
             return _step(name, [a], "torch.%s({0})" % name)
         return _step(name, [a], "torch.%s({0}, dim=%d, keepdim=%r)" % (name, c.dim(ta), kd))
     if name == "sum_dtype":
-        return _step(name, [a], "torch.sum({0}, dim=%d, dtype=torch.%s)"
-                     % (c.dim(ta), c.rng.choice(["float64", "int64", "float32"])))
+        dt = c.rng.choice(["float64", "int64", "float32"])
+        src = "{0}"
+        if _is_float(ta) and dt == "int64" and ta.numel() and not (ta.isfinite().all() and
+                                                                  ta.abs().max() < 2 ** 31):
+            src = "{0}.nan_to_num(0.0, 1e4, -1e4)"  # the cast to int64 (as in g_to)
+        return _step(name, [a], "torch.sum(%s, dim=%d, dtype=torch.%s)" % (src, c.dim(ta), dt))
     if c.rng.random() < 0.25 and name not in ("logsumexp",):
         return _step(name, [a], "torch.%s({0})" % name)
     if ta.dim() >= 2 and c.rng.random() < 0.3:
