@@ -439,6 +439,61 @@ def test_sums_of_negative_zeros_are_positive_zero_as_on_cpu_fuzz_f22(dtype):
             (name, want, got)
 
 
+_B = [True, False, True]
+_NO_KERNEL = {  # CPU raises for these dtypes (fuzz F1): tpu computed or failed to compile
+    "floor_bool": lambda d: torch.floor(torch.tensor(_B, device=d)),
+    "ceil_bool": lambda d: torch.ceil(torch.tensor(_B, device=d)),
+    "round_bool": lambda d: torch.round(torch.tensor(_B, device=d)),
+    "trunc_bool": lambda d: torch.trunc(torch.tensor(_B, device=d)),
+    "fix_bool": lambda d: torch.fix(torch.tensor(_B, device=d)),
+    "floor__bool": lambda d: torch.tensor(_B, device=d).floor_(),
+    "abs_bool": lambda d: torch.abs(torch.tensor(_B, device=d)),
+    "relu_bool": lambda d: torch.relu(torch.tensor(_B, device=d)),
+    "round_decimals_int": lambda d: torch.round(torch.tensor([1, 2], device=d), decimals=1),
+    "round_decimals_0_int": lambda d: torch.round(torch.tensor([1, 2], device=d), decimals=0),
+    "remainder_bool": lambda d: torch.remainder(torch.tensor(_B, device=d), torch.tensor(_B, device=d)),
+    "fmod_bool": lambda d: torch.fmod(torch.tensor(_B, device=d), True),
+    "pow_bool": lambda d: torch.pow(torch.tensor(_B, device=d), torch.tensor(_B, device=d)),
+    "gcd_bool": lambda d: torch.gcd(torch.tensor(_B, device=d), torch.tensor(_B, device=d)),
+    "hypot_int": lambda d: torch.hypot(torch.tensor([3, 4], device=d), torch.tensor([4, 3], device=d)),
+    "nextafter_int": lambda d: torch.nextafter(torch.tensor([1], device=d), torch.tensor([2], device=d)),
+}
+_HAS_KERNEL = {  # neighbours CPU computes: tpu must too, with CPU's values and dtypes
+    "round_int": lambda d: torch.round(torch.tensor([1, -2], device=d)),
+    "pow_bool_int": lambda d: torch.pow(torch.tensor(_B, device=d), 2),
+    "remainder_bool_int": lambda d: torch.remainder(torch.tensor(_B, device=d), 1),
+    "hypot_int_float": lambda d: torch.hypot(torch.tensor([3, 4], device=d), torch.tensor(4.0, device=d)),
+    "sign_bool": lambda d: torch.sign(torch.tensor(_B, device=d)),
+    # unsigned integers: stablehlo.abs and stablehlo.sign reject them (a compile error before)
+    "abs_uint8": lambda d: torch.abs(torch.tensor([0, 7, 200], dtype=torch.uint8, device=d)),
+    "sign_uint8": lambda d: torch.sign(torch.tensor([0, 7, 200], dtype=torch.uint8, device=d)),
+    "sgn_uint8": lambda d: torch.sgn(torch.tensor([0, 7, 200], dtype=torch.uint8, device=d)),
+    "gcd_uint8": lambda d: torch.gcd(torch.tensor([12, 0, 200], dtype=torch.uint8, device=d),
+                                     torch.tensor([18, 5, 150], dtype=torch.uint8, device=d)),
+    "lcm_uint8": lambda d: torch.lcm(torch.tensor([4, 0, 6], dtype=torch.uint8, device=d),
+                                     torch.tensor([6, 5, 10], dtype=torch.uint8, device=d)),
+}
+
+
+@pytest.mark.parametrize("mode", ["strict", "debug"])
+@pytest.mark.parametrize("name", list(_NO_KERNEL))
+def test_dtypes_cpu_has_no_kernel_for_raise_cpus_error_fuzz_f1(name, mode):
+    fn = _NO_KERNEL[name]
+    with pytest.raises(Exception) as ce:
+        fn("cpu")
+    with torch.tpu.eager_mode(mode):
+        with pytest.raises(Exception) as te:
+            fn(TPU).cpu()
+    assert te.type is ce.type, (ce.value, te.value)
+    assert "compile" not in str(te.value), te.value
+
+
+@pytest.mark.parametrize("name", list(_HAS_KERNEL))
+def test_dtypes_cpu_has_a_kernel_for_compute_like_cpu_fuzz_f1(name):
+    want, got = _HAS_KERNEL[name]("cpu"), _HAS_KERNEL[name](TPU).cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want), (want, got)
+
+
 @pytest.mark.parametrize("case", ["min_empty_dim", "softmax_bad_dim", "sort_bad_dim"])
 def test_debug_mode_keeps_the_exception_type_fuzz_f20(case):
     # Debug mode names the op, its inputs and the line in its error; it used to raise that as a

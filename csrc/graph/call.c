@@ -7,6 +7,7 @@
 
 #include "call_internal.h"
 #include "../ops/lower.h"
+#include "../ops/no_kernel.h"
 #include "torch_pjrt/defer.h"
 #include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/exec.h"
@@ -279,7 +280,9 @@ pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const
                   .results = results,
                   .has_result = has_result,
                   .chk = chk};
-  st = fn(&L);
+  /* CPU's dtype checks that live in its kernels come first (no_kernel.c): the error is
+   * recorded in the builder, as a lowering's own. */
+  st = pj_no_cpu_kernel(&L) ? NULL : fn(&L);
   if (st) goto done;
   /* Every non-empty destination needs a value; an empty one may be left alone. */
   for (int o = 0; o < c->nout && pj_hlo_ok(h); o++)

@@ -135,6 +135,8 @@ static pj_val_t unary_formula(pj_lower_t *L, const char *n, pj_val_t x) {
   }
   if (!strcmp(n, "sign") || !strcmp(n, "sgn")) {
     if (dt == PJ_BOOL) return x; /* CPU: the bools themselves */
+    if (!fl && !pj_dtype_info(dt)->is_complex && !pj_dtype_info(dt)->is_signed)
+      return pj_convert(H, CMP("NE", x, cst(L, x, 0)), dt); /* unsigned: stablehlo.sign rejects them */
     if (!fl) return U("sign", x); /* integers; complex sgn is z/|z| (0 at 0) */
     /* CPU: 0 for NaN and for -0.0 (stablehlo.sign keeps both) */
     return SEL(CMP("GT", x, cst(L, x, 0)), cst(L, x, 1),
@@ -194,7 +196,9 @@ static pj_status_t *lower_unary(pj_lower_t *L) {
   const unary_row_t *row = find_unary(L->c->op);
   pj_val_t x = pj_tensor(L, "self");
   pj_type_t ot = pj_out_type(L, 0);
-  if (pj_dtype_is_integral(x.t.dtype) && identity_on_integers(row->name)) {
+  if ((pj_dtype_is_integral(x.t.dtype) && identity_on_integers(row->name)) ||
+      (!strcmp(row->name, "abs") && pj_dtype_is_integral(x.t.dtype) &&
+       !pj_dtype_info(x.t.dtype)->is_signed)) { /* stablehlo.abs rejects unsigned operands */
     pj_set_result(L, 0, x);
     return NULL;
   }

@@ -479,9 +479,14 @@ static pj_status_t *lower_orth_poly(pj_lower_t *L) {
 
 /* ---- gcd / lcm ---- */
 
+/* |v| of an integer (unsigned ones are their own; stablehlo.abs rejects them) */
+static pj_val_t int_abs(pj_lower_t *L, pj_val_t v) {
+  return pj_dtype_info(v.t.dtype)->is_signed ? U("abs", v) : v;
+}
+
 static pj_val_t gcd_of(pj_lower_t *L, pj_val_t a, pj_val_t b) {
-  a = U("abs", a);
-  b = U("abs", b);
+  a = int_abs(L, a);
+  b = int_abs(L, b);
   int64_t alld[PJ_MAX_RANK];
   for (int i = 0; i < a.t.rank; i++) alld[i] = i;
   pj_type_t ts[2] = {a.t, b.t};
@@ -513,7 +518,7 @@ static pj_val_t gcd_of(pj_lower_t *L, pj_val_t a, pj_val_t b) {
     free(br);
   }
   free(cr);
-  return U("abs", a); /* |INT_MIN| stays negative, as on CPU */
+  return int_abs(L, a); /* |INT_MIN| stays negative, as on CPU */
 }
 
 static pj_status_t *lower_gcd_lcm(pj_lower_t *L) {
@@ -525,7 +530,7 @@ static pj_status_t *lower_gcd_lcm(pj_lower_t *L) {
     pj_val_t zero = pj_full(H, g.t, 0);
     pj_val_t gz = CMP("EQ", g, zero);
     pj_val_t gs = SEL(gz, pj_full(H, g.t, 1), g);
-    g = SEL(gz, zero, U("abs", MUL(DIV(a, gs), b)));
+    g = SEL(gz, zero, int_abs(L, MUL(DIV(a, gs), b)));
   }
   set_out(L, g);
   return NULL;
