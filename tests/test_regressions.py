@@ -439,6 +439,22 @@ def test_sums_of_negative_zeros_are_positive_zero_as_on_cpu_fuzz_f22(dtype):
             (name, want, got)
 
 
+@pytest.mark.parametrize("mode", [None, "floor", "trunc"])
+def test_bool_numerator_over_zero_is_nan_as_on_cpu_fuzz_f23(mode):
+    """XLA rewrote convert(pred) / y as select(pred, 1 / y, 0): False / 0 gave 0, not NaN
+    (fuzz seed 2000008036: torch.div(bool_t, bool_0d))."""
+    a = torch.tensor([False, True, False, True])
+    divisors = (0.0, -0.0, torch.tensor(0.0), float("inf"), -1.0)
+    if mode is None:  # CPU has no floor or trunc division of two bools
+        divisors += (False, torch.tensor(False))
+    for d in divisors:
+        want = torch.div(a, d, rounding_mode=mode)
+        got = torch.div(a.to(TPU), d.to(TPU) if isinstance(d, torch.Tensor) else d,
+                        rounding_mode=mode).cpu()
+        assert got.dtype == want.dtype and torch.equal(got.isnan(), want.isnan()), (d, want, got)
+        assert torch.equal(got.nan_to_num(), want.nan_to_num()), (d, want, got)
+
+
 _B = [True, False, True]
 _NO_KERNEL = {  # CPU raises for these dtypes (fuzz F1): tpu computed or failed to compile
     "floor_bool": lambda d: torch.floor(torch.tensor(_B, device=d)),
@@ -453,6 +469,7 @@ _NO_KERNEL = {  # CPU raises for these dtypes (fuzz F1): tpu computed or failed 
     "round_decimals_0_int": lambda d: torch.round(torch.tensor([1, 2], device=d), decimals=0),
     "remainder_bool": lambda d: torch.remainder(torch.tensor(_B, device=d), torch.tensor(_B, device=d)),
     "fmod_bool": lambda d: torch.fmod(torch.tensor(_B, device=d), True),
+    "div_trunc_bool": lambda d: torch.div(torch.tensor(_B, device=d), False, rounding_mode="trunc"),
     "pow_bool": lambda d: torch.pow(torch.tensor(_B, device=d), torch.tensor(_B, device=d)),
     "gcd_bool": lambda d: torch.gcd(torch.tensor(_B, device=d), torch.tensor(_B, device=d)),
     "hypot_int": lambda d: torch.hypot(torch.tensor([3, 4], device=d), torch.tensor([4, 3], device=d)),

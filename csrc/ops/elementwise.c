@@ -454,6 +454,15 @@ static pj_status_t *lower_binary(pj_lower_t *L) {
     pj_val_t zx = MUL(x, pj_full(H, x.t, 0));
     r = SEL(p, x, zx);
   }
+  if ((!strcmp(row->name, "div") || !strcmp(row->name, "true_divide") ||
+       !strcmp(row->name, "floor_divide")) &&
+      pj_dtype_info(ct)->is_float && pj_arg_dtype(L, an) == PJ_BOOL) {
+    /* XLA rewrites convert(pred) / y as select(pred, 1 / y, 0), which loses 0 / 0 = NaN
+       (fuzz seed 2000008036: bool_t / 0.0 was 0 where CPU gives NaN): where the bool is
+       false, the quotient is computed from an explicit 0 */
+    pj_val_t zero_over_b = binary_formula(L, row->name, pj_full(H, a.t, 0), b);
+    r = SEL(pj_convert(H, a, PJ_BOOL), r, zero_over_b);
+  }
   pj_set_result(L, 0, r);
   return NULL;
 }

@@ -14,25 +14,27 @@ typedef struct {
   bool binary;          /* dtype: result_type(self, other or exponent), else self's */
   bool no_bool, no_int; /* refused for bool / for integer dtypes */
   const char *message;  /* NULL: "\"<op>\" not implemented for '<dtype>'" (NotImplementedError) */
+  const char *when;     /* an argument that must be given (not None) for the row to apply */
 } no_kernel_row_t;
 
 static const no_kernel_row_t kNoKernel[] = {
-    {"abs", NULL, false, true, false, NULL},
-    {"floor", NULL, false, true, false, NULL},
-    {"ceil", NULL, false, true, false, NULL},
-    {"round", NULL, false, true, false, NULL},
-    {"round", "decimals", false, true, true, NULL},
-    {"trunc", NULL, false, true, false, NULL},
-    {"fix", NULL, false, true, false, NULL},
-    {"relu", NULL, false, true, false, "Boolean inputs not supported for relu"},
-    {"remainder", NULL, true, true, false, NULL},
-    {"fmod", NULL, true, true, false, NULL},
-    {"pow", NULL, true, true, false, NULL},
-    {"gcd", NULL, true, true, false, NULL},
-    {"lcm", NULL, true, true, false, NULL},
-    {"hypot", NULL, true, true, true, NULL},
-    {"nextafter", NULL, true, true, true, NULL},
-    {NULL, NULL, false, false, false, NULL},
+    {"abs", NULL, false, true, false, NULL, NULL},
+    {"floor", NULL, false, true, false, NULL, NULL},
+    {"ceil", NULL, false, true, false, NULL, NULL},
+    {"round", NULL, false, true, false, NULL, NULL},
+    {"round", "decimals", false, true, true, NULL, NULL},
+    {"trunc", NULL, false, true, false, NULL, NULL},
+    {"fix", NULL, false, true, false, NULL, NULL},
+    {"relu", NULL, false, true, false, "Boolean inputs not supported for relu", NULL},
+    {"div", NULL, true, true, false, NULL, "rounding_mode"}, /* floor and trunc division */
+    {"remainder", NULL, true, true, false, NULL, NULL},
+    {"fmod", NULL, true, true, false, NULL, NULL},
+    {"pow", NULL, true, true, false, NULL, NULL},
+    {"gcd", NULL, true, true, false, NULL, NULL},
+    {"lcm", NULL, true, true, false, NULL, NULL},
+    {"hypot", NULL, true, true, true, NULL, NULL},
+    {"nextafter", NULL, true, true, true, NULL, NULL},
+    {NULL, NULL, false, false, false, NULL, NULL},
 };
 
 bool pj_no_cpu_kernel(pj_lower_t *L) {
@@ -40,6 +42,7 @@ bool pj_no_cpu_kernel(pj_lower_t *L) {
   for (const no_kernel_row_t *r = kNoKernel; r->op; r++) {
     if (strcmp(r->op, c->op) != 0) continue;
     if (r->overload && (!c->overload || strcmp(r->overload, c->overload) != 0)) continue;
+    if (r->when && !pj_has(L, r->when)) continue;
     pj_dtype_t dt;
     if (r->binary) {
       const char *names[2] = {"self", pj_has(L, "other") ? "other" : "exponent"};
