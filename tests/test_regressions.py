@@ -455,6 +455,24 @@ def test_bool_numerator_over_zero_is_nan_as_on_cpu_fuzz_f23(mode):
         assert torch.equal(got.nan_to_num(), want.nan_to_num()), (d, want, got)
 
 
+@pytest.mark.parametrize("dtype", [torch.int64, torch.float32])
+@pytest.mark.parametrize("shape", [(0, 1), (2, 3), ()])
+def test_softmax_checks_its_dim_first_for_every_dtype_and_size(shape, dtype):
+    """An empty integer input with an out-of-range dim returned empty (the F12 shortcut came
+    before the dim check); CPU raises IndexError (fuzz seed 2000008664)."""
+    x = torch.zeros(shape, dtype=dtype)
+    for dim in (2, -3, 1, -1):
+        for fn in (torch.softmax, torch.log_softmax):
+            try:
+                want = fn(x, dim=dim)
+            except Exception as e:  # noqa: BLE001 (CPU's exception is the reference)
+                with pytest.raises(type(e)):
+                    fn(x.to(TPU), dim=dim).cpu()
+                continue
+            got = fn(x.to(TPU), dim=dim).cpu()
+            assert got.dtype == want.dtype and got.shape == want.shape
+
+
 _B = [True, False, True]
 _NO_KERNEL = {  # CPU raises for these dtypes (fuzz F1): tpu computed or failed to compile
     "floor_bool": lambda d: torch.floor(torch.tensor(_B, device=d)),

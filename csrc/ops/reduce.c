@@ -466,6 +466,8 @@ static pj_status_t *lower_softmax(pj_lower_t *L) {
   bool logsm = !strcmp(L->c->op, "_log_softmax");
   pj_val_t x = pj_tensor(L, "self");
   int64_t dim = pj_int(L, "dim", -1);
+  pj_norm_dim(L, dim, x.t.rank); /* CPU checks the dim first, for every dtype and size */
+  if (!pj_hlo_ok(H)) return NULL;
   pj_dtype_t ct = acc_of(pj_out_type(L, 0).dtype);
   if (is_complex(ct)) return unsupported_complex(L);
   if (!is_float(ct)) { /* integer or bool: CPU returns an empty input as it is, else raises */

@@ -38,6 +38,11 @@ KNOWN: list[dict] = [
      "reason": "CPU's roll returns an empty input before it checks dim; PyTorch's Meta kernel, "
                "which tpu takes output metadata from, checks it and raises IndexError (as it "
                "does on CPU for a non-empty input); docs/reliability.md F18"},
+    {"op": r"bmm|baddbmm", "kind": "tpu_error", "detail": r".*expected scalar type.*",
+     "reason": "CPU's bmm/baddbmm return early for an empty operand, before their dtype check "
+               "(float32 @ float64 of shapes [1, 1, 0] and [1, 0, 1] gives a float64 zero); "
+               "PyTorch's Meta kernel, which tpu takes output metadata from, makes the check "
+               "and tpu raises; seed 2000008749, docs/reliability.md"},
     {"op": r"prod", "kind": "value", "detail": r".*\(bfloat16\).*",
      "reason": "CPU's prod of bfloat16 rounds every partial product to bfloat16; tpu "
                "accumulates in float32 and rounds once, closer to the exact product (seed "
