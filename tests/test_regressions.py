@@ -473,6 +473,23 @@ def test_softmax_checks_its_dim_first_for_every_dtype_and_size(shape, dtype):
             assert got.dtype == want.dtype and got.shape == want.shape
 
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.int32, torch.bool])
+def test_abs_and_logical_ops_keep_the_inputs_layout_fuzz_f2(dtype):
+    """Their composite kernels called the out= form with an empty tensor, resized row-major;
+    CPU's TensorIterator keeps a transposed input's layout (fuzz F2)."""
+    x = (torch.randn(3, 4) * 3).to(dtype).t()
+    ops = {"abs": torch.abs, "logical_not": torch.logical_not,
+           "logical_and": lambda t: torch.logical_and(t, t),
+           "logical_or": lambda t: torch.logical_or(t, t[:, :1]),
+           "logical_xor": lambda t: torch.logical_xor(t, t.flip(0))}
+    for name, fn in ops.items():
+        if name == "abs" and dtype == torch.bool:
+            continue  # CPU has no abs of bools (test_dtypes_cpu_has_no_kernel_for_...)
+        want, got = fn(x), fn(x.to(TPU))
+        assert got.stride() == want.stride() and got.dtype == want.dtype, (name, want, got)
+        assert torch.equal(got.cpu(), want), name
+
+
 _B = [True, False, True]
 _NO_KERNEL = {  # CPU raises for these dtypes (fuzz F1): tpu computed or failed to compile
     "floor_bool": lambda d: torch.floor(torch.tensor(_B, device=d)),

@@ -1011,11 +1011,15 @@ const char* const kForeachOverloads[] = {
 // Ops with a lowering whose CompositeExplicitAutograd kernel would otherwise run instead of it:
 // convolution (which would reach convolution_overrideable), conj_physical_ (whose kernel calls a
 // CPU/CUDA-only DispatchStub), mode.values (whose kernel accepts only CPU/CUDA/XPU tensors), and
-// ops whose composite kernel takes several programs where the lowering takes one.
+// ops whose composite kernel takes several programs where the lowering takes one, and
+// functional ops whose composite kernel calls their out= form with an empty tensor (abs,
+// logical_*): resized there row-major, where CPU's TensorIterator keeps the input's layout (the
+// functional Meta kernel gives that layout: fuzz F2).
 TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   for (const char* name : {"convolution", "convolution_backward", "native_layer_norm",
                            "native_group_norm", "logsumexp", "any.dims", "all.dims",
-                           "conj_physical_", "mode.values"})
+                           "conj_physical_", "mode.values", "abs", "logical_not",
+                           "logical_and", "logical_or", "logical_xor"})
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());
   for (const char* name : kForeachOverloads)
     m.impl(name, torch::CppFunction::makeFromBoxedFunction<&torch_pjrt::lowered_kernel>());

@@ -24,11 +24,6 @@ KNOWN: list[dict] = [
                "raise CPU's error now (csrc/ops/no_kernel.c), softmax of bools still takes "
                "another path (it raises RuntimeError about bool subtraction); open, "
                "docs/reliability.md F1"},
-    {"op": r"abs|logical_(not|and|or|xor)", "kind": "stride",
-     "reason": "these ops' functional forms call their out= kernel with an empty output; the "
-               "bridge resizes it row-major where CPU's TensorIterator keeps the input's "
-               "layout (values and shapes match, only the strides of a non-contiguous input's "
-               "result differ); open, in csrc/bridge (out= resizing), docs/reliability.md F2"},
     {"op": r"div_floor|conv1d", "kind": "stride",
      "reason": "PyTorch's own Meta kernels give these strides (div with rounding_mode='floor' "
                "of a transposed input, conv1d with a transposed weight: row-major on meta, the "
