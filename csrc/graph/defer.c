@@ -326,6 +326,15 @@ static const char kNeverRan[] =
     "(defer_and_fuse): ";
 static const char kFailedOp[] = "a tensor computed by a recorded op that failed (defer_and_fuse): ";
 
+/* Marks s undefined with why's error behind `what`; an error that is already such a read's
+ * (an op that read an undefined tensor) is passed on as it is, not prefixed again. */
+static void set_failed(pj_storage_t *s, const pj_status_t *why, const char *what) {
+  const char *msg = pj_status_message(why);
+  const bool relayed = !strncmp(msg, kNeverRan, sizeof kNeverRan - 1) ||
+                       !strncmp(msg, kFailedOp, sizeof kFailedOp - 1);
+  pj_storage_set_failed(s, why, relayed ? "" : what);
+}
+
 /* Marks undefined (pj_storage_set_failed) what the recorded ops from `first` on were to write
  * and never did: their writes did not happen, and a later read must raise `why` rather than
  * return stale or zero contents. c is scratch space for decoding. Out of memory or undecodable,
@@ -336,7 +345,7 @@ static void fail_writes_from(const graph_t *g, int first, const pj_status_t *why
     const bool decoded = c && pj_call_decode(op->key, op->keylen, g->device, c);
     for (int s = 0; s < op->nslots; s++) {
       pj_storage_t *st = g->st[op->gslot[s]].s;
-      if (st && (!decoded || pj_call_writes_slot(c, s))) pj_storage_set_failed(st, why, kNeverRan);
+      if (st && (!decoded || pj_call_writes_slot(c, s))) set_failed(st, why, kNeverRan);
     }
   }
 }
@@ -366,7 +375,7 @@ static void fail_after_op(const graph_t *g, int k, const pj_status_t *why, pj_ca
     const gstore_t *gs = &g->st[gi];
     if (!gs->s) continue;
     if (decoded && (!pj_call_writes_slot(c, s) || !gs->fresh || defined[gi])) continue;
-    pj_storage_set_failed(gs->s, why, kFailedOp);
+    set_failed(gs->s, why, kFailedOp);
   }
   free(defined);
   fail_writes_from(g, k + 1, why, c);
