@@ -201,3 +201,56 @@ def test_autograd_in_defer_mode_matches_cpu(defer):
             want = w.grad.clone()
         else:
             torch.testing.assert_close(w.grad.cpu(), want)
+
+
+def _raises(fn):
+    """(exception type, message) fn raises, or None."""
+    try:
+        fn()
+    except Exception as e:  # noqa: BLE001 - the type is what is compared
+        return type(e), str(e)
+    return None
+
+
+@pytest.mark.parametrize("case", ["argmin_bool", "softmax_bad_dim"])
+def test_result_of_an_op_that_failed_at_the_flush_raises_on_every_read(defer, case):
+    # A check made by the lowering surfaces at the flush (docs/reliability.md F9); the failed
+    # op's result tensor then read back zeros (argmin of bool: tensor(0)). CPU raises at the
+    # call, so no such tensor exists there: every read must raise CPU's exception type again.
+    ops = {"argmin_bool": lambda d: torch.argmin(torch.tensor([True, False], device=d)),
+           "softmax_bad_dim": lambda d: torch.softmax(torch.zeros(2, 3, device=d), dim=3)}
+    want = _raises(lambda: ops[case]("cpu"))
+    assert want is not None
+    r = ops[case](TPU)                               # recorded: nothing raised yet
+    assert _raises(r.cpu)[0] is want[0]              # the flush
+    for read in (r.cpu, r.item if r.numel() == 1 else r.tolist, lambda: repr(r)):
+        got = _raises(read)
+        assert got is not None and got[0] is want[0], (read, got)
+        assert want[1] in got[1]                     # names CPU's error
+    dep = r + 1                                      # recorded after the flush: reads r
+    assert _raises(dep.cpu)[0] is want[0]
+    assert _raises(dep.cpu)[0] is want[0]            # and stays undefined
+    torch.tpu.set_eager_mode("strict")
+    assert _raises(lambda: (r * 2).cpu())[0] is want[0]
+
+
+def test_ops_recorded_after_a_failed_op_never_ran_and_their_results_raise(defer):
+    # index_put_'s value-shape check is the lowering's: it fails at the flush. The ops before
+    # it ran; its in-place destination keeps its contents (as CPU's when the op raises); what
+    # the ops recorded after it were to write never got written, so reading it raises too
+    # (it read back stale or zero contents before).
+    a = torch.arange(3.0, device=TPU)
+    before = a * 2
+    a.index_put_((torch.tensor([0, 1], device=TPU),), torch.ones(3, device=TPU))
+    after = a + 1
+    b = torch.ones(3, device=TPU)
+    b.add_(1)                                        # in place, on a tensor with contents
+    with pytest.raises(RuntimeError, match="shape mismatch"):
+        a.cpu()
+    assert torch.equal(a.cpu(), torch.arange(3.0))
+    assert torch.equal(before.cpu(), torch.arange(3.0) * 2)
+    for t in (after, b):
+        with pytest.raises(RuntimeError, match="never ran.*shape mismatch"):
+            t.cpu()
+    b.copy_(torch.full((3,), 5.0))                   # a whole write defines it again
+    assert torch.equal(b.cpu(), torch.full((3,), 5.0))

@@ -521,6 +521,46 @@ def test_fused_adam_direct(op, tensor_lr, scale, found, amsgrad, fallbacks, fuse
         torch.testing.assert_close(g, r, rtol=2e-6, atol=2e-6)
 
 
+def amsgrad_nan_step(device, n, where, **flags):
+    """Two Adam(amsgrad) steps on n parameters with NaN put at positions 1 and n - 1 of the
+    state's exp_avg_sq or the second gradient; returns param, exp_avg_sq, max_exp_avg_sq."""
+    gen = torch.Generator().manual_seed(2)
+    p = torch.nn.Parameter(torch.randn(n, generator=gen).to(device))
+    opt = torch.optim.Adam([p], lr=0.1, amsgrad=True, **flags)
+    grads = [torch.randn(n, generator=gen) for _ in range(2)]
+    p.grad = grads[0].to(device)
+    opt.step()
+    st = opt.state[p]
+    if where == "exp_avg_sq":
+        with torch.no_grad():
+            st["exp_avg_sq"][[1, n - 1]] = float("nan")
+    else:
+        grads[1][[1, n - 1]] = float("nan")
+    p.grad = grads[1].to(device)
+    opt.step()
+    return [on_cpu(t) for t in (p.detach(), st["exp_avg_sq"], st["max_exp_avg_sq"])]
+
+
+@pytest.mark.parametrize("where", ["exp_avg_sq", "grad"])
+def test_fused_adam_amsgrad_max_propagates_nan_like_cpu(where, fallbacks):
+    # The fused lowering took max_exp_avg_sq with a bare stablehlo.maximum, which on the CPU
+    # plugin keeps its first operand (the old max) where only exp_avg_sq is NaN (fuzz F14).
+    # CPU's fused kernel propagates NaN in its vectorized body; 64 elements leave no scalar
+    # tail for vectors of up to 64 lanes (its tail uses std::max, which drops that NaN).
+    ref = amsgrad_nan_step("cpu", 64, where, fused=True)
+    fallbacks.reset()
+    got = amsgrad_nan_step(TPU, 64, where, fused=True)
+    fallbacks.assert_none()
+    for g, r in zip(got, ref):
+        torch.testing.assert_close(g, r, rtol=2e-6, atol=2e-6, equal_nan=True)
+    # any length (here 7, within a tail) gives what torch.maximum gives: the for-loop Adam's
+    ref = amsgrad_nan_step("cpu", 7, where, foreach=False)
+    got = amsgrad_nan_step(TPU, 7, where, fused=True)
+    for g, r in zip(got, ref):
+        assert torch.equal(g.isnan(), r.isnan())
+        torch.testing.assert_close(g, r, rtol=2e-6, atol=2e-6, equal_nan=True)
+
+
 @pytest.mark.parametrize("first,scale,found,tensor_lr", [
     (True, None, None, False), (False, 2.0, 0.0, True), (False, 2.0, 1.0, False)])
 def test_fused_sgd_direct(first, scale, found, tensor_lr, fallbacks, fused_meta):

@@ -576,3 +576,50 @@ def test_addmm_operand_dtypes_raise_cpus_error_at_the_call(mode):
             with pytest.raises(RuntimeError) as te:
                 torch.addmm(*[t.to("tpu") for t in args])
             assert str(te.value) == str(ce.value)
+
+
+@pytest.mark.parametrize("n", [12, 1000])
+@pytest.mark.parametrize("value", [0.7364, 2.1, -3.3, 1e-3, 123.456])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_layer_norm_of_a_constant_row_is_the_bias_fuzz_f19(value, n, dtype):
+    """CPU's mean of a constant row is exact, so x - mean is 0 and layer_norm gives the bias;
+    tpu's sum / n was an ulp off and var = 0 amplified it by 1 / sqrt(eps) (fuzz seed
+    2000006402: 0.499943 for a bias of 0.5)."""
+    x = torch.full((2, n), value, dtype=dtype)
+    w, b = torch.full((n,), 3.0, dtype=dtype), torch.full((n,), 0.5, dtype=dtype)
+    want = torch.native_layer_norm(x, [n], w, b, 1e-5)
+    got = [t.cpu() for t in torch.native_layer_norm(x.to(TPU), [n], w.to(TPU), b.to(TPU), 1e-5)]
+    assert torch.equal(got[1], want[1])                       # the mean
+    torch.testing.assert_close(got[2], want[2])               # rstd = rsqrt(eps)
+    if dtype == torch.float32:
+        assert torch.equal(got[0], want[0])
+    else:
+        # CPU's bfloat16 kernel rounds x * rstd - mean * rstd (up to 5e-3 here), so the exact
+        # result (CPU in float64: the bias) is the reference, CPU's within bfloat16's tolerance
+        exact = torch.native_layer_norm(x.double(), [n], w.double(), b.double(), 1e-5)[0]
+        assert torch.equal(got[0], exact.to(dtype))
+        torch.testing.assert_close(got[0], want[0], rtol=1.6e-2, atol=1e-2)
+
+
+@pytest.mark.parametrize("value", [0.7364, 2.1, -3.3, 123.456])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_group_and_batch_norm_of_a_constant_channel_fuzz_f19(value, dtype):
+    """group_norm / batch_norm (training) / instance_norm had F19's sum / n mean. CPU's mean
+    (and so rstd) of a constant group or channel is exact; its output x * scale + shift rounds
+    the two products (0.4971 for a bias of 0.5 at 123.456), so the output's reference is CPU in
+    float64, the bias."""
+    x = torch.full((2, 6, 5), value, dtype=dtype)
+    w, b = torch.full((6,), 3.0, dtype=dtype), torch.full((6,), 0.5, dtype=dtype)
+    cases = {
+        "group": lambda t, w, b: torch.native_group_norm(t, w, b, 2, 6, 5, 3, 1e-5),
+        "batch": lambda t, w, b: torch.native_batch_norm(t, w, b, None, None, True, 0.1, 1e-5),
+        "instance": lambda t, w, b: (torch.nn.functional.instance_norm(t, weight=w, bias=b),),
+    }
+    for name, fn in cases.items():
+        want = fn(x, w, b)
+        got = [t.cpu() for t in fn(x.to(TPU), w.to(TPU), b.to(TPU))]
+        exact = fn(x.double(), w.double(), b.double())[0].to(dtype)
+        assert torch.equal(got[0], exact), name
+        if len(want) > 1:
+            assert torch.equal(got[1], want[1]), name              # the mean
+            torch.testing.assert_close(got[2], want[2])            # rstd

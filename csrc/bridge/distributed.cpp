@@ -361,6 +361,7 @@ PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt,
                                   size_t nbytes) {
   TORCH_CHECK(s->nbytes == nbytes, "tpu_dist: storage of ", s->nbytes, " bytes, expected ",
               nbytes);
+  check(pj_storage_readable(s));  // undefined contents (a failed recorded op) raise, not read
   if (!s->buf) check(pj_storage_materialize(s, dt));
   PJRT_Buffer_ToHostBuffer_Args a{};
   a.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
@@ -388,7 +389,8 @@ bool host_addressable(const Pjrt& p) {
 }
 
 bool copy_ready_buffer_locked(const Pjrt& p, pj_storage_t* s, void* dst, size_t nbytes) {
-  if (!s->buf || s->nbytes != nbytes || !host_addressable(p) || !p.api->PJRT_Buffer_UnsafePointer)
+  if (!s->buf || s->failed || s->nbytes != nbytes || !host_addressable(p) ||
+      !p.api->PJRT_Buffer_UnsafePointer)
     return false;
   if (!pj_buffer_is_ready(s->buf)) return false;
   PJRT_Buffer_UnsafePointer_Args u{};
@@ -1892,7 +1894,7 @@ class StagedBackend final : public c10d::Backend {
         TORCH_CHECK(st->nbytes % item == 0, "tpu_dist: a storage of ", st->nbytes,
                     " bytes is not a whole number of its elements");
         Block image(st->nbytes);
-        if (st->buf) {
+        if (st->buf || st->failed) {
           check(await_event(p, start_download_locked(p, st, dt, image.data(), st->nbytes),
                             "tpu_dist device-to-host copy"));
         } else {

@@ -321,13 +321,76 @@ bool pj_graph_key(const graph_t *g, const bool *live, const bool *zeros,
   return !k->failed;
 }
 
+static const char kNeverRan[] =
+    "a tensor written by a recorded op that never ran, as an op recorded before it failed "
+    "(defer_and_fuse): ";
+static const char kFailedOp[] = "a tensor computed by a recorded op that failed (defer_and_fuse): ";
+
+/* Marks s undefined with why's error behind `what`; an error that is already such a read's
+ * (an op that read an undefined tensor) is passed on as it is, not prefixed again. */
+static void set_failed(pj_storage_t *s, const pj_status_t *why, const char *what) {
+  const char *msg = pj_status_message(why);
+  const bool relayed = !strncmp(msg, kNeverRan, sizeof kNeverRan - 1) ||
+                       !strncmp(msg, kFailedOp, sizeof kFailedOp - 1);
+  pj_storage_set_failed(s, why, relayed ? "" : what);
+}
+
+/* Marks undefined (pj_storage_set_failed) what the recorded ops from `first` on were to write
+ * and never did: their writes did not happen, and a later read must raise `why` rather than
+ * return stale or zero contents. c is scratch space for decoding. Out of memory or undecodable,
+ * an op's slots are all taken as written (the safe side). */
+static void fail_writes_from(const graph_t *g, int first, const pj_status_t *why, pj_call_t *c) {
+  for (int k = first; k < g->nops; k++) {
+    const dop_t *op = &g->ops[k];
+    const bool decoded = c && pj_call_decode(op->key, op->keylen, g->device, c);
+    for (int s = 0; s < op->nslots; s++) {
+      pj_storage_t *st = g->st[op->gslot[s]].s;
+      if (st && (!decoded || pj_call_writes_slot(c, s))) set_failed(st, why, kNeverRan);
+    }
+  }
+}
+
+/* After op k of g failed with `why` (the ops before it ran, those after it did not): the ops
+ * after k never wrote (fail_writes_from); op k's destinations keep their contents from
+ * before it, as CPU leaves an op's destinations when it raises, except those that had none
+ * (a fresh storage that no op before k wrote: the op's own new result tensor, which would
+ * read as zeros): they are marked undefined too. Out of memory or undecodable, every
+ * destination of op k is (the safe side). */
+static void fail_after_op(const graph_t *g, int k, const pj_status_t *why, pj_call_t *c) {
+  bool *defined = calloc((size_t)g->nst + 1, sizeof(bool)); /* written by an op before k */
+  for (int j = 0; j < k && defined; j++) {
+    const dop_t *op = &g->ops[j];
+    if (!pj_call_decode(op->key, op->keylen, g->device, c)) {
+      free(defined);
+      defined = NULL;
+      break;
+    }
+    for (int s = 0; s < op->nslots; s++)
+      if (pj_call_writes_slot(c, s)) defined[op->gslot[s]] = true;
+  }
+  const dop_t *op = &g->ops[k];
+  const bool decoded = defined && pj_call_decode(op->key, op->keylen, g->device, c);
+  for (int s = 0; s < op->nslots; s++) {
+    const int gi = op->gslot[s];
+    const gstore_t *gs = &g->st[gi];
+    if (!gs->s) continue;
+    if (decoded && (!pj_call_writes_slot(c, s) || !gs->fresh || defined[gi])) continue;
+    set_failed(gs->s, why, kFailedOp);
+  }
+  free(defined);
+  fail_writes_from(g, k + 1, why, c);
+}
+
 /* Runs the recorded ops one by one, each as its own program, as Strict would have: used when
- * the fused program cannot be built or compiled, so every op before a failing one takes
- * effect and the error names the op that failed. */
+ * the fused program cannot be built or compiled (or reads a storage whose contents are
+ * undefined), so every op before a failing one takes effect and the error names the op that
+ * failed; what the failed op and the ops after it were to write is marked undefined
+ * (fail_after_op). `why` (may be NULL) is the reason, consumed. */
 pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
   pj_call_t *c = malloc(sizeof *c);
   pj_status_t *st = c ? NULL : pj_status_new(PJ_ERR_OOM, "out of host memory replaying ops");
-  for (int k = 0; k < g->nops && !st; k++) {
+  int k = 0;
+  for (; k < g->nops && !st; k++) {
     const dop_t *op = &g->ops[k];
     if (!pj_call_decode(op->key, op->keylen, g->device, c)) {
       st = pj_status_new(PJ_ERR_RUNTIME, "internal: a recorded call could not be decoded");
@@ -340,12 +403,17 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
       c->where = op->site + strlen(op->site) + 1;
     }
     st = pj_call_run(c);
+    if (st) break;
   }
+  if (st && !c) fail_writes_from(g, 0, st, NULL);
+  else if (st) fail_after_op(g, k, st, c);
   free(c);
   if (st) {
+    const bool fused_failed = why != NULL;
     pj_status_free(why);
-    return pj_status_wrap(st, "defer_and_fuse (recorded op run on its own after the fused "
-                              "program failed): ");
+    return pj_status_wrap(st, fused_failed ? "defer_and_fuse (recorded op run on its own after "
+                                             "the fused program failed): "
+                                           : "defer_and_fuse (recorded op run on its own): ");
   }
   pj_status_free(why); /* every op ran on its own: only the fusion failed */
   return NULL;
@@ -372,6 +440,7 @@ static pj_status_t *flush_locked(void) {
   for (int i = 0; i < g.nops; i++) total_scalars += g.ops[i].nscalars;
   pj_scalar_t *scalars = calloc((size_t)total_scalars + 1, sizeof *scalars);
   pj_keybuf_t k = {0};
+  bool ran_each = false; /* pj_graph_run_each ran the ops (and marked what a failure lost) */
   if (!live || !bufs || !outs || !donate || !scalars) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory running a fused graph");
     goto done;
@@ -395,6 +464,14 @@ static pj_status_t *flush_locked(void) {
     memcpy(scalars + ns, g.ops[i].scalars, sizeof *scalars * (size_t)g.ops[i].nscalars);
     ns += g.ops[i].nscalars;
   }
+  /* A storage read whose contents are undefined (written by an op that failed at an earlier
+   * flush): op by op, so the ops before its reader take effect and the reader raises. */
+  for (int i = 0; i < g.nst; i++)
+    if (g.st[i].param && g.st[i].s->failed) {
+      st = pj_graph_run_each(&g, NULL);
+      ran_each = true;
+      goto done;
+    }
   char what[64];
   snprintf(what, sizeof what, "a fused run of %d ops", g.nops);
   pj_graph_build_t fb = {&g, live, NULL, NULL, NULL, false};
@@ -404,6 +481,7 @@ static pj_status_t *flush_locked(void) {
   if (st) {
     pthread_mutex_unlock(&pj_run_lock);
     st = pj_graph_run_each(&g, st);
+    ran_each = true;
     goto done;
   }
   int nbufs = 0;
@@ -427,6 +505,11 @@ static pj_status_t *flush_locked(void) {
     pj_metric_add(PJ_METRIC_DEFER_ELIDED, elided);
   }
 done:
+  if (st && !ran_each) { /* no result was installed: none of the recorded writes happened */
+    pj_call_t *c = malloc(sizeof *c);
+    fail_writes_from(&g, 0, st, c);
+    free(c);
+  }
   free(k.p);
   free(live);
   free(bufs);

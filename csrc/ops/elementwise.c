@@ -30,6 +30,15 @@ static pj_val_t arg_at_out(pj_lower_t *L, const char *name, pj_dtype_t dt) {
 static pj_val_t cst(pj_lower_t *L, pj_val_t like, double v) { return pj_full(L->h, like.t, v); }
 
 
+/* torch.maximum / torch.minimum of two values of one type (lower.h). NaN in either operand
+ * gives NaN, as on CPU; the CPU plugin's stablehlo.maximum/minimum return the first operand
+ * when only the second is NaN (fuzz finding F14). */
+pj_val_t pj_max_min_nan(pj_lower_t *L, pj_val_t a, pj_val_t b, bool max) {
+  pj_val_t m = max ? MAX(a, b) : MIN(a, b);
+  if (!pj_dtype_info(a.t.dtype)->is_float) return m;
+  return SEL(CMP("NE", a, a), a, SEL(CMP("NE", b, b), b, m));
+}
+
 static pj_dtype_t float_of(pj_dtype_t dt) {
   return pj_dtype_info(dt)->is_float || pj_dtype_info(dt)->is_complex ? dt : PJ_F32;
 }
@@ -355,13 +364,8 @@ static pj_val_t binary_formula(pj_lower_t *L, const char *n, pj_val_t a, pj_val_
     return SEL(fix, ADD(r, b), r);
   }
   if (!strcmp(n, "pow") || !strcmp(n, "float_power")) return pj_binary(H, "stablehlo.power", a, b);
-  if (!strcmp(n, "maximum") || !strcmp(n, "minimum")) {
-    /* NaN in either operand gives NaN, as on CPU; the CPU plugin's stablehlo.maximum/minimum
-       return the first operand when only the second is NaN (fuzz finding F14) */
-    pj_val_t m = !strcmp(n, "maximum") ? MAX(a, b) : MIN(a, b);
-    if (!pj_dtype_info(a.t.dtype)->is_float) return m;
-    return SEL(CMP("NE", a, a), a, SEL(CMP("NE", b, b), b, m));
-  }
+  if (!strcmp(n, "maximum") || !strcmp(n, "minimum"))
+    return pj_max_min_nan(L, a, b, !strcmp(n, "maximum"));
   if (!strcmp(n, "fmax") || !strcmp(n, "fmin")) {
     pj_val_t m = !strcmp(n, "fmax") ? MAX(a, b) : MIN(a, b);
     if (!pj_dtype_info(a.t.dtype)->is_float) return m;

@@ -87,6 +87,11 @@ pj_val_t pj_check_drop_all(pj_lower_t *L, pj_val_t bad, pj_val_t idx, int64_t si
  * or an invalid value when no op checked anything. */
 pj_val_t pj_check_finish(pj_hlo_t *h, pj_check_emit_t *chk);
 
+/* torch.maximum (max) or torch.minimum of a and b (same type): NaN in either operand gives
+ * NaN (elementwise.c). Bare stablehlo.maximum/minimum keep the first operand where only the
+ * second is NaN on the CPU plugin. */
+pj_val_t pj_max_min_nan(pj_lower_t *L, pj_val_t a, pj_val_t b, bool max);
+
 /* Normalizes a possibly negative dim against rank; records IndexError if out of range. */
 int pj_norm_dim(pj_lower_t *L, int64_t dim, int rank);
 

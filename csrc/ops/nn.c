@@ -95,6 +95,47 @@ static pj_val_t bcast_channel(pj_lower_t *L, pj_val_t v, pj_type_t t, int cdim) 
   return bcast_dims(L, v, t, map);
 }
 
+/* The mean of x over `dims` (n elements each; the reduced dims dropped), in two passes:
+ * m = sum(x) / n, then m += sum(x - m) / n. Why: a rounded sum / n can be an ulp off, and a
+ * normalization divides x - mean by sqrt(var + eps), which for a constant slice (var = 0)
+ * amplifies that ulp by 1 / sqrt(eps) (fuzz F19: layer_norm of a row of equal values gave
+ * bias - 6e-5 where CPU, whose mean is exact, gives the bias). Invariant: a constant slice of
+ * value c gets mean exactly c: m is within a few ulps of c, so c - m is exact (Sterbenz), its
+ * partial sums are small multiples of that difference, exact while they fit the significand
+ * (measured exact for rows of 3 * 2^20 float32 elements), divided by n it is c - m again, and
+ * m + (c - m) = c. (Unless n * c overflows: m is inf and the mean NaN, as before.) For other
+ * slices this is the usual corrected two-pass mean, at least as accurate as sum / n. */
+static pj_val_t exact_mean(pj_lower_t *L, pj_val_t x, const int64_t *dims, int nd, double n) {
+  int64_t keep[PJ_MAX_RANK];
+  int nk = 0;
+  for (int i = 0; i < x.t.rank; i++) {
+    bool reduced = false;
+    for (int j = 0; j < nd; j++) reduced |= dims[j] == i;
+    if (!reduced) keep[nk++] = i;
+  }
+  pj_val_t m = pj_reduce(H, x, dims, nd, "add");
+  m = DIV(m, cst(L, m, n));
+  pj_val_t r = pj_reduce(H, SUB(x, bcast_dims(L, m, x.t, keep)), dims, nd, "add");
+  return ADD(m, DIV(r, cst(L, r, n)));
+}
+
+/* exact_mean over dims [d0, d1). */
+static pj_val_t mean_range(pj_lower_t *L, pj_val_t x, int d0, int d1, double n) {
+  int64_t dims[PJ_MAX_RANK];
+  int nd = 0;
+  for (int i = d0; i < d1; i++) dims[nd++] = i;
+  return exact_mean(L, x, dims, nd, n);
+}
+
+/* exact_mean over every dim except `keep` (a per-channel mean). */
+static pj_val_t mean_except(pj_lower_t *L, pj_val_t x, int keep, double n) {
+  int64_t dims[PJ_MAX_RANK];
+  int nd = 0;
+  for (int i = 0; i < x.t.rank; i++)
+    if (i != keep) dims[nd++] = i;
+  return exact_mean(L, x, dims, nd, n);
+}
+
 static pj_val_t opt_tensor(pj_lower_t *L, const char *name, pj_dtype_t ct) {
   return pj_has(L, name) ? pj_convert(H, pj_tensor(L, name), ct) : (pj_val_t){.id = -1, .sub = -1};
 }
@@ -119,8 +160,7 @@ static pj_status_t *lower_layer_norm(pj_lower_t *L) {
   x = pj_convert(H, x, ct);
   double n = 1;
   for (int i = axis; i < x.t.rank; i++) n *= (double)x.t.dims[i];
-  pj_val_t mean = sum_range(L, x, axis, x.t.rank);
-  mean = DIV(mean, cst(L, mean, n));
+  pj_val_t mean = mean_range(L, x, axis, x.t.rank, n);
   pj_val_t d = SUB(x, bcast_lead(L, mean, x.t, axis));
   pj_val_t var = sum_range(L, MUL(d, d), axis, x.t.rank);
   var = DIV(var, cst(L, var, n)); /* biased, as layer_norm defines it */
@@ -188,8 +228,7 @@ static pj_status_t *lower_group_norm(pj_lower_t *L) {
   pj_dtype_t ct = acc_of(x0.t.dtype);
   int64_t g3[3] = {s.n, s.g, s.d}, c3[3] = {s.n, s.c, s.hxw};
   pj_val_t x = pj_reshape(H, pj_convert(H, x0, ct), 3, g3);
-  pj_val_t mean = sum_range(L, x, 2, 3);
-  mean = DIV(mean, cst(L, mean, (double)s.d));
+  pj_val_t mean = mean_range(L, x, 2, 3, (double)s.d);
   pj_val_t d = SUB(x, bcast_lead(L, mean, x.t, 2));
   pj_val_t var = sum_range(L, MUL(d, d), 2, 3);
   var = DIV(var, cst(L, var, (double)s.d));
@@ -321,8 +360,7 @@ static void batch_norm_forward(pj_lower_t *L, bool training, bool stats, bool st
   double eps = pj_float(L, "eps", 1e-5), mom = pj_float(L, "momentum", 0.1);
   pj_val_t mean, invstd, new_rm = rm, new_rv = rv;
   if (training) {
-    mean = sum_except(L, x, cdim);
-    mean = DIV(mean, cst(L, mean, count));
+    mean = mean_except(L, x, cdim, count);
     pj_val_t d = SUB(x, bcast_channel(L, mean, x.t, cdim));
     pj_val_t ss = sum_except(L, MUL(d, d), cdim);
     invstd = U("rsqrt", ADD(DIV(ss, cst(L, ss, count)), cst(L, ss, eps)));

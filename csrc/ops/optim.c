@@ -153,8 +153,8 @@ static pj_status_t *lower_fused_adam(pj_lower_t *L) {
     pj_val_t mx = {.id = -1, .sub = -1};
     pj_val_t den_base = vv;
     if (amsgrad) {
-      mx = pj_binary(H, "stablehlo.maximum",
-                     pj_convert(H, pj_tensor_at(L, "max_exp_avg_sqs", i), ot), vv);
+      /* NaN-propagating, like torch.maximum in the for-loop and foreach Adam (fuzz F14) */
+      mx = pj_max_min_nan(L, pj_convert(H, pj_tensor_at(L, "max_exp_avg_sqs", i), ot), vv, true);
       den_base = mx;
     }
     pj_val_t denom = ADD(DIV(U("sqrt", den_base), bc(L, bc2_sqrt, vv)), cst(L, vv, eps));

@@ -106,6 +106,7 @@ void pj_storage_release(pj_storage_t *s) {
   if (__atomic_sub_fetch(&s->refs, 1, __ATOMIC_ACQ_REL) != 0) return;
   pj_buffer_destroy(s->buf);
   unreserve(s->device, (int64_t)s->nbytes);
+  free(s->failed_msg);
   free(s);
 }
 
@@ -114,9 +115,33 @@ void pj_storage_swap(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt) {
   s->buf = buf;
   s->dtype = dt;
   if (old && old != buf) pj_buffer_destroy(old);
+  /* every write installs a whole buffer; one that depended on the old contents read them
+   * first (pj_storage_materialize), which raised while they were undefined */
+  s->failed = false;
+  free(s->failed_msg);
+  s->failed_msg = NULL;
+}
+
+void pj_storage_set_failed(pj_storage_t *s, const pj_status_t *why, const char *what) {
+  const char *msg = pj_status_message(why);
+  size_t n = strlen(what) + strlen(msg) + 1;
+  char *m = malloc(n);
+  if (m) snprintf(m, n, "%s%s", what, msg);
+  free(s->failed_msg);
+  s->failed_msg = m;
+  s->failed_code = pj_status_code(why) == PJ_OK ? PJ_ERR_RUNTIME : pj_status_code(why);
+  s->failed = true;
+}
+
+pj_status_t *pj_storage_readable(const pj_storage_t *s) {
+  if (!s->failed) return NULL;
+  return pj_status_new(s->failed_code, "%s",
+                       s->failed_msg ? s->failed_msg
+                                     : "a tensor whose producing op failed (defer_and_fuse)");
 }
 
 pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt) {
+  PJ_TRY(pj_storage_readable(s));
   size_t item = pj_dtype_info(dt)->itemsize;
   if (s->buf) {
     if (s->dtype == dt) return NULL;

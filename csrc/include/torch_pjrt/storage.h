@@ -5,6 +5,7 @@
  * Invariant: buf == NULL or buf holds exactly nbytes bytes of element type `dtype`. */
 #ifndef TORCH_PJRT_STORAGE_H
 #define TORCH_PJRT_STORAGE_H
+#include <stdbool.h>
 #include <stdint.h>
 #include <stddef.h>
 #include "torch_pjrt/status.h"
@@ -27,17 +28,32 @@ typedef struct pj_storage {
                                dtype is the element type the recorded write produces */
   uintptr_t addr;           /* fake device address: [addr, addr + nbytes) is disjoint from every
                                other storage's range and never reused; never dereferenced */
+  bool failed;              /* the contents are undefined: a recorded (defer_and_fuse) op that
+                               was to write them failed or never ran. Reads raise failed_code
+                               with failed_msg (pj_storage_readable) until a write replaces the
+                               whole contents (pj_storage_swap), as CPU would have raised at
+                               that op and never produced them */
+  pj_code_t failed_code;
+  char *failed_msg;         /* owned; NULL when there was no memory to copy the message */
 } pj_storage_t;
 
 pj_status_t *pj_storage_new(int device, size_t nbytes, pj_storage_t **out);
 void pj_storage_retain(pj_storage_t *s);
 void pj_storage_release(pj_storage_t *s);
-/* Installs `buf` (of element type dt) as the storage's contents, destroying the previous one. */
+/* Installs `buf` (of element type dt) as the storage's contents, destroying the previous one;
+ * the storage's contents are defined again (clears `failed`). */
 void pj_storage_swap(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt);
 /* Makes sure the storage has a buffer of element type dt (zeros if it had none); converts the
  * element type by reinterpretation when the storage holds another type of the same byte size
  * is not supported and returns PJ_ERR_UNIMPLEMENTED. */
 pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt);
+/* Marks the storage's contents undefined (see `failed`): `why` (a status; not consumed) is the
+ * failed op's error, `what` a sentence prefixed to its message. Reads raise until the next
+ * whole write. */
+void pj_storage_set_failed(pj_storage_t *s, const pj_status_t *why, const char *what);
+/* NULL when the storage's contents may be read; else the error its reads raise (pj_storage_
+ * materialize checks it first, so every program input and host copy does). */
+pj_status_t *pj_storage_readable(const pj_storage_t *s);
 
 /* Bytes held by live storages on a device, and the peak since the last reset. */
 int64_t pj_storage_bytes_in_use(int device);
