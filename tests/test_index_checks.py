@@ -289,3 +289,86 @@ def test_switching_checks_in_process_keeps_both_programs_apart(mode):
         y = x[bad]  # same op and shapes: its checked program, not the cached unchecked one
         with pytest.raises(IndexError, match="index 9 is out of bounds"):
             y.cpu()
+
+
+def _z(*shape, d, dtype=None):
+    return torch.zeros(*shape, device=d, dtype=dtype)
+
+
+# Out-of-range indices where CPU raises a particular exception, or none (fuzz gaps G1-G3,
+# docs/reliability.md): CPU checks an index where it reads or writes an element, except for
+# its shape-only refusals.
+GAPS = {
+    # G1: an empty result reads no element, so its indices go unchecked
+    "index_empty_result": lambda d: _z(0, 1, d=d)[:, t([-5], d)],
+    "index_add_empty_self": lambda d: _z(0, 1, d=d).index_add_(1, t([-5, 4], d), _z(0, 2, d=d)),
+    "index_add_empty_indexed_dim": lambda d: _z(2, 0, d=d).index_add_(1, t([5], d), _z(2, 1, d=d)),
+    # ... but an indexed dim of size 0 with a non-empty index is refused by its shape alone
+    "index_empty_dim_empty_result": lambda d: _z(0, 0, d=d)[:, t([5], d)],
+    "index_empty_dim": lambda d: _z(3, 0, d=d)[:, t([5], d)],
+    "index_1d_empty_index_ok": lambda d: _z(0, d=d)[t([], d).long()],
+    # G3: that refusal comes before index_put_'s value-shape check
+    "index_put_accumulate_empty_bad_value": lambda d: _z(0, 3, d=d).index_put_(
+        (t([5], d),), _z(2, d=d), accumulate=True),
+    "index_put_empty_bad_value": lambda d: _z(0, 3, d=d).index_put_((t([1], d),), _z(2, d=d)),
+    "setitem_empty_dim_of_a_view": lambda d: _z(4, 0, d=d)[1:3].__setitem__(
+        (slice(None), t([5], d)), 1.0),
+    # G2: index_add_ into rank > 1 raises scatter_add's RuntimeError along the first or last
+    # dim with an int64 index and alpha 1, else IndexError ("index out of range in self")
+    "index_add_dim2_of_4d": lambda d: _z(2, 3, 4, 5, d=d).index_add_(2, t([0, 7], d),
+                                                                     ones(2, 3, 2, 5, d=d)),
+    "index_add_dim1_of_4d_negative": lambda d: _z(2, 3, 4, 5, d=d).index_add_(
+        1, t([0, -1], d), ones(2, 2, 4, 5, d=d)),
+    "index_add_last_dim": lambda d: _z(2, 3, 4, 5, d=d).index_add_(3, t([0, 7], d),
+                                                                   ones(2, 3, 4, 2, d=d)),
+    "index_add_first_dim": lambda d: _z(2, 3, d=d).index_add_(0, t([0, 7], d), ones(2, 3, d=d)),
+    "index_add_first_dim_alpha_2": lambda d: _z(2, 3, d=d).index_add_(
+        0, t([0, 7], d), ones(2, 3, d=d), alpha=2),
+    "index_add_first_dim_alpha_1_0": lambda d: _z(2, 3, d=d).index_add_(
+        0, t([0, 7], d), ones(2, 3, d=d), alpha=1.0),
+    "index_add_int32_index": lambda d: _z(2, 3, d=d).index_add_(
+        0, t([0, 7], d).int(), ones(2, 3, d=d)),
+    "index_add_bool_alpha_true": lambda d: _z(4, 5, d=d, dtype=torch.bool).index_add_(
+        1, t([0, 7], d), _z(4, 2, d=d, dtype=torch.bool), alpha=True),
+    "index_add_1d": lambda d: _z(4, d=d).index_add_(0, t([7], d), ones(1, d=d)),
+    "index_add_1d_empty": lambda d: _z(0, d=d).index_add_(0, t([3], d), ones(1, d=d)),
+    # the same into partial views (view_index_put.cpp's path)
+    "index_add_view_dim2": lambda d: _z(2, 3, 4, 6, d=d)[..., :5].index_add_(
+        2, t([0, 7], d), ones(2, 3, 2, 5, d=d)),
+    "index_add_view_last_dim": lambda d: _z(2, 3, 6, 5, d=d)[:, :, :4].index_add_(
+        3, t([0, 7], d), ones(2, 3, 4, 2, d=d)),
+    "index_add_view_alpha_2": lambda d: _z(4, 6, d=d)[:, :5].index_add_(
+        1, t([0, 7], d), ones(4, 2, d=d), alpha=2),
+}
+
+
+def _outcome(fn, d, mode=None):
+    """("ok", result on the host) or (exception type, None); tpu: in `mode`, through the next
+    synchronization."""
+    if d == "cpu":
+        try:
+            return "ok", fn("cpu")
+        except Exception as e:  # noqa: BLE001
+            return type(e), None
+    try:
+        with torch.tpu.eager_mode(mode):
+            r = fn(TPU)
+            torch.tpu.synchronize()
+            return "ok", r.cpu() if isinstance(r, torch.Tensor) else r
+    except Exception as e:  # noqa: BLE001
+        try:
+            torch.tpu.synchronize()  # nothing may stay behind for the next case
+        except Exception:  # noqa: BLE001
+            pass
+        return type(e), None
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse", "debug"])
+@pytest.mark.parametrize("name", list(GAPS))
+def test_index_check_gaps_g1_g3_raise_what_cpu_raises(name, mode):
+    want = _outcome(GAPS[name], "cpu")
+    got = _outcome(GAPS[name], TPU, mode)
+    assert got[0] == want[0], (want[0], got[0])
+    if want[0] == "ok" and isinstance(want[1], torch.Tensor):
+        assert got[1].shape == want[1].shape and torch.equal(got[1], want[1])
+    torch.tpu.synchronize()  # and nothing is reported later

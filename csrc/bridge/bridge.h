@@ -32,6 +32,10 @@ void set_source_lines(const std::string& file, std::unordered_map<int, std::stri
 // (mm/bmm dtypes, convolution's bias shape, ...), raised before the op runs or is recorded.
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args);
+// kernel_checks.cpp: CPU's shape-only refusal of advanced indexing (index, index_put and
+// their variants) through an indexed dim of size 0, raised before any path runs the op.
+void advanced_index_checks(const std::string& base, const c10::FunctionSchema& schema,
+                           const torch::jit::Stack& args);
 // errors.cpp: the runtime, initialized on first use; throws on failure.
 pj_runtime_t* runtime();
 

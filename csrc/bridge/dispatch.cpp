@@ -903,6 +903,7 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
   indices_to_device(op, stack, base);
+  advanced_index_checks(base, op.schema(), *stack);  // before any path below runs the op
   if (index_put_into_view(op, stack)) return;
   if (run_per_device(op, stack, base)) return;
   if (run_in_parts(op, stack, base)) return;

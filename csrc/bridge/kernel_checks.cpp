@@ -8,6 +8,7 @@
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
 #include <string>
+#include <vector>
 
 namespace torch_pjrt {
 namespace {
@@ -121,6 +122,57 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
                   "Expected X.is_contiguous(memory_format) to be true, but got false.");
   }
 #endif
+}
+
+// CPU's advanced indexing (its AdvancedIndex setup, before any element is read or written and
+// before index_put's value-shape check) refuses an indexed dim of size 0 when the broadcast
+// index shape has no 0 in it: no number is a valid index there, whatever the values are. The
+// device-side checks cannot see it when the result is empty (fuzz gap G3: index_put_ with
+// accumulate into an empty tensor reported the value's shape instead). Checked here for the
+// integer index tensors; with a bool mask among them (its nonzero count is not known without
+// a sync) nothing is checked here, and a mask over a dim of size 0 has no true element anyway.
+void advanced_index_checks(const std::string& base, const c10::FunctionSchema& schema,
+                           const torch::jit::Stack& args) {
+  if (base != "index" && base != "index_put" && base != "_index_put_impl" &&
+      base != "_unsafe_index" && base != "_unsafe_index_put")
+    return;
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  const at::Tensor* self = nullptr;
+  const c10::IValue* indices = nullptr;
+  for (size_t a = 0; a < nargs; a++) {
+    const c10::IValue& v = args[first + a];
+    if (schema.arguments()[a].name() == "self" && v.isTensor() && v.toTensor().defined())
+      self = &v.toTensor();
+    if (schema.arguments()[a].name() == "indices" && v.isList()) indices = &v;
+  }
+  if (!self || !indices) return;
+  int64_t dim = 0;
+  bool empty_dim = false;
+  std::vector<int64_t> shape;  // the index tensors' broadcast shape
+  for (const c10::IValue& e : indices->toListRef()) {
+    if (!e.isTensor() || !e.toTensor().defined()) {
+      dim++;
+      continue;
+    }
+    const at::Tensor& t = e.toTensor();
+    if (t.scalar_type() == at::kBool || t.scalar_type() == at::kByte) return;
+    if (dim >= self->dim()) return;  // too many indices: the other checks' error
+    empty_dim = empty_dim || self->size(dim) == 0;
+    dim++;
+    const std::vector<int64_t> s = t.sizes().vec();
+    if (shape.size() < s.size()) shape.insert(shape.begin(), s.size() - shape.size(), 1);
+    for (size_t i = 0; i < s.size(); i++) {
+      int64_t& b = shape[shape.size() - s.size() + i];
+      if (b == 1) b = s[i];
+      else if (s[i] != 1 && s[i] != b) return;  // no broadcast: the other checks' error
+    }
+  }
+  if (!empty_dim) return;
+  for (int64_t s : shape)
+    if (s == 0) return;
+  TORCH_CHECK_INDEX(false, "index is out of bounds for dimension with size 0");
 }
 
 }  // namespace torch_pjrt

@@ -264,8 +264,15 @@ bool slices(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
       const c10::IValue& alpha = (*stack)[first + 4];
       if (!alpha.isScalar() || self.scalar_type() == at::kBool) return false;
       if (!(alpha.toScalar().equal(1))) p.alpha = alpha.toScalar();
-      // CPU: "index out of range in self" (IndexError) into a 1-D tensor, else the dim and size
-      p.kind = self.dim() > 1 ? PJ_CHECK_DIM_RUNTIME : PJ_CHECK_SELF;
+      // CPU's index_add into a tensor of rank > 1 returns before any check when it is empty
+      // (the general path does the same), and takes scatter_add's path, whose error names the
+      // dim and size (RuntimeError), when dim is the first or the last one, the index int64
+      // and alpha 1; otherwise, and into rank 1, "index out of range in self" (IndexError).
+      if (self.dim() > 1 && self.numel() == 0) return false;
+      const bool scatter_path = self.dim() > 1 && (dim == 0 || dim == self.dim() - 1) &&
+                                it == at::kLong && alpha.toScalar().equal(1.0) &&
+                                self.scalar_type() != at::kComplexHalf;
+      p.kind = scatter_path ? PJ_CHECK_DIM_RUNTIME : PJ_CHECK_SELF;
     }
   }
   run_view_put(schema, self, p);

@@ -322,6 +322,34 @@ static pj_status_t *lower_index_select(pj_lower_t *L) {
   return NULL;
 }
 
+/* The exception CPU's index_add raises for an out-of-range index, as a 0-d int64 kind. Into a
+ * tensor of rank 1 (or 0): "index out of range in self" (IndexError). Into one of higher rank,
+ * CPU takes scatter_add's path, whose error names the dim and size (RuntimeError), when dim is
+ * the first or the last one, the index is int64 and alpha equals 1 (a bool alpha never does,
+ * a complex one when it is 1 + 0j); else its own loop's IndexError. alpha is a program
+ * argument, so the comparison is the program's. */
+static pj_val_t index_add_check_kind(pj_lower_t *L, const pj_tensor_desc_t *sd, int dim) {
+  pj_val_t self_kind = pj_const_i(H, PJ_I64, PJ_CHECK_SELF);
+  const pj_tensor_desc_t *id = pj_tensor_desc(L, "index");
+  if (!sd || sd->rank <= 1 || !(dim == 0 || dim == sd->rank - 1) || !id || id->dtype != PJ_I64)
+    return self_kind;
+  pj_val_t runtime_kind = pj_const_i(H, PJ_I64, PJ_CHECK_DIM_RUNTIME);
+  if (!pj_has(L, "alpha")) return runtime_kind; /* alpha's default is 1 */
+  const pj_dtype_t at = pj_arg_dtype(L, "alpha");
+  if (at == PJ_BOOL) return self_kind;
+  pj_val_t a = pj_scalar(L, "alpha"), one;
+  if (a.id < 0) return self_kind;
+  if (at == PJ_C64 || at == PJ_C128) {
+    pj_val_t re = pj_unary(H, "stablehlo.real", a), im = pj_unary(H, "stablehlo.imag", a);
+    one = bin(L, "stablehlo.and", pj_compare(H, "EQ", re, pj_full(H, re.t, 1)),
+              pj_compare(H, "EQ", im, pj_full(H, im.t, 0)));
+  } else {
+    pj_val_t d = pj_convert(H, a, PJ_F64);
+    one = pj_compare(H, "EQ", d, pj_full(H, d.t, 1));
+  }
+  return pj_select(H, one, runtime_kind, self_kind);
+}
+
 /* index_add / index_copy / index_fill: slices of self at index along dim, from source/value. */
 static pj_status_t *lower_index_update(pj_lower_t *L) {
   pj_type_t ot = pj_out_type(L, 0);
@@ -331,15 +359,17 @@ static pj_status_t *lower_index_update(pj_lower_t *L) {
   const char *op = L->c->op;
   if (dim < 0) return NULL;
   const bool fill = !strcmp(op, "index_fill"), copy = !strcmp(op, "index_copy");
-  /* CPU: index_add of a 1-D tensor says "index out of range in self" (IndexError), of a higher
-   * rank one the dim and size (RuntimeError) */
   const pj_tensor_desc_t *sd = pj_tensor_desc(L, "self");
-  const pj_check_kind_t kind = fill ? PJ_CHECK_DIM
-                               : copy ? PJ_CHECK_INDEX_COPY
-                               : sd && sd->rank > 1 ? PJ_CHECK_DIM_RUNTIME
-                                                    : PJ_CHECK_SELF;
-  idx = pj_check_drop_all(L, pj_check_index(L, idx, x.t.dims[dim], dim, fill, kind), idx,
-                          x.t.dims[dim]);
+  pj_val_t bad;
+  if (fill || copy)
+    bad = pj_check_index(L, idx, x.t.dims[dim], dim, fill,
+                         fill ? PJ_CHECK_DIM : PJ_CHECK_INDEX_COPY);
+  else if (sd && sd->rank > 1 && pj_type_numel(&x.t) == 0)
+    bad = kBad; /* CPU's index_add of an empty tensor of rank > 1 returns before any check */
+  else
+    bad = pj_check_index_kind(L, idx, x.t.dims[dim], dim, false,
+                              index_add_check_kind(L, sd, dim));
+  idx = pj_check_drop_all(L, bad, idx, x.t.dims[dim]);
   pj_type_t ut = x.t;
   ut.dims[dim] = idx.t.dims[0];
   pj_val_t upd;
@@ -789,6 +819,13 @@ static pj_status_t *lower_index(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   if (p.nidx == 0) {
     pj_set_result(L, 0, x);
+    return NULL;
+  }
+  /* CPU checks an index where it reads an element: an empty result reads none, and its
+   * indices go unchecked (fuzz gap G1). (An indexed dim of size 0 with a non-empty index is
+   * refused at the call, before this: the bridge's advanced_index_checks.) */
+  if (pj_type_numel(&p.out) == 0) {
+    pj_set_result(L, 0, pj_full(H, p.out, 0));
     return NULL;
   }
   int64_t window[PJ_MAX_RANK], dims64[PJ_MAX_RANK], sizes[PJ_MAX_RANK];

@@ -16,8 +16,9 @@ static pj_val_t state_element(pj_hlo_t *h, pj_val_t state, int64_t i) {
 
 static const pj_val_t kNone = {.id = -1, .sub = -1};
 
+/* kind: a 0-d int64 value (a pj_check_kind_t, constant or computed by the program). */
 static pj_val_t check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
-                      pj_check_kind_t kind, bool has_ignore, int64_t ignore) {
+                      pj_val_t kind, bool has_ignore, int64_t ignore) {
   pj_check_emit_t *c = L->chk;
   if (!c || idx.id < 0 || !pj_hlo_ok(H)) return kNone;
   int64_t n = pj_type_numel(&idx.t);
@@ -53,7 +54,7 @@ static pj_val_t check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool n
   pj_val_t any = CMP("LT", first, pj_const_i(H, PJ_I64, n));
   pj_val_t parts[9] = {
       as_vec1(L, pj_const_i(H, PJ_I64, 1)),        as_vec1(L, c->seq),
-      as_vec1(L, pj_const_i(H, PJ_I64, c->op_index)), as_vec1(L, pj_const_i(H, PJ_I64, kind)),
+      as_vec1(L, pj_const_i(H, PJ_I64, c->op_index)), as_vec1(L, kind),
       as_vec1(L, value),                            as_vec1(L, pj_const_i(H, PJ_I64, dim)),
       as_vec1(L, pj_const_i(H, PJ_I64, size)),      as_vec1(L, first),
       as_vec1(L, state_element(H, c->state, 8))};
@@ -67,12 +68,23 @@ static pj_val_t check(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool n
 
 pj_val_t pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
                         pj_check_kind_t kind) {
+  if (!L->chk) return kNone;
+  return check(L, idx, size, dim, negative_ok, pj_const_i(H, PJ_I64, kind), false, 0);
+}
+
+pj_val_t pj_check_index_kind(pj_lower_t *L, pj_val_t idx, int64_t size, int dim,
+                             bool negative_ok, pj_val_t kind) {
+  if (kind.id < 0 || kind.t.rank != 0 || kind.t.dtype != PJ_I64) {
+    if (pj_hlo_ok(H)) pj_fail(L, PJ_ERR_RUNTIME, "internal: an index check's kind is not a 0-d int64");
+    return kNone;
+  }
   return check(L, idx, size, dim, negative_ok, kind, false, 0);
 }
 
 pj_val_t pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim,
                                bool negative_ok, pj_check_kind_t kind, int64_t ignore) {
-  return check(L, idx, size, dim, negative_ok, kind, true, ignore);
+  if (!L->chk) return kNone;
+  return check(L, idx, size, dim, negative_ok, pj_const_i(H, PJ_I64, kind), true, ignore);
 }
 
 pj_val_t pj_check_drop_all(pj_lower_t *L, pj_val_t bad, pj_val_t idx, int64_t size) {

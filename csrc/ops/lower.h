@@ -75,6 +75,11 @@ void pj_set_result(pj_lower_t *L, int k, pj_val_t v);
  * off, idx empty). Lowerings check the indices their user gave, never ones they computed. */
 pj_val_t pj_check_index(pj_lower_t *L, pj_val_t idx, int64_t size, int dim, bool negative_ok,
                         pj_check_kind_t kind);
+/* The same with the kind computed by the program: kind is a 0-d int64 value holding a
+ * pj_check_kind_t (for ops whose exception CPU picks by a Scalar argument's value, which a
+ * program takes as an argument: index_add's alpha). */
+pj_val_t pj_check_index_kind(pj_lower_t *L, pj_val_t idx, int64_t size, int dim,
+                             bool negative_ok, pj_val_t kind);
 /* The same, with `ignore` exempt (nll_loss's ignore_index). */
 pj_val_t pj_check_index_except(pj_lower_t *L, pj_val_t idx, int64_t size, int dim,
                                bool negative_ok, pj_check_kind_t kind, int64_t ignore);
