@@ -160,6 +160,9 @@ static pj_status_t *report_one(int device) {
   pthread_mutex_lock(&g_lock);
   device_checks_t *d = &g_dev[device];
   struct PJRT_Buffer *state = d->state;
+  /* Invariant: the state's counter ([8]) is the host's count of the launches that produced it
+   * (a fresh state starts at d->launched; each launch adds one on both sides). */
+  const uint64_t launched = d->launched;
   d->state = NULL;
   atomic_store(&g_dirty[device], false);
   pthread_mutex_unlock(&g_lock);
@@ -174,11 +177,15 @@ static pj_status_t *report_one(int device) {
   bool named = false;
   pj_code_t code = PJ_OK;
   if (s[0]) code = cpu_error(s, msg, sizeof msg);
+  /* Should the counts ever disagree, the ring could name another execution's op: the state is
+   * then not reused (the next launch starts a fresh one at the host's count) and a failure is
+   * reported without a name rather than with a wrong one. */
+  const bool aligned = (uint64_t)s[8] == launched;
   pthread_mutex_lock(&g_lock);
-  if (!s[0] && !d->state) {
+  if (!s[0] && !d->state && aligned) {
     d->state = state; /* clean: reused */
     state = NULL;
-  } else if (s[0]) {
+  } else if (s[0] && aligned) {
     const uint64_t seq = (uint64_t)s[1];
     const ring_entry_t *e = d->ring ? &d->ring[seq % PJ_CHECK_RING] : NULL;
     for (int i = 0; e && e->seq == seq && i < e->n; i++)
@@ -196,7 +203,9 @@ static pj_status_t *report_one(int device) {
                          "next synchronization; TORCH_PJRT_CHECK_BOUNDS=0 turns the checks off)",
                          msg, op, where);
   return pj_status_new(code, "%s\n(device-side index check, reported at the next "
-                       "synchronization; the op is too far back to name)", msg);
+                       "synchronization; %s)", msg,
+                       aligned ? "the op is too far back to name"
+                               : "the op can not be named: the check counts disagree");
 }
 
 pj_status_t *pj_checks_report(int device) {
