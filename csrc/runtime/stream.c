@@ -104,6 +104,13 @@ static void unlist_marker_locked(pj_marker_t *m) {
   m->listed = false;
 }
 
+/* Keeps err (owned, may be NULL) as the device's first error since the last synchronize.
+ * Caller holds g_lock. */
+static void keep_first_error_locked(device_state_t *d, pj_status_t *err) {
+  if (!err) return;
+  if (!d->error) d->error = err; else pj_status_free(err);
+}
+
 /* Marks `e` complete at time t with error `err` (owned, may be NULL). Caller holds g_lock. */
 static void complete_locked(entry_t *e, int64_t t, pj_status_t *err) {
   device_state_t *d = &g_dev[e->device];
@@ -117,9 +124,7 @@ static void complete_locked(entry_t *e, int64_t t, pj_status_t *err) {
       unlist_marker_locked(m);
     }
   }
-  if (err) {
-    if (!d->error) d->error = err; else pj_status_free(err);
-  }
+  keep_first_error_locked(d, err);
   e->next = g_reap;
   g_reap = e;
   pthread_cond_broadcast(&g_done);
@@ -166,9 +171,7 @@ void pj_stream_track(int device, PJRT_Event *ev) {
       pthread_mutex_lock(&g_lock);
       device_state_t *d = &g_dev[device];
       ++d->seq;
-      if (err) {
-        if (!d->error) d->error = err; else pj_status_free(err);
-      }
+      keep_first_error_locked(d, err);
       pthread_mutex_unlock(&g_lock);
       return;
     }
