@@ -5,6 +5,9 @@ inlined into its neighbours' program (one execution, from torch.tpu.metrics())."
 from __future__ import annotations
 
 import importlib.util
+import os
+import subprocess
+import sys
 import textwrap
 
 import pytest
@@ -209,10 +212,10 @@ def test_compile_jax_and_pallas_ops_one_program():
     compiled = torch.compile(step, backend="tpu", fullgraph=True)  # one graph: ops are nodes
     (xc, yc, wc), (xt, yt, wt) = leaves((16, 16), (16, 32), (16, 32), seed=2)
     loss = compiled(xt, yt, wt)
-    ref = step_ref = (mix_ref((xc * 2) @ yc, wc, 0.25) + 1).sum()
+    ref = (mix_ref((xc * 2) @ yc, wc, 0.25) + 1).sum()
     close(loss, ref, rtol=1e-5, atol=1e-4)
     loss.backward()
-    step_ref.backward()
+    ref.backward()
     for t, c in ((xt, xc), (yt, yc), (wt, wc)):
         close(t.grad, c.grad, rtol=1e-5, atol=1e-4)
     with torch.no_grad():
@@ -352,3 +355,31 @@ def test_without_jax_jax_op_says_what_to_install_and_stablehlo_works():
         """)
     r = run_python(code)
     assert r.returncode == 0 and "ok" in r.stdout, r.stdout + r.stderr
+
+
+@needs_jax
+def test_kernel_programs_on_disk_are_keyed_by_the_kernel(tmp_path):
+    """A restarted process exporting the same kernel finds its program on disk (the fingerprint
+    is stable); another kernel with the same argument types does not (its key differs)."""
+    code = textwrap.dedent("""
+        import sys, torch, torch_pjrt, jax.numpy as jnp
+        from torch_pjrt import kernels
+        ops = [kernels.jax_op(f"disk::f{k}", lambda x, k=k: jnp.exp(x) * k, schema="(Tensor x)")
+               for k in (3, 4)]
+        x = torch.linspace(-1, 1, 5)
+        for k in map(int, sys.argv[1:]):
+            before = torch.tpu.cache_stats()["disk_cache_hits"]
+            got = ops[k - 3](x.to("tpu")).cpu()
+            torch.testing.assert_close(got, torch.exp(x) * k)
+            print(k, torch.tpu.cache_stats()["disk_cache_hits"] - before)
+        """)
+    env = {**os.environ, "TORCH_PJRT_CACHE_DIR": str(tmp_path)}
+
+    def run(*ks):
+        r = subprocess.run([sys.executable, "-c", code, *map(str, ks)], capture_output=True,
+                           text=True, timeout=300, env=env)
+        assert r.returncode == 0, r.stdout + r.stderr
+        return r.stdout.split()
+
+    assert run(3) == ["3", "0"]            # compiled and stored
+    assert run(3, 4) == ["3", "1", "4", "0"]  # loaded; the other kernel compiled, not loaded
