@@ -182,6 +182,31 @@ def test_jax_op_views_and_errors():
         kernels.jax_op("no_namespace", lambda x: x)
 
 
+@needs_jax
+def test_integer_and_float64_arguments_and_arguments_export_drops():
+    """An integer tensor gets no gradient; the backward of x * n does not use x, and jax.export
+    drops unused arguments from the module (the op passes only the ones it kept); float64
+    exports under x64."""
+    import jax.numpy as jnp
+    op = _OPS.get("scale") or kernels.jax_op("pjtest::scale", lambda x, n: x * n)
+    _OPS["scale"] = op
+    for dt in (torch.float32, torch.float64):
+        xc = torch.randn(3, dtype=dt, requires_grad=True)
+        n = torch.tensor([1, -2, 3])
+        xt = xc.detach().to(TPU).requires_grad_()
+        out = op(xt, n.to(TPU))
+        ref = xc * n
+        assert out.dtype == ref.dtype == dt
+        close(out, ref)
+        out.sum().backward()
+        ref.sum().backward()
+        close(xt.grad, xc.grad)
+    unused = _OPS.get("first") or kernels.jax_op("pjtest::first", lambda x, y: jnp.cos(x))
+    _OPS["first"] = unused
+    a, b = torch.randn(4), torch.randn(4)
+    close(unused(a.to(TPU), b.to(TPU)), torch.cos(a))
+
+
 # ---- Pallas ----
 
 @needs_jax
@@ -383,3 +408,29 @@ def test_kernel_programs_on_disk_are_keyed_by_the_kernel(tmp_path):
 
     assert run(3) == ["3", "0"]            # compiled and stored
     assert run(3, 4) == ["3", "1", "4", "0"]  # loaded; the other kernel compiled, not loaded
+
+
+@needs_jax
+def test_tokamax_xla_implementation_as_an_op():
+    """Tokamax (PyPI tokamax) where installed: its Pallas kernels need a GPU or a TPU (v5+)
+    (docs/kernels.md), so on the CPU plugin its portable 'xla' implementation runs, here SwiGLU
+    as a jax_op with jax.vjp's backward."""
+    tokamax = pytest.importorskip(
+        "tokamax", reason="tokamax is not installed (pip install tokamax; its qwix needs flax)")
+    import jax
+    from absl import flags  # tokamax reads its options as absl flags parsed from sys.argv,
+    if not flags.FLAGS.is_parsed():  # which holds pytest's options here
+        flags.FLAGS.mark_as_parsed()
+
+    def swiglu(x, w_gate, w_up):
+        return tokamax.gated_linear_unit(x, (w_gate, w_up), activation=jax.nn.swish,
+                                         implementation="xla")
+    op = kernels.jax_op("pjtest::tk_swiglu", swiglu)
+    cpu, tpu = leaves((8, 16), (16, 32), (16, 32), seed=4)
+    out = op(*tpu)
+    ref = torch.nn.functional.silu(cpu[0] @ cpu[1]) * (cpu[0] @ cpu[2])
+    close(out, ref, rtol=1e-4, atol=1e-4)
+    out.sum().backward()
+    ref.sum().backward()
+    for t, c in zip(tpu, cpu):
+        close(t.grad, c.grad, rtol=1e-4, atol=1e-4)

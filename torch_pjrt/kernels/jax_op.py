@@ -73,7 +73,7 @@ class _JaxOp:
         self.backward = backward
         self.tensor_pos = [i for i, p in enumerate(params) if p[1] == "Tensor"]
         self._lock = threading.Lock()
-        self._kernels: dict[tuple, _module.Kernel] = {}
+        self._kernels: dict[tuple, tuple[_module.Kernel, tuple[int, ...]]] = {}
 
     # ---- arguments ----
     def normalize(self, args, kwargs):
@@ -151,12 +151,19 @@ class _JaxOp:
         return b
 
     # ---- kernels ----
-    def kernel(self, kind, f, tensors, static) -> _module.Kernel:
+    def call(self, kind, f, tensors, static) -> list[torch.Tensor]:
+        """Runs f's kernel for these tensors' signature (exported on first use) on them."""
+        k, kept = self.kernel(kind, f, tensors, static)
+        return _registry.call(k, [tensors[i] for i in kept])
+
+    def kernel(self, kind, f, tensors, static) -> tuple[_module.Kernel, tuple[int, ...]]:
+        """The kernel for this signature and the positions of the tensors it takes: jax.export
+        drops arguments the function does not use (module_kept_var_idx)."""
         sig = (kind, tuple((t.dtype, tuple(t.shape)) for t in tensors), static)
         with self._lock:
-            k = self._kernels.get(sig)
-        if k is not None:
-            return k
+            found = self._kernels.get(sig)
+        if found is not None:
+            return found
         jax = _jax()
         from jax import export
         structs = [jax.ShapeDtypeStruct(tuple(int(s) for s in t.shape), _jax_dtype(t.dtype))
@@ -164,10 +171,14 @@ class _JaxOp:
         with jax.enable_x64(any(t.dtype in _X64 for t in tensors)):
             exported = export.export(jax.jit(f), platforms=[platform()])(*structs)
             text = exported.mlir_module()
+        kept = tuple(sorted(exported.module_kept_var_idx))
         k = _registry.register(_module.prepare(text))
+        if len(k.args) != len(kept):
+            raise RuntimeError(f"jax_op {self.name}: the exported module takes {len(k.args)} "
+                               f"arguments, jax.export kept {len(kept)}")
         with self._lock:
-            self._kernels[sig] = k
-        return k
+            self._kernels[sig] = (k, kept)
+        return k, kept
 
     def shapes(self, f, tensors):
         jax = _jax()
@@ -237,8 +248,7 @@ def jax_op(name: str, fn, *, schema: str | None = None, num_outputs: int = 1, ba
     def fwd_tpu(*a, **kw):
         tensors, static = j.split(j.normalize(a, kw))
         _ops.on_tpu(name, tensors)
-        return pack(_registry.call(j.kernel("fwd", j.forward_fn(static), tensors, static),
-                                   tensors))
+        return pack(j.call("fwd", j.forward_fn(static), tensors, static))
 
     def fwd_cpu(*a, **kw):
         tensors, static = j.split(j.normalize(a, kw))
@@ -258,8 +268,7 @@ def jax_op(name: str, fn, *, schema: str | None = None, num_outputs: int = 1, ba
     def bwd_tpu(*a, **kw):
         tensors, static, grads, diff = bwd_parts(a, kw)
         _ops.on_tpu(name + "_bwd", tensors + grads)
-        k = j.kernel(("bwd", diff), j.backward_fn(static, diff), tensors + grads, static)
-        return _registry.call(k, tensors + grads)
+        return j.call(("bwd", diff), j.backward_fn(static, diff), tensors + grads, static)
 
     def bwd_cpu(*a, **kw):
         tensors, static, grads, diff = bwd_parts(a, kw)
