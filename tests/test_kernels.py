@@ -221,6 +221,18 @@ def test_pallas_kernel_forward_backward(eager):
     (ref.sin()).sum().backward()
     close(xt.grad, xc.grad, rtol=1e-4, atol=1e-4)
     close(yt.grad, yc.grad, rtol=1e-4, atol=1e-4)
+    if eager == "defer_and_fuse":
+        # forward and backward (three inlined kernel calls) with their neighbours: one program
+        for _ in range(2):
+            xt.grad = yt.grad = None
+            torch.tpu.synchronize()
+            before = metrics()
+            (ops["mm"](xt * 2, yt) + 1).sin().sum().backward()
+            got = torch.stack([xt.grad.sum(), yt.grad.sum()]).cpu()
+            assert delta(before, metrics()).get("executions") == 1
+        xc.grad = yc.grad = None
+        (((xc * 2) @ yc) + 1).sin().sum().backward()
+        close(got, torch.stack([xc.grad.sum(), yc.grad.sum()]), rtol=1e-4, atol=1e-3)
 
 
 # ---- torch.compile ----
@@ -243,6 +255,22 @@ def test_compile_jax_and_pallas_ops_one_program():
     ref.backward()
     for t, c in ((xt, xc), (yt, yc), (wt, wc)):
         close(t.grad, c.grad, rtol=1e-5, atol=1e-4)
+    # a training call: the forward graph and the backward graph (the kernels' backward ops
+    # inside) are one program execution each (the seed gradient is made beforehand)
+    seed = torch.ones((), device=TPU)
+    for t in (xt, yt, wt):
+        t.grad = None
+    torch.tpu.synchronize()
+    before = metrics()
+    loss = compiled(xt, yt, wt)
+    torch.tpu.synchronize()
+    middle = metrics()
+    loss.backward(seed)
+    torch.tpu.synchronize()
+    fwd, bwd = delta(before, middle), delta(middle, metrics())
+    assert fwd.get("executions") == 1 and fwd.get("graph_runs") == 1, fwd
+    assert bwd.get("executions") == 1 and bwd.get("graph_runs") == 1, bwd
+    close(xt.grad, xc.grad, rtol=1e-5, atol=1e-4)
     with torch.no_grad():
         compiled(xt, yt, wt)
         torch.tpu.synchronize()
