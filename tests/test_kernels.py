@@ -282,6 +282,24 @@ def test_compile_jax_and_pallas_ops_one_program():
     close(out, ref, rtol=1e-5, atol=1e-4)
 
 
+@needs_jax
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_dynamo_traces_a_kernel_op_as_one_node():
+    ops = jax_ops()
+    graphs = []
+
+    def backend(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+
+    f = torch.compile(lambda x, y: ops["mix"](x, y, 2.0) * 3, backend=backend, fullgraph=True)
+    x, y = torch.randn(3), torch.randn(3)
+    close(f(x.to(TPU), y.to(TPU)), mix_ref(x, y, 2.0) * 3)
+    targets = [n.target for n in graphs[0].graph.nodes if n.op == "call_function"]
+    assert targets.count(torch.ops.pjtest.mix) == 1, targets
+    assert len(targets) == 2, targets  # the op and the multiplication, nothing of JAX's
+
+
 # ---- raw StableHLO ----
 
 SHLO = textwrap.dedent("""\
