@@ -17,6 +17,9 @@ struct pj_hlo {
   int depth;
   int next_id;
   int nparams;
+  pj_sb_t funcs;                           /* module-level functions after @main (kernels) */
+  char **func_keys;                        /* keys of the functions added to funcs, once each */
+  int nfunc_keys;
   pj_val_t last;                           /* the trailing parameter, if has_last */
   bool has_last;
   pj_code_t err_code;
@@ -58,6 +61,9 @@ void pj_hlo_free(pj_hlo_t *h) {
   if (!h) return;
   free(h->params);
   pj_sb_free(&h->body);
+  pj_sb_free(&h->funcs);
+  for (int i = 0; i < h->nfunc_keys; i++) free(h->func_keys[i]);
+  free(h->func_keys);
   for (int i = 0; i < PJ_MAX_REGION_DEPTH; i++) pj_sb_free(&h->regions[i]);
   free(h);
 }
@@ -224,6 +230,33 @@ char *pj_hlo_region_end(pj_hlo_t *h, const pj_val_t *rets, int nrets) {
   return text;
 }
 
+bool pj_hlo_add_funcs(pj_hlo_t *h, const char *key, const char *text) {
+  if (!pj_hlo_ok(h)) return false;
+  for (int i = 0; i < h->nfunc_keys; i++)
+    if (strcmp(h->func_keys[i], key) == 0) return true;
+  char **keys = realloc(h->func_keys, (size_t)(h->nfunc_keys + 1) * sizeof *keys);
+  char *k = keys ? strdup(key) : NULL;
+  if (keys) h->func_keys = keys;
+  if (!k) {
+    pj_hlo_fail(h, PJ_ERR_OOM, "out of memory adding module functions");
+    return false;
+  }
+  h->func_keys[h->nfunc_keys++] = k;
+  pj_sb_puts(&h->funcs, text);
+  pj_sb_puts(&h->funcs, "\n");
+  return true;
+}
+
+bool pj_hlo_call(pj_hlo_t *h, const char *callee, const pj_val_t *ins, int n,
+                 const pj_type_t *outs, int nout, pj_val_t *results) {
+  char attrs[256];
+  if ((size_t)snprintf(attrs, sizeof attrs, "callee = @%s", callee) >= sizeof attrs) {
+    pj_hlo_fail(h, PJ_ERR_VALUE, "function name too long: %s", callee);
+    return false;
+  }
+  return pj_hlo_op_multi(h, "func.call", ins, n, NULL, attrs, outs, nout, results);
+}
+
 pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const int *alias,
                            char **text, size_t *len) {
   check_ins(h, "return", results, n);
@@ -256,8 +289,9 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
   pj_sb_puts(&m, ") : ");
   print_val_types(&m, results, n, true);
   pj_sb_puts(&m, " -> ()\n}\n");
+  pj_sb_puts(&m, h->funcs.s ? h->funcs.s : "");
   *text = pj_sb_take(&m, len);
-  if (!*text || h->body.failed)
+  if (!*text || h->body.failed || h->funcs.failed)
     return pj_status_new(PJ_ERR_OOM, "out of memory building program text");
   return NULL;
 }

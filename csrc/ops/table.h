@@ -27,6 +27,7 @@ typedef struct {
   X(select)            \
   X(rnn)               \
   X(vision)            \
+  X(kernel)            \
   X(fft)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];

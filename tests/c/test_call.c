@@ -6,6 +6,7 @@
 #include "ctest_device.h"
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/exec.h"
+#include "torch_pjrt/kernel.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/storage.h"
 #include "torch_pjrt/transfer.h"
@@ -132,9 +133,73 @@ static void test_scalar_and_cache(void) {
   EXPECT(pj_storage_live_count() == 0);
 }
 
+/* tpu::kernel_call: a registered kernel (two functions, the entry calling a helper) inlined
+ * into the call's program; two kernels of equal types under different ids get different
+ * programs (the id is in the key); an unknown id and a conflicting registration are errors. */
+static pj_status_t *kernel_call(const char *id, pj_storage_t *x, pj_storage_t *y,
+                                pj_storage_t *o) {
+  static pj_call_t c;
+  memset(&c, 0, sizeof c);
+  c.op = "tpu::kernel_call";
+  c.overload = "";
+  c.nslots = 3;
+  c.slots[0] = (pj_slot_t){x, PJ_F32, 4, true};
+  c.slots[1] = (pj_slot_t){y, PJ_F32, 4, true};
+  c.slots[2] = (pj_slot_t){o, PJ_F32, 4, false};
+  c.nargs = 2;
+  c.args[0] = (pj_arg_t){.name = "args", .kind = PJ_ARG_TENSORS, .first = 0, .count = 2};
+  c.args[1] = (pj_arg_t){.name = "kernel", .kind = PJ_ARG_STR, .s = id};
+  int64_t n = 4, one = 1;
+  c.ntensors = 2;
+  c.tensors[0] = view(1, &n, &one, 0, 0);
+  c.tensors[1] = view(1, &n, &one, 0, 1);
+  c.nout = 1;
+  c.outs[0] = view(1, &n, &one, 0, 2);
+  return pj_call_run(&c);
+}
+
+static void test_kernel_call(void) {
+  const char *mul =
+      "func.func private @k1_helper(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {\n"
+      "  %0 = stablehlo.multiply %a, %b : tensor<4xf32>\n"
+      "  return %0 : tensor<4xf32>\n}\n"
+      "func.func private @k1_main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {\n"
+      "  %0 = func.call @k1_helper(%a, %b) : (tensor<4xf32>, tensor<4xf32>) -> tensor<4xf32>\n"
+      "  return %0 : tensor<4xf32>\n}";
+  const char *sub =
+      "func.func private @k2_main(%a: tensor<4xf32>, %b: tensor<4xf32>) -> tensor<4xf32> {\n"
+      "  %0 = stablehlo.subtract %a, %b : tensor<4xf32>\n"
+      "  return %0 : tensor<4xf32>\n}";
+  OK(pj_kernel_register("k1", "k1_main", mul));
+  OK(pj_kernel_register("k1", "k1_main", mul)); /* again, same text: a no-op */
+  OK(pj_kernel_register("k2", "k2_main", sub));
+  pj_status_t *st = pj_kernel_register("k1", "k1_main", sub);
+  EXPECT(st && pj_status_code(st) == PJ_ERR_VALUE);
+  pj_status_free(st);
+  EXPECT(pj_kernel_known("k1") && !pj_kernel_known("k3"));
+
+  float a[4] = {1, 2, 3, 4}, b[4] = {5, 6, 7, 8}, out[4];
+  pj_storage_t *x = ctest_f32_storage(a, 4), *y = ctest_f32_storage(b, 4), *o;
+  OK(pj_storage_new(0, sizeof a, &o));
+  OK(kernel_call("k1", x, y, o));
+  read_storage(o, out);
+  for (int i = 0; i < 4; i++) EXPECT(out[i] == a[i] * b[i]);
+  OK(kernel_call("k2", x, y, o));
+  read_storage(o, out);
+  for (int i = 0; i < 4; i++) EXPECT(out[i] == a[i] - b[i]);
+  st = kernel_call("missing", x, y, o);
+  EXPECT(st && pj_status_code(st) == PJ_ERR_VALUE);
+  pj_status_free(st);
+  pj_storage_release(x);
+  pj_storage_release(y);
+  pj_storage_release(o);
+  EXPECT(pj_storage_live_count() == 0);
+}
+
 int main(void) {
   CTEST_REQUIRE_PLUGIN();
   test_views();
   test_scalar_and_cache();
+  test_kernel_call();
   CTEST_DONE();
 }

@@ -72,10 +72,37 @@ static void test_reduce_region(void) {
   pj_hlo_free(h);
 }
 
+/* Module-level functions (custom kernels): added once per key however often they are called,
+ * printed after @main, called with func.call. */
+static void test_module_funcs(void) {
+  pj_hlo_t *h = pj_hlo_new();
+  int64_t n = 3;
+  pj_type_t t = pj_type(PJ_F32, 1, &n);
+  pj_val_t a = pj_hlo_param(h, t);
+  const char *fn = "func.func private @k1_main(%x: tensor<3xf32>) -> tensor<3xf32> {\n"
+                   "  return %x : tensor<3xf32>\n}";
+  pj_val_t r1, r2;
+  EXPECT(pj_hlo_add_funcs(h, "k1", fn));
+  EXPECT(pj_hlo_call(h, "k1_main", &a, 1, &t, 1, &r1));
+  EXPECT(pj_hlo_add_funcs(h, "k1", fn));
+  EXPECT(pj_hlo_call(h, "k1_main", &r1, 1, &t, 1, &r2));
+  char *text = NULL;
+  size_t len = 0;
+  OK(pj_hlo_finish(h, &r2, 1, NULL, &text, &len));
+  const char *def = strstr(text, "@k1_main(%x");
+  EXPECT(def && !strstr(def + 1, "@k1_main(%x")); /* defined once */
+  EXPECT(def > strstr(text, "func.func @main(")); /* after @main */
+  const char *call = strstr(text, "\"func.call\"(%v0) {callee = @k1_main}");
+  EXPECT(call && strstr(call + 1, "\"func.call\"(%v1) {callee = @k1_main}"));
+  free(text);
+  pj_hlo_free(h);
+}
+
 int main(void) {
   test_types();
   test_program_text();
   test_sticky_error();
   test_reduce_region();
+  test_module_funcs();
   CTEST_DONE();
 }

@@ -74,6 +74,15 @@ bool pj_hlo_op_multi(pj_hlo_t *h, const char *op, const pj_val_t *ins, int n, co
 void pj_hlo_region_begin(pj_hlo_t *h, const pj_type_t *arg_types, int nargs, pj_val_t *args);
 char *pj_hlo_region_end(pj_hlo_t *h, const pj_val_t *rets, int nrets);
 
+/* Module-level functions printed after @main (custom kernels, torch_pjrt/kernel.h): `text` is
+ * one or more complete func.func definitions whose symbols the caller made unique to `key`.
+ * Added once per key per program however often it is called (a kernel used twice is defined
+ * once). Returns false after recording an error. */
+bool pj_hlo_add_funcs(pj_hlo_t *h, const char *key, const char *text);
+/* "func.call" of a module-level function `callee` (without the @) with results of types outs. */
+bool pj_hlo_call(pj_hlo_t *h, const char *callee, const pj_val_t *ins, int n,
+                 const pj_type_t *outs, int nout, pj_val_t *results);
+
 /* ---- convenience emitters (hlo/ops.c) ---- */
 pj_val_t pj_const(pj_hlo_t *h, pj_dtype_t dt, double v);        /* 0-d constant */
 pj_val_t pj_const_i(pj_hlo_t *h, pj_dtype_t dt, int64_t v);     /* exact for 64-bit ints */
