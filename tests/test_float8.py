@@ -329,3 +329,17 @@ def test_scaled_mm_refusals_like_cpu():
         with pytest.raises(cpu_error.type):
             torch._scaled_mm(a.to(TPU), b.to(TPU), sa.to(TPU), sb.to(TPU), **tkw)
             torch.tpu.synchronize()
+
+
+@pytest.mark.usefixtures("fresh_dynamo")
+def test_compile_casts_and_scaled_mm():
+    def f(x, a, b, s):
+        return x.to(torch.float8_e4m3fn).float() * 2, torch._scaled_mm(a, b, s, s, out_dtype=torch.bfloat16)
+
+    x = torch.tensor([1, 500, 1e6, -3e5, math.nan, 0.0013, 470.0, -0.0])
+    a = fp8_matrix(16, 32, torch.float8_e4m3fn, 8, True)
+    b = fp8_matrix(32, 16, torch.float8_e5m2, 9, True)
+    s = torch.tensor(0.5)
+    got = torch.compile(f, backend="tpu")(x.to(TPU), a.to(TPU), b.to(TPU), s.to(TPU))
+    for g, w in zip(got, f(x, a, b, s)):
+        assert_same(g, w)
