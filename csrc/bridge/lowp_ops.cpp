@@ -48,7 +48,6 @@ const Row kRows[] = {
     {"roll", kAll},         {"repeat", kAll},      {"where", kAll},        {"zero", kAll},
     {"_to_copy", kAll}, {"_pj_copy", kAll}, {"fill", kF8 | kE8M0},
     {"index", kF8 | kE8M0}, {"index_put", kF8},    {"constant_pad_nd", kF8},
-    {"_scaled_mm", kF8 | kE8M0},
 };
 
 // The low-precision formats among the call's tensors and dtype arguments.
@@ -112,22 +111,43 @@ void fill_check(c10::ArrayRef<c10::IValue> args) {
 
 std::string sizes_text(const at::Tensor& t) { return c10::str(t.sizes()); }
 
-// CPU's _scaled_mm accepts two scalings, which its kernel checks: tensor-wise (float32 scales of one element each) and
-// row-wise (float32 scales of shapes [m, 1] and [1, n], unit stride along dim 1). Its bias
-// has n elements and its scale_result is a float32 scalar. Same exception types and words.
-// (PyTorch's Meta kernel cannot serve: it applies CUDA's layout and size rules to any tensor
-// not on CPU/CUDA/XPU; lowp_meta_returns gives the output metadata instead.)
-// Arguments: (self, mat2, scale_a, scale_b, bias?, scale_result?, out_dtype?, use_fast_accum).
-void scaled_mm_check(c10::ArrayRef<c10::IValue> args) {
-  if (args.size() < 6 || !args[0].isTensor() || !args[1].isTensor() || !args[2].isTensor() ||
-      !args[3].isTensor())
-    return;
-  const at::Tensor &a = args[0].toTensor(), &b = args[1].toTensor();
-  const at::Tensor &sa = args[2].toTensor(), &sb = args[3].toTensor();
-  TORCH_CHECK(a.dim() == 2, "mat1 must be a matrix");
-  TORCH_CHECK(b.dim() == 2, "mat2 must be a matrix");
-  TORCH_CHECK(a.size(1) == b.size(0), "mat_a and mat_b shapes cannot be multiplied (", a.size(0),
-              "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+int64_t ceil_div(int64_t x, int64_t y) { return (x + y - 1) / y; }
+
+// The block-scaled forms, which CPU lacks and tpu has (csrc/ops/scaled_mm.c), with the checks
+// and words of PyTorch's Meta kernel for them (CUDA's rules): MX (float8 or float4 operands,
+// float8_e8m0fnu scales per 32 elements of K) and NVFP4 (float4 operands, float8_e4m3fn scales
+// per 16), scales in cuBLAS's blocked layout (128 x 4 tiles), contiguous. False when the
+// scales are not of a block-scaled form's dtypes (the caller's checks apply).
+bool blocked_scales_check(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
+                          const at::Tensor& sb) {
+  const at::ScalarType st = sa.scalar_type();
+  if (st != sb.scalar_type() || (st != at::kFloat8_e8m0fnu && st != at::kFloat8_e4m3fn))
+    return false;
+  const bool f4 = a.scalar_type() == at::kFloat4_e2m1fn_x2 && b.scalar_type() == at::kFloat4_e2m1fn_x2;
+  const bool f8 = (format_bit(a.scalar_type()) & kF8) && (format_bit(b.scalar_type()) & kF8) &&
+                  a.scalar_type() != at::kFloat8_e4m3fnuz && a.scalar_type() != at::kFloat8_e5m2fnuz &&
+                  b.scalar_type() != at::kFloat8_e4m3fnuz && b.scalar_type() != at::kFloat8_e5m2fnuz;
+  TORCH_CHECK_VALUE(st == at::kFloat8_e8m0fnu ? (f4 || f8) : f4,
+                    "Invalid scaling configuration: ", st, " block scales take ",
+                    st == at::kFloat8_e8m0fnu ? "float8_e4m3fn/float8_e5m2 or float4_e2m1fn_x2"
+                                              : "float4_e2m1fn_x2",
+                    " operands, got ", a.scalar_type(), " and ", b.scalar_type());
+  const int64_t k = a.size(1) * (f4 ? 2 : 1), block = st == at::kFloat8_e8m0fnu ? 32 : 16;
+  const int64_t kblocks = ceil_div(ceil_div(k, block), 4) * 4;
+  const int64_t want_a = 128 * ceil_div(a.size(0), 128) * kblocks;
+  const int64_t want_b = 128 * ceil_div(b.size(1), 128) * kblocks;
+  TORCH_CHECK(sa.numel() == want_a && sb.numel() == want_b,
+              "Invalid blockwise scaling configuration. For blockwise scaling, scale_a should "
+              "have ", want_a, " elements, got ", sa.numel(), ", scale_b should have ", want_b,
+              " elements, got ", sb.numel(), ".");
+  TORCH_CHECK(sa.is_contiguous(), "scale_a must be contiguous");
+  TORCH_CHECK(sb.is_contiguous(), "scale_b must be contiguous");
+  return true;
+}
+
+// Tensor-wise and row-wise scales (CPU's two forms).
+void scalewise_check(const at::Tensor& a, const at::Tensor& b, const at::Tensor& sa,
+                     const at::Tensor& sb) {
   const int64_t m = a.size(0), n = b.size(1);
   const bool f32 = (format_bit(a.scalar_type()) & (kF8 | kE8M0)) &&
                    (format_bit(b.scalar_type()) & (kF8 | kE8M0)) &&
@@ -150,6 +170,27 @@ void scaled_mm_check(c10::ArrayRef<c10::IValue> args) {
     TORCH_CHECK_VALUE(sb.stride(1) == 1, "expected scale_b.stride(1) to be 1, but got ",
                       sb.stride(1));
   }
+}
+
+// CPU's _scaled_mm accepts two scalings, which its kernel checks: tensor-wise (float32 scales
+// of one element each) and row-wise (float32 scales of shapes [m, 1] and [1, n], unit stride
+// along dim 1). Its bias has n elements and its scale_result is a float32 scalar. Same
+// exception types and words. The block-scaled forms are checked as above.
+// (PyTorch's Meta kernel cannot serve: it applies CUDA's layout and size rules to any tensor
+// not on CPU/CUDA/XPU; lowp_meta_returns gives the output metadata instead.)
+// Arguments: (self, mat2, scale_a, scale_b, bias?, scale_result?, out_dtype?, use_fast_accum).
+void scaled_mm_check(c10::ArrayRef<c10::IValue> args) {
+  if (args.size() < 6 || !args[0].isTensor() || !args[1].isTensor() || !args[2].isTensor() ||
+      !args[3].isTensor())
+    return;
+  const at::Tensor &a = args[0].toTensor(), &b = args[1].toTensor();
+  const at::Tensor &sa = args[2].toTensor(), &sb = args[3].toTensor();
+  TORCH_CHECK(a.dim() == 2, "mat1 must be a matrix");
+  TORCH_CHECK(b.dim() == 2, "mat2 must be a matrix");
+  TORCH_CHECK(a.size(1) == b.size(0), "mat_a and mat_b shapes cannot be multiplied (", a.size(0),
+              "x", a.size(1), " and ", b.size(0), "x", b.size(1), ")");
+  const int64_t n = b.size(1);
+  if (!blocked_scales_check(a, b, sa, sb)) scalewise_check(a, b, sa, sb);
   if (args[4].isTensor() && args[4].toTensor().defined())
     TORCH_CHECK(args[4].toTensor().numel() == n, "Bias must be size ", n, " but got ",
                 args[4].toTensor().numel());
@@ -178,8 +219,8 @@ std::optional<std::vector<c10::IValue>> lowp_meta_returns(const std::string& bas
 bool lowp_goes_to_cpu(const std::string& base, const c10::FunctionSchema& schema,
                       c10::ArrayRef<c10::IValue> args) {
   const unsigned f = formats_of(schema, args);
-  if (base == "_scaled_mm" && !(f & ~(kF8 | kE8M0))) {
-    scaled_mm_check(args);  // CPU's checks, also where no operand is float8
+  if (base == "_scaled_mm") {
+    scaled_mm_check(args);  // also where no operand is float8; float4 for block scaling
     return false;
   }
   if (!f) return false;

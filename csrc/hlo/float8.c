@@ -219,6 +219,39 @@ static pj_val_t f32_of_f64(pj_hlo_t *h, pj_val_t x) {
   return pj_select(h, tiny, sub, pj_convert(h, x, PJ_F32));
 }
 
+/* float4_e2m1fn_x2 bytes -> float32 values, each byte giving two along `axis` (its low nibble
+ * first, as PyTorch packs them). A nibble is sign, 2 exponent bits (bias 1), 1 mantissa bit:
+ * 0, 0.5 (subnormal), 1, 1.5, 2, 3, 4, 6 and their negatives. */
+pj_val_t pj_lowp_unpack_f4(pj_hlo_t *h, pj_val_t x, int axis) {
+  if (x.id < 0) return x;
+  if (x.t.dtype != PJ_F4E2M1FN_X2 || axis < 0 || axis >= x.t.rank || x.t.rank >= PJ_MAX_RANK)
+    return pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: unpacking float4 from %s",
+                       pj_dtype_info(x.t.dtype)->name);
+  x.t.dtype = PJ_U8; /* the same element type: a retag, no op */
+  pj_val_t c = pj_convert(h, x, PJ_I32);
+  pj_val_t halves[2];
+  for (int k = 0; k < 2; k++) {
+    pj_val_t n = k ? SHR(c, 4) : ANDC(c, 0xF);
+    pj_val_t e = ANDC(SHR(n, 1), 3), man = ANDC(n, 1);
+    pj_val_t normal = OR(SHL(ADD(e, ci(h, c.t, 126)), 23), SHL(man, 22));
+    pj_val_t sub = pj_select(h, CMPC("EQ", man, 0), ci(h, c.t, 0), ci(h, c.t, 0x3F000000));
+    pj_val_t bits = pj_select(h, CMPC("EQ", e, 0), sub, normal);
+    bits = OR(bits, SHL(ANDC(n, 8), 28));
+    /* a unit dim after `axis`, to interleave the halves */
+    int64_t d[PJ_MAX_RANK];
+    int r = 0;
+    for (int i = 0; i < c.t.rank; i++) {
+      d[r++] = c.t.dims[i];
+      if (i == axis) d[r++] = 1;
+    }
+    halves[k] = pj_reshape(h, bitcast(h, bits, PJ_F32), r, d);
+  }
+  pj_val_t both = pj_concat(h, halves, 2, axis + 1);
+  int64_t d[PJ_MAX_RANK];
+  for (int i = 0; i < c.t.rank; i++) d[i] = c.t.dims[i] * (i == axis ? 2 : 1);
+  return pj_reshape(h, both, c.t.rank, d);
+}
+
 pj_val_t pj_lowp_convert(pj_hlo_t *h, pj_val_t x, pj_dtype_t dt) {
   if (x.id < 0 || x.t.dtype == dt) return x;
   const fmt_t *from = format_of(x.t.dtype), *to = format_of(dt);

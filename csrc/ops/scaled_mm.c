@@ -8,9 +8,17 @@
  * as float8 casts do, csrc/hlo/float8.c). use_fast_accum changes nothing on CPU nor here.
  * Which scale shapes and dtypes are accepted is CPU's check (csrc/bridge/lowp_ops.cpp): the
  * Meta kernel checks them only for CUDA/XPU/CPU tensors. The sum's order is XLA's, so float32
- * results differ from CPU's in the last bits (as any two matrix products do). */
+ * results differ from CPU's in the last bits (as any two matrix products do).
+ *
+ * Block-scaled forms (which CPU lacks; CUDA's definitions): MX, float8 or float4 operands with
+ * one float8_e8m0fnu scale per 32 consecutive elements along K, and NVFP4, float4 operands with
+ * one float8_e4m3fn scale per 16. Each operand is dequantized (its values times its block's
+ * scale, in float32) and the product is the one above. Scales come in cuBLAS's blocked layout:
+ * the [rows, K blocks] matrix padded to multiples of [128, 4], each 128 x 4 tile stored as
+ * [32, 4, 4] with the tile's row r at (r % 32, r / 32). float4 operands are packed along K. */
 #include "table.h"
 #include "emit.h"
+#include "torch_pjrt/lowp.h"
 
 /* A float32 scale argument broadcast to the product's shape (right-aligned, NumPy-style). */
 static pj_val_t scale_as(pj_lower_t *L, const char *name, pj_type_t t) {
@@ -18,13 +26,63 @@ static pj_val_t scale_as(pj_lower_t *L, const char *name, pj_type_t t) {
   return pj_broadcast_to(H, s, t.rank, t.dims);
 }
 
+/* A float8 or float4 operand as float32, K along dim k_axis (float4 unpacked along it). */
+static pj_val_t operand(pj_lower_t *L, const char *name, int k_axis) {
+  pj_val_t x = pj_tensor(L, name);
+  if (x.t.dtype == PJ_F4E2M1FN_X2) return pj_lowp_unpack_f4(H, x, k_axis);
+  return pj_convert(H, x, PJ_F32);
+}
+
+static int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+/* The blocked scale layout undone: a [rows, kblocks] float32 matrix of the scales. */
+static pj_val_t unblock_scales(pj_lower_t *L, const char *name, int64_t rows, int64_t kblocks) {
+  pj_val_t s = pj_convert(H, pj_tensor(L, name), PJ_F32);
+  const int64_t rb = ceil_div(rows, 128), cb = ceil_div(kblocks, 4);
+  if (pj_type_numel(&s.t) != rb * cb * 512)
+    return pj_fail(L, PJ_ERR_RUNTIME, "_scaled_mm: %s has %lld elements, the blocked layout "
+                   "of %lld x %lld scales has %lld", name, (long long)pj_type_numel(&s.t),
+                   (long long)rows, (long long)kblocks, (long long)(rb * cb * 512));
+  const int64_t tiles[5] = {rb, cb, 32, 4, 4}, perm[5] = {0, 3, 2, 1, 4};
+  const int64_t full[2] = {rb * 128, cb * 4}, zero[2] = {0, 0}, lim[2] = {rows, kblocks};
+  pj_val_t t = pj_transpose(H, pj_reshape(H, s, 5, tiles), perm); /* [rb, r/32, r%32, cb, c] */
+  return pj_slice(H, pj_reshape(H, t, 2, full), zero, lim, NULL);
+}
+
+/* x ([rows, K] when k_axis is 1, [K, cols] when 0) times its block's scale from s
+ * ([rows or cols, kblocks]), each scale covering `block` consecutive elements along K. */
+static pj_val_t dequantize(pj_lower_t *L, pj_val_t x, pj_val_t s, int k_axis, int64_t block) {
+  const int64_t other = x.t.dims[1 - k_axis], k = x.t.dims[k_axis], kb = s.t.dims[1];
+  const int64_t e3[3] = {other, kb, block}, e2[2] = {other, kb * block};
+  const int64_t bdims[2] = {0, 1};
+  pj_val_t per = pj_broadcast_in_dim(H, s, pj_type(PJ_F32, 3, e3), bdims);
+  per = pj_reshape(H, per, 2, e2);
+  const int64_t zero[2] = {0, 0}, lim[2] = {other, k};
+  per = pj_slice(H, per, zero, lim, NULL); /* [other, K] */
+  if (k_axis == 0) {
+    const int64_t tr[2] = {1, 0};
+    per = pj_transpose(H, per, tr);
+  }
+  return MUL(x, per);
+}
+
 static pj_status_t *lower_scaled_mm(pj_lower_t *L) {
-  pj_val_t a = pj_convert(H, pj_tensor(L, "self"), PJ_F32);
-  pj_val_t b = pj_convert(H, pj_tensor(L, "mat2"), PJ_F32);
+  pj_val_t a = operand(L, "self", 1);
+  pj_val_t b = operand(L, "mat2", 0);
+  const pj_dtype_t sdt = pj_arg_dtype(L, "scale_a");
+  const bool blocked = sdt == PJ_F8E8M0FNU || sdt == PJ_F8E4M3FN;
+  if (blocked) {
+    const int64_t block = sdt == PJ_F8E8M0FNU ? 32 : 16, k = a.t.dims[1];
+    const int64_t kblocks = ceil_div(k, block);
+    a = dequantize(L, a, unblock_scales(L, "scale_a", a.t.dims[0], kblocks), 1, block);
+    b = dequantize(L, b, unblock_scales(L, "scale_b", b.t.dims[1], kblocks), 0, block);
+  }
   const int64_t lc = 1, rc = 0;
   pj_val_t acc = pj_dot_general(H, a, b, NULL, NULL, 0, &lc, &rc, 1, PJ_F32);
-  acc = MUL(acc, scale_as(L, "scale_a", acc.t));
-  acc = MUL(acc, scale_as(L, "scale_b", acc.t));
+  if (!blocked) {
+    acc = MUL(acc, scale_as(L, "scale_a", acc.t));
+    acc = MUL(acc, scale_as(L, "scale_b", acc.t));
+  }
   if (pj_has(L, "bias")) acc = ADD(acc, scale_as(L, "bias", acc.t));
   if (pj_dtype_is_lowp(pj_out_type(L, 0).dtype) && pj_has(L, "scale_result"))
     acc = DIV(acc, scale_as(L, "scale_result", acc.t));

@@ -15,6 +15,10 @@ extern "C" {
  * type converts to nothing (PyTorch has no such kernel): an UNIMPLEMENTED error. */
 pj_val_t pj_lowp_convert(pj_hlo_t *h, pj_val_t x, pj_dtype_t dt);
 
+/* float4_e2m1fn_x2 values (x) unpacked to float32: dim `axis` doubles, each byte giving its low
+ * nibble's value first. */
+pj_val_t pj_lowp_unpack_f4(pj_hlo_t *h, pj_val_t x, int axis);
+
 /* Host-side encoding of one float32 value (the code a constant of the format holds) and its
  * decoding; dt must be one of the 8-bit formats (not the packed float4). */
 uint8_t pj_lowp_from_float(pj_dtype_t dt, float f);
