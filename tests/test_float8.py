@@ -63,7 +63,7 @@ def int_safe(values_f32, dt):
 # ---- every code of each format to every dtype ----
 
 @pytest.mark.parametrize("src", F8, ids=str)
-def test_every_code_to_every_dtype(src):
+def test_every_code_to_every_dtype(src, fallbacks):
     c = codes(src)
     d = c.to(TPU)
     as_f32 = c.float()
@@ -72,6 +72,7 @@ def test_every_code_to_every_dtype(src):
             continue
         keep = int_safe(as_f32, dt)
         assert_same(d[keep.to(TPU)].to(dt), c[keep].to(dt))
+    fallbacks.assert_none()
 
 
 # ---- values of every other dtype into each format ----
@@ -93,13 +94,14 @@ SPECIAL = [0.0, -0.0, 1.0, -1.0, 500.0, 1e6, -3e5, math.nan, -math.nan, math.inf
 
 
 @pytest.mark.parametrize("dst", F8, ids=str)
-def test_float32_into_format(dst):
+def test_float32_into_format(dst, fallbacks):
     x = torch.cat([float32_sweep(), torch.tensor(SPECIAL, dtype=torch.float32)])
     assert_same(x.to(TPU).to(dst), x.to(dst))
+    fallbacks.assert_none()
 
 
 @pytest.mark.parametrize("dst", F8, ids=str)
-def test_other_dtypes_into_format(dst):
+def test_other_dtypes_into_format(dst, fallbacks):
     h16 = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.float16)
     b16 = torch.arange(65536, dtype=torch.int32).to(torch.int16).view(torch.bfloat16)
     # float64 just off float32 ties: rounding to float32 first decides them, as on CPU
@@ -113,6 +115,7 @@ def test_other_dtypes_into_format(dst):
              torch.complex(f64[:5000], f64[5000:10000]).to(torch.complex64)]
     for x in cases:
         assert_same(x.to(TPU).to(dst), x.to(dst))
+    fallbacks.assert_none()
 
 
 def test_brief_examples():
@@ -126,7 +129,7 @@ def test_brief_examples():
 # ---- creation, copies, views, byte movement ----
 
 @pytest.mark.parametrize("dt", LOWP, ids=str)
-def test_creation_and_copies(dt):
+def test_creation_and_copies(dt, fallbacks):
     z = torch.zeros(3, 4, dtype=dt, device=TPU)
     assert z.dtype == dt and z.device.type == "tpu"
     assert_same(z, torch.zeros(3, 4, dtype=dt))
@@ -140,10 +143,11 @@ def test_creation_and_copies(dt):
     assert_same(d.clone(), c)
     assert_same(torch.empty_like(d).copy_(d), c)
     assert_same(torch.zeros_like(d), torch.zeros_like(c))
+    fallbacks.assert_none()
 
 
 @pytest.mark.parametrize("dt", LOWP, ids=str)
-def test_byte_movement(dt):
+def test_byte_movement(dt, fallbacks):
     c = codes(dt).reshape(16, 16)
     d = c.to(TPU)
     assert_same(d[2:9:3, 1::4], c[2:9:3, 1::4])
@@ -165,6 +169,8 @@ def test_byte_movement(dt):
     if dt != F4:  # CPU indexes float4 with no advanced-index kernel
         assert_same(d[i.to(TPU)], c[i])
         assert_same(d[m.to(TPU)], c[m])
+        assert_same(d.masked_select(m.to(TPU)), c.masked_select(m))
+    fallbacks.assert_none()
 
 
 def like_cpu(f, *args):
@@ -243,15 +249,12 @@ def test_other_ops_like_cpu(dt):
 
 def test_defer_and_fuse_casts():
     x = torch.cat([float32_sweep()[::13], torch.tensor(SPECIAL)])
-    torch.tpu.set_eager_mode("defer_and_fuse")
-    try:
+    with torch.tpu.eager_mode("defer_and_fuse"):
         d = x.to(TPU)
         outs = [d.to(dt) for dt in F8]
         backs = [o.float() for o in outs]
         crossed = outs[0].to(torch.float8_e5m2fnuz)
         got = [o.cpu() for o in outs + backs + [crossed]]
-    finally:
-        torch.tpu.set_eager_mode("strict")
     want = [x.to(dt) for dt in F8]
     want += [w.float() for w in want] + [want[0].to(torch.float8_e5m2fnuz)]
     for g, w in zip(got, want):
@@ -293,13 +296,14 @@ def scaled_mm_cases():
 
 
 @pytest.mark.parametrize("case", range(12))
-def test_scaled_mm(case):
+def test_scaled_mm(case, fallbacks):
     args, kwargs, exact = scaled_mm_cases()[case]
     want = torch._scaled_mm(*args, **kwargs)
     tpu_kwargs = {k: v.to(TPU) if isinstance(v, torch.Tensor) else v for k, v in kwargs.items()}
     got = torch._scaled_mm(*[t.to(TPU) for t in args], **tpu_kwargs)
     if exact:
         assert_same(got, want)
+        fallbacks.assert_none()
         return
     # the sum's order differs (XLA's against CPU's): float32 agrees to rounding, a narrower
     # output to one unit in its last place
@@ -307,6 +311,7 @@ def test_scaled_mm(case):
     exact_sum = (args[0].double() @ args[1].double()).abs().amax()
     torch.testing.assert_close(got.cpu().double(), want.double(), rtol=2 * torch.finfo(want.dtype).eps,
                                atol=float(exact_sum) * 1e-6)
+    fallbacks.assert_none()
 
 
 def test_scaled_mm_refusals_like_cpu():
@@ -392,7 +397,7 @@ def powers_of_two(shape, seed, dtype):
 
 
 @pytest.mark.parametrize("form", ["mxfp8", "mxfp4", "nvfp4"])
-def test_scaled_mm_block_scaled(form):
+def test_scaled_mm_block_scaled(form, fallbacks):
     # m, n, K blocks not multiples of the layout's tile (128 x 4): its padding, several tiles
     m, n = 20, 136
     if form == "mxfp8":
@@ -409,6 +414,7 @@ def test_scaled_mm_block_scaled(form):
         got = torch._scaled_mm(a.to(TPU), b.to(TPU), blocked_layout(sa).to(TPU),
                                blocked_layout(sb).to(TPU), out_dtype=out_dtype)
         assert_same(got, block_scaled_reference(a, b, sa, sb, block, out_dtype))
+    fallbacks.assert_none()
 
 
 def test_scaled_mm_block_scaled_refusals():

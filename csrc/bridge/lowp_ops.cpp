@@ -48,6 +48,7 @@ const Row kRows[] = {
     {"roll", kAll},         {"repeat", kAll},      {"where", kAll},        {"zero", kAll},
     {"_to_copy", kAll}, {"_pj_copy", kAll}, {"fill", kF8 | kE8M0},
     {"index", kF8 | kE8M0}, {"index_put", kF8},    {"constant_pad_nd", kF8},
+    {"masked_select", kF8 | kE8M0},
 };
 
 // The low-precision formats among the call's tensors and dtype arguments.
