@@ -52,7 +52,9 @@ def assert_same(got, want):
 
 
 def int_safe(values_f32, dt):
-    """Mask of float values whose cast to integer dtype dt is defined (C++: finite, in range)."""
+    """Mask of float values whose cast to integer dtype dt is defined in C++ (finite, in
+    range). Outside it CPU wraps (through int32/int64) and the existing float-to-integer
+    conversion of tpu saturates, for float32 tensors as well: not these dtypes' rule."""
     if dt == torch.bool or dt.is_floating_point or dt.is_complex:
         return torch.ones_like(values_f32, dtype=torch.bool)
     info = torch.iinfo(dt)

@@ -8,10 +8,6 @@
 
 #include <ATen/core/function_schema.h>
 
-#include <cstring>
-
-#include "call_builder.h"
-
 namespace torch_pjrt {
 namespace {
 
@@ -40,15 +36,15 @@ struct Row {
 };
 
 // Byte movement (any format CPU handles), conversions (float4 only to itself: only_float4),
-// fills.
-// "zero" is float4's only fill (CPU's fill_ refuses it, zero_ does not); "fill" with a value
-// CPU cannot hold raises CPU's overflow error first (check_fill below).
+// fills: "zero" is float4's only one (CPU's fill_ refuses float4, its zero_ does not), and
+// "fill" with a value CPU cannot hold raises CPU's overflow error first (fill_check).
+// _scaled_mm is not a row: its own checks decide (scaled_mm_check).
 const Row kRows[] = {
-    {"clone", kAll},        {"cat", kAll},         {"index_select", kAll}, {"flip", kAll},
-    {"roll", kAll},         {"repeat", kAll},      {"where", kAll},        {"zero", kAll},
-    {"_to_copy", kAll}, {"_pj_copy", kAll}, {"fill", kF8 | kE8M0},
-    {"index", kF8 | kE8M0}, {"index_put", kF8},    {"constant_pad_nd", kF8},
-    {"masked_select", kF8 | kE8M0},
+    {"clone", kAll},          {"cat", kAll},           {"index_select", kAll},
+    {"flip", kAll},           {"roll", kAll},          {"repeat", kAll},
+    {"where", kAll},          {"zero", kAll},          {"_to_copy", kAll},
+    {"_pj_copy", kAll},       {"fill", kF8 | kE8M0},   {"index", kF8 | kE8M0},
+    {"masked_select", kF8 | kE8M0}, {"index_put", kF8}, {"constant_pad_nd", kF8},
 };
 
 // The low-precision formats among the call's tensors and dtype arguments.
@@ -91,10 +87,6 @@ bool only_float4(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> a
   }
   return true;
 }
-
-}  // namespace
-
-namespace {
 
 // CPU's fill_ converts its value with an overflow check ("value cannot be converted to type
 // Float8_e4m3fn without overflow"), except on a one-element tensor (a fast path that converts
