@@ -145,6 +145,19 @@ def test_creation_and_copies(dt, fallbacks):
     assert_same(d.clone(), c)
     assert_same(torch.empty_like(d).copy_(d), c)
     assert_same(torch.zeros_like(d), torch.zeros_like(c))
+    if dt != F4:  # copies converting into and out of views (float4 converts to nothing)
+        x = torch.cat([float32_sweep()[::4099], torch.tensor(SPECIAL)])[:64].reshape(8, 8)
+        dd, cc = d.clone(), c.clone()
+        dd[2:10, 1::2] = x.to(TPU)
+        cc[2:10, 1::2] = x
+        assert_same(dd, cc)
+        y, yc = torch.zeros(16, 8, device=TPU, dtype=torch.float64), torch.zeros(16, 8, dtype=torch.float64)
+        y.copy_(d[:, ::2])
+        yc.copy_(c[:, ::2])
+        assert_same(y, yc)
+        hd = torch.empty(4, 16, dtype=dt, device=TPU)
+        hd.copy_(x.reshape(4, 16))  # host float32 into a tpu tensor of the format
+        assert_same(hd, x.reshape(4, 16).to(dt))
     fallbacks.assert_none()
 
 
