@@ -444,3 +444,25 @@ def test_scaled_mm_block_scaled_refusals():
     nv = torch.ones(512, dtype=torch.float8_e4m3fn)
     with pytest.raises(ValueError):  # NVFP4 scales take float4 operands
         torch._scaled_mm(f8.to(TPU), f8.t().to(TPU), nv.to(TPU), nv.to(TPU), out_dtype=torch.float32)
+
+
+@pytest.mark.parametrize("form", ["1x128,128x128", "1x128,1x128", "128x128,1x128"])
+def test_scaled_mm_blocks_of_128(form, fallbacks):
+    """float32 scales per block of 128 (CUDA's forms; CPU lacks them): against the definition,
+    each operand's values times its block's scale, then the product (exact: small integers,
+    power-of-two scales)."""
+    m, k, n = 20, 288, 136  # partial blocks along every dim
+    g = torch.Generator().manual_seed(21)
+    a = torch.randint(-8, 9, (m, k), generator=g).float().to(torch.float8_e4m3fn)
+    b = torch.randint(-8, 9, (k, n), generator=g).float().to(torch.float8_e4m3fn)
+    kb = -(-k // 128)
+    a_rows = m if form.startswith("1x128") else -(-m // 128)
+    b_cols = n if form.endswith(",1x128") else -(-n // 128)
+    sa, sb = powers_of_two((a_rows, kb), 22, torch.float32), powers_of_two((kb, b_cols), 23, torch.float32)
+    SA = sa.repeat_interleave(1 if a_rows == m else 128, 0).repeat_interleave(128, 1)[:m, :k]
+    SB = sb.repeat_interleave(128, 0).repeat_interleave(1 if b_cols == n else 128, 1)[:k, :n]
+    for out_dtype in [torch.float32, torch.bfloat16]:
+        want = ((a.float() * SA) @ (b.float() * SB)).to(out_dtype)
+        got = torch._scaled_mm(a.to(TPU), b.to(TPU), sa.to(TPU), sb.to(TPU), out_dtype=out_dtype)
+        assert_same(got, want)
+    fallbacks.assert_none()

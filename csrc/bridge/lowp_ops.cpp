@@ -148,6 +148,15 @@ void scalewise_check(const at::Tensor& a, const at::Tensor& b, const at::Tensor&
   const bool tensorwise = f32 && sa.numel() == 1 && sb.numel() == 1;
   const bool rowwise = f32 && sa.dim() == 2 && sb.dim() == 2 && sa.size(0) == m &&
                        sa.size(1) == 1 && sb.size(0) == 1 && sb.size(1) == n;
+  // float32 scales per block of 128 (CUDA's forms, which CPU lacks): [m or m/128, K/128] and
+  // [K/128, n/128 or n], not both 128 x 128 (sizes rounded up)
+  const int64_t kb = ceil_div(a.size(1), 128);
+  const bool blocks128 =
+      f32 && !tensorwise && !rowwise && sa.dim() == 2 && sb.dim() == 2 && sa.size(1) == kb &&
+      sb.size(0) == kb && (sa.size(0) == m || sa.size(0) == ceil_div(m, 128)) &&
+      (sb.size(1) == n || sb.size(1) == ceil_div(n, 128)) &&
+      !(sa.size(0) != m && sb.size(1) != n);
+  if (blocks128) return;
   TORCH_CHECK_VALUE(
       tensorwise || rowwise, "Invalid scaling configuration.\n- For TensorWise scaling, a and b "
       "should be float8, scales should be float and singletons.\n- For RowWise scaling, a and b "

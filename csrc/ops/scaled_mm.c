@@ -15,7 +15,10 @@
  * one float8_e4m3fn scale per 16. Each operand is dequantized (its values times its block's
  * scale, in float32) and the product is the one above. Scales come in cuBLAS's blocked layout:
  * the [rows, K blocks] matrix padded to multiples of [128, 4], each 128 x 4 tile stored as
- * [32, 4, 4] with the tile's row r at (r % 32, r / 32). float4 operands are packed along K. */
+ * [32, 4, 4] with the tile's row r at (r % 32, r / 32). float4 operands are packed along K.
+ * And float32 scales per block of 128 (DeepSeek's recipe): scale_a per 1 x 128 ([m, K/128])
+ * or 128 x 128 ([m/128, K/128]) block of self, scale_b per 128 x 128 ([K/128, n/128]) or
+ * 128 x 1 ([K/128, n]) block of mat2 (sizes rounded up), dequantized the same way. */
 #include "table.h"
 #include "emit.h"
 #include "torch_pjrt/lowp.h"
@@ -49,37 +52,45 @@ static pj_val_t unblock_scales(pj_lower_t *L, const char *name, int64_t rows, in
   return pj_slice(H, pj_reshape(H, t, 2, full), zero, lim, NULL);
 }
 
-/* x ([rows, K] when k_axis is 1, [K, cols] when 0) times its block's scale from s
- * ([rows or cols, kblocks]), each scale covering `block` consecutive elements along K. */
-static pj_val_t dequantize(pj_lower_t *L, pj_val_t x, pj_val_t s, int k_axis, int64_t block) {
-  const int64_t other = x.t.dims[1 - k_axis], k = x.t.dims[k_axis], kb = s.t.dims[1];
-  const int64_t e3[3] = {other, kb, block}, e2[2] = {other, kb * block};
-  const int64_t bdims[2] = {0, 1};
-  pj_val_t per = pj_broadcast_in_dim(H, s, pj_type(PJ_F32, 3, e3), bdims);
-  per = pj_reshape(H, per, 2, e2);
-  const int64_t zero[2] = {0, 0}, lim[2] = {other, k};
-  per = pj_slice(H, per, zero, lim, NULL); /* [other, K] */
-  if (k_axis == 0) {
-    const int64_t tr[2] = {1, 0};
-    per = pj_transpose(H, per, tr);
-  }
-  return MUL(x, per);
+/* s ([d0, d1], float32) with each element repeated over an r0 x r1 block, cut to [n0, n1]. */
+static pj_val_t upsample(pj_lower_t *L, pj_val_t s, int64_t r0, int64_t r1, int64_t n0,
+                         int64_t n1) {
+  const int64_t d0 = s.t.dims[0], d1 = s.t.dims[1];
+  const int64_t e4[4] = {d0, r0, d1, r1}, e2[2] = {d0 * r0, d1 * r1}, bdims[2] = {0, 2};
+  pj_val_t up = pj_broadcast_in_dim(H, s, pj_type(PJ_F32, 4, e4), bdims);
+  const int64_t zero[2] = {0, 0}, lim[2] = {n0, n1};
+  return pj_slice(H, pj_reshape(H, up, 2, e2), zero, lim, NULL);
 }
 
 static pj_status_t *lower_scaled_mm(pj_lower_t *L) {
   pj_val_t a = operand(L, "self", 1);
   pj_val_t b = operand(L, "mat2", 0);
+  const int64_t m = a.t.dims[0], k = a.t.dims[1], n = b.t.dims[1];
+  const int64_t tr[2] = {1, 0};
   const pj_dtype_t sdt = pj_arg_dtype(L, "scale_a");
+  const pj_tensor_desc_t *da = pj_tensor_desc(L, "scale_a"), *db = pj_tensor_desc(L, "scale_b");
+  /* float32 scales: one each (tensor-wise), [m, 1] and [1, n] (row-wise), else blocks of 128
+   * (sizes checked by the bridge: [m or m/128, K/128] and [K/128, n/128 or n]) */
   const bool blocked = sdt == PJ_F8E8M0FNU || sdt == PJ_F8E4M3FN;
+  const bool rowwise = !blocked && da->rank == 2 && db->rank == 2 && da->sizes[0] == m &&
+                       da->sizes[1] == 1 && db->sizes[0] == 1 && db->sizes[1] == n;
+  const bool blocks128 = !blocked && !rowwise && da->rank == 2 && db->rank == 2 &&
+                         da->sizes[0] * da->sizes[1] * db->sizes[0] * db->sizes[1] != 1;
   if (blocked) {
-    const int64_t block = sdt == PJ_F8E8M0FNU ? 32 : 16, k = a.t.dims[1];
-    const int64_t kblocks = ceil_div(k, block);
-    a = dequantize(L, a, unblock_scales(L, "scale_a", a.t.dims[0], kblocks), 1, block);
-    b = dequantize(L, b, unblock_scales(L, "scale_b", b.t.dims[1], kblocks), 0, block);
+    const int64_t block = sdt == PJ_F8E8M0FNU ? 32 : 16, kblocks = ceil_div(k, block);
+    pj_val_t sa = unblock_scales(L, "scale_a", m, kblocks);
+    pj_val_t sb = unblock_scales(L, "scale_b", n, kblocks);
+    a = MUL(a, upsample(L, sa, 1, block, m, k));
+    b = MUL(b, pj_transpose(H, upsample(L, sb, 1, block, n, k), tr));
+  } else if (blocks128) {
+    pj_val_t sa = pj_convert(H, pj_tensor(L, "scale_a"), PJ_F32);
+    pj_val_t sb = pj_convert(H, pj_tensor(L, "scale_b"), PJ_F32);
+    a = MUL(a, upsample(L, sa, da->sizes[0] == m ? 1 : 128, 128, m, k));
+    b = MUL(b, upsample(L, sb, 128, db->sizes[1] == n ? 1 : 128, k, n));
   }
   const int64_t lc = 1, rc = 0;
   pj_val_t acc = pj_dot_general(H, a, b, NULL, NULL, 0, &lc, &rc, 1, PJ_F32);
-  if (!blocked) {
+  if (!blocked && !blocks128) {
     acc = MUL(acc, scale_as(L, "scale_a", acc.t));
     acc = MUL(acc, scale_as(L, "scale_b", acc.t));
   }
