@@ -116,10 +116,12 @@ bool blocked_scales_check(const at::Tensor& a, const at::Tensor& b, const at::Te
   const at::ScalarType st = sa.scalar_type();
   if (st != sb.scalar_type() || (st != at::kFloat8_e8m0fnu && st != at::kFloat8_e4m3fn))
     return false;
-  const bool f4 = a.scalar_type() == at::kFloat4_e2m1fn_x2 && b.scalar_type() == at::kFloat4_e2m1fn_x2;
-  const bool f8 = (format_bit(a.scalar_type()) & kF8) && (format_bit(b.scalar_type()) & kF8) &&
-                  a.scalar_type() != at::kFloat8_e4m3fnuz && a.scalar_type() != at::kFloat8_e5m2fnuz &&
-                  b.scalar_type() != at::kFloat8_e4m3fnuz && b.scalar_type() != at::kFloat8_e5m2fnuz;
+  auto ocp_f8 = [](at::ScalarType t) {  // the OCP float8 types (not the fnuz ones)
+    return t == at::kFloat8_e4m3fn || t == at::kFloat8_e5m2;
+  };
+  const bool f4 =
+      a.scalar_type() == at::kFloat4_e2m1fn_x2 && b.scalar_type() == at::kFloat4_e2m1fn_x2;
+  const bool f8 = ocp_f8(a.scalar_type()) && ocp_f8(b.scalar_type());
   TORCH_CHECK_VALUE(st == at::kFloat8_e8m0fnu ? (f4 || f8) : f4,
                     "Invalid scaling configuration: ", st, " block scales take ",
                     st == at::kFloat8_e8m0fnu ? "float8_e4m3fn/float8_e5m2 or float4_e2m1fn_x2"
@@ -214,7 +216,8 @@ std::optional<std::vector<c10::IValue>> lowp_meta_returns(const std::string& bas
   const at::ScalarType dt =
       args[6].isInt() ? static_cast<at::ScalarType>(args[6].toInt()) : a.scalar_type();
   std::vector<c10::IValue> r;
-  r.emplace_back(at::empty({a.size(0), b.size(1)}, at::TensorOptions().dtype(dt).device(c10::kMeta)));
+  r.emplace_back(
+      at::empty({a.size(0), b.size(1)}, at::TensorOptions().dtype(dt).device(c10::kMeta)));
   return r;
 }
 

@@ -102,7 +102,8 @@ uint8_t pj_lowp_from_float(pj_dtype_t dt, float f) {
 float pj_lowp_to_float(pj_dtype_t dt, uint8_t c) {
   const fmt_t *m = format_of(dt);
   if (!m) return NAN;
-  if (m->kind == KIND_E8M0) return c == 0 ? f32_of(0x00400000u) : c == 0xFF ? NAN : f32_of((uint32_t)c << 23);
+  if (m->kind == KIND_E8M0)
+    return c == 0 ? f32_of(0x00400000u) : c == 0xFF ? NAN : f32_of((uint32_t)c << 23);
   if (m->kind == KIND_FNUZ && c == 0x80) return NAN;
   uint32_t sign = (uint32_t)(c >> 7) << 31, mag = c & 0x7Fu;
   uint32_t e = mag >> m->mbits, man = mag & ((1u << m->mbits) - 1);
@@ -155,7 +156,8 @@ static pj_val_t decode(pj_hlo_t *h, pj_val_t x, const fmt_t *m) {
   if (m->kind == KIND_FN) {
     bits = pj_select(h, CMPC("EQ", mag, 0x7F), ci(h, c.t, QNAN_BITS), bits);
   } else if (m->kind == KIND_IEEE) {
-    pj_val_t special = pj_select(h, CMPC("EQ", man, 0), ci(h, c.t, INF_BITS), ci(h, c.t, QNAN_BITS));
+    pj_val_t special =
+        pj_select(h, CMPC("EQ", man, 0), ci(h, c.t, INF_BITS), ci(h, c.t, QNAN_BITS));
     bits = pj_select(h, CMPC("EQ", e, 31), special, bits);
   }
   bits = OR(bits, sign);

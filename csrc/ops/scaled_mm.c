@@ -1,4 +1,4 @@
-/* Lowering: torch._scaled_mm, the matrix product of two float8 matrices with scales.
+/* Lowering: torch._scaled_mm, the matrix product of two float8 (or float4) matrices with scales.
  *
  * The result is PyTorch's CPU formula: both factors decoded to float32 (exact), one dot_general
  * accumulating in float32, times scale_a then times scale_b (each broadcast: a single value for
@@ -6,9 +6,10 @@
  * float32, divided by scale_result only when the output is a float8 type (CPU ignores it
  * otherwise), and one final rounding to the output dtype (pj_set_result; float8 outputs round
  * as float8 casts do, csrc/hlo/float8.c). use_fast_accum changes nothing on CPU nor here.
- * Which scale shapes and dtypes are accepted is CPU's check (csrc/bridge/lowp_ops.cpp): the
- * Meta kernel checks them only for CUDA/XPU/CPU tensors. The sum's order is XLA's, so float32
- * results differ from CPU's in the last bits (as any two matrix products do).
+ * Which scale shapes and dtypes are accepted is checked by the bridge before this runs
+ * (csrc/bridge/lowp_ops.cpp: CPU's checks for CPU's forms, the Meta kernel's for the block
+ * forms; the Meta kernel itself applies CUDA's rules to tpu tensors). The sum's order is
+ * XLA's, so float32 results differ from CPU's in the last bits (as any two products do).
  *
  * Block-scaled forms (which CPU lacks; CUDA's definitions): MX, float8 or float4 operands with
  * one float8_e8m0fnu scale per 32 consecutive elements along K, and NVFP4, float4 operands with
