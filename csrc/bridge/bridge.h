@@ -4,7 +4,9 @@
 #include <ATen/ATen.h>
 #include <ATen/core/stack.h>
 #include <string>
+#include <optional>
 #include <unordered_map>
+#include <vector>
 #include <c10/core/Allocator.h>
 
 extern "C" {
@@ -36,6 +38,16 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
 // their variants) through an indexed dim of size 0, raised before any path runs the op.
 void advanced_index_checks(const std::string& base, const c10::FunctionSchema& schema,
                            const torch::jit::Stack& args);
+// lowp_ops.cpp: true when a call involving a low-precision dtype (float8, e8m0, float4) must
+// go to CPU's kernel (the fallback) because its lowering would treat their bytes as numbers;
+// For a call it keeps lowered, it raises CPU's errors that CPU's kernels give and the Meta
+// kernels do not (a fill value the dtype cannot hold, _scaled_mm's scale shapes and dtypes).
+bool lowp_goes_to_cpu(const std::string& base, const c10::FunctionSchema& schema,
+                      c10::ArrayRef<c10::IValue> args);
+// lowp_ops.cpp: output metadata of ops whose PyTorch Meta kernel does not apply to tpu tensors
+// (_scaled_mm's applies CUDA's rules), else nullopt.
+std::optional<std::vector<c10::IValue>> lowp_meta_returns(const std::string& base,
+                                                          c10::ArrayRef<c10::IValue> args);
 // errors.cpp: the runtime, initialized on first use; throws on failure.
 pj_runtime_t* runtime();
 

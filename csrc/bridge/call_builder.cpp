@@ -18,6 +18,12 @@ bool pj_dtype_of(at::ScalarType t, pj_dtype_t* out) {
     case at::kDouble: *out = PJ_F64; return true;
     case at::kComplexFloat: *out = PJ_C64; return true;
     case at::kComplexDouble: *out = PJ_C128; return true;
+    case at::kFloat8_e4m3fn: *out = PJ_F8E4M3FN; return true;
+    case at::kFloat8_e5m2: *out = PJ_F8E5M2; return true;
+    case at::kFloat8_e4m3fnuz: *out = PJ_F8E4M3FNUZ; return true;
+    case at::kFloat8_e5m2fnuz: *out = PJ_F8E5M2FNUZ; return true;
+    case at::kFloat8_e8m0fnu: *out = PJ_F8E8M0FNU; return true;
+    case at::kFloat4_e2m1fn_x2: *out = PJ_F4E2M1FN_X2; return true;
     default: return false;
   }
 }
@@ -57,8 +63,9 @@ pj_scalar_t scalar_value(const at::Tensor& t) {
     s.imag = v.imag();
   } else if (t.is_floating_point()) {
     s.f = t.item<double>();
-    // half types have no scalar upload path; they arrive as f32 and convert in-program
-    if (s.dtype == PJ_F16 || s.dtype == PJ_BF16) s.dtype = PJ_F32;
+    // half and low-precision types have no scalar upload path; they arrive as f32 (which
+    // holds each of their values exactly) and convert in-program
+    if (s.dtype == PJ_F16 || s.dtype == PJ_BF16 || pj_dtype_is_lowp(s.dtype)) s.dtype = PJ_F32;
   } else {
     s.i = t.item<int64_t>();
   }
@@ -68,7 +75,9 @@ pj_scalar_t scalar_value(const at::Tensor& t) {
 at::ScalarType from_pj_dtype(pj_dtype_t t) {
   static const at::ScalarType map[PJ_NUM_DTYPES] = {
       at::kBool,  at::kByte,     at::kChar,  at::kShort,  at::kInt,          at::kLong,
-      at::kHalf,  at::kBFloat16, at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble};
+      at::kHalf,  at::kBFloat16, at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble,
+      at::kFloat8_e4m3fn, at::kFloat8_e5m2, at::kFloat8_e4m3fnuz, at::kFloat8_e5m2fnuz,
+      at::kFloat8_e8m0fnu, at::kFloat4_e2m1fn_x2};
   return map[t];
 }
 

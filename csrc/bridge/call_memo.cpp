@@ -70,6 +70,9 @@ bool put_tensor(CallSignature& sig, const at::Tensor& t) {
   if (t.is_conj() || t.is_neg()) return false;  // resolved into copies by the full path
   pj_dtype_t dt;
   if (!pj_dtype_of(t.scalar_type(), &dt)) return false;  // the full path raises its error
+  // low-precision dtypes: the full path decides per call whether CPU's kernel runs it and
+  // makes CPU's value checks (lowp_ops.cpp), which a repeat must not skip
+  if (pj_dtype_is_lowp(dt)) return false;
   const c10::DeviceType type = t.device().type();
   if (type == c10::DeviceType::CPU) {
     // a 0-d CPU tensor travels by value (CallBuilder::describe); anything else is an error

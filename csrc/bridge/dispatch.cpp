@@ -494,7 +494,8 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   for (const c10::Argument& r : schema.returns()) fresh_returns = fresh_returns || !is_write(r);
   std::optional<std::vector<c10::IValue>> meta;
   try {
-    meta = meta_returns(op, args);
+    meta = lowp_meta_returns(base, args);
+    if (!meta) meta = meta_returns(op, args);
   } catch (...) {  // c10::Error, or a Python Meta kernel's exception (python_error)
     meta_refused = true;  // see structured_kernel
     throw;
@@ -902,6 +903,11 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const std::string base = base_name(op.schema());
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
+  {
+    const auto args = torch::jit::last(*stack, op.schema().arguments().size());
+    if (lowp_goes_to_cpu(base, op.schema(), args))
+      return run_cpu_fallback(op, stack, "no lowering for its low-precision dtype");
+  }
   indices_to_device(op, stack, base);
   advanced_index_checks(base, op.schema(), *stack);  // before any path below runs the op
   if (index_put_into_view(op, stack)) return;

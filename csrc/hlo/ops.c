@@ -7,6 +7,7 @@
 
 #include "strbuf.h"
 #include "torch_pjrt/hlo.h"
+#include "torch_pjrt/lowp.h"
 
 static const pj_val_t kBad = {.id = -1, .sub = -1};
 
@@ -74,6 +75,13 @@ pj_val_t pj_const(pj_hlo_t *h, pj_dtype_t dt, double v) {
     float_literal(lit, sizeof lit, dt, v);
     return const_text(h, dt, lit);
   }
+  if (info->is_lowp) { /* the format's code for v, rounded as PyTorch's CPU rounds it */
+    if (dt == PJ_F4E2M1FN_X2 && v != 0) /* zero (two +0 halves, byte 0) is its only constant */
+      return pj_hlo_fail(h, PJ_ERR_UNIMPLEMENTED, "a constant of dtype %s", info->name);
+    snprintf(lit, sizeof lit, "%u",
+             dt == PJ_F4E2M1FN_X2 ? 0u : (unsigned)pj_lowp_from_float(dt, (float)v));
+    return const_text(h, dt, lit);
+  }
   /* Integers: clamp to the type's range so a large double cannot wrap silently. */
   double lo = pj_dtype_lowest(dt), hi = pj_dtype_highest(dt);
   if (isnan(v)) v = 0;
@@ -85,7 +93,7 @@ pj_val_t pj_const(pj_hlo_t *h, pj_dtype_t dt, double v) {
 pj_val_t pj_const_i(pj_hlo_t *h, pj_dtype_t dt, int64_t v) {
   char lit[40];
   if (dt == PJ_BOOL) return const_text(h, dt, v ? "true" : "false");
-  if (pj_dtype_info(dt)->is_float || pj_dtype_info(dt)->is_complex)
+  if (pj_dtype_info(dt)->is_float || pj_dtype_info(dt)->is_complex || pj_dtype_info(dt)->is_lowp)
     return pj_const(h, dt, (double)v);
   snprintf(lit, sizeof lit, "%lld", (long long)v);
   return const_text(h, dt, lit);
@@ -134,6 +142,7 @@ pj_val_t pj_full(pj_hlo_t *h, pj_type_t t, double v) {
 
 pj_val_t pj_convert(pj_hlo_t *h, pj_val_t x, pj_dtype_t dt) {
   if (x.id < 0 || x.t.dtype == dt) return x;
+  if (pj_dtype_is_lowp(x.t.dtype) || pj_dtype_is_lowp(dt)) return pj_lowp_convert(h, x, dt);
   if (dt == PJ_BOOL) {
     /* torch semantics: nonzero -> true. */
     pj_val_t zero = pj_full(h, x.t, 0);

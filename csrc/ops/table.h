@@ -28,7 +28,8 @@ typedef struct {
   X(rnn)               \
   X(vision)            \
   X(kernel)            \
-  X(fft)
+  X(fft)               \
+  X(scaled_mm)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];
 PJ_FAMILIES(PJ_DECLARE_FAMILY)

@@ -16,6 +16,14 @@ static const pj_dtype_info_t kDtypes[PJ_NUM_DTYPES] = {
     [PJ_F64] = {"float64", "f64", 8, PJRT_Buffer_Type_F64, true, false, true},
     [PJ_C64] = {"complex64", "complex<f32>", 8, PJRT_Buffer_Type_C64, false, true, true},
     [PJ_C128] = {"complex128", "complex<f64>", 16, PJRT_Buffer_Type_C128, false, true, true},
+    /* Low-precision formats: bytes on the device (dtype.h says why). */
+    [PJ_F8E4M3FN] = {"float8_e4m3fn", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false, true},
+    [PJ_F8E5M2] = {"float8_e5m2", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false, true},
+    [PJ_F8E4M3FNUZ] = {"float8_e4m3fnuz", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false, true},
+    [PJ_F8E5M2FNUZ] = {"float8_e5m2fnuz", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false, true},
+    [PJ_F8E8M0FNU] = {"float8_e8m0fnu", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false, true},
+    [PJ_F4E2M1FN_X2] = {"float4_e2m1fn_x2", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false,
+                        true},
 };
 
 const pj_dtype_info_t *pj_dtype_info(pj_dtype_t dt) { return &kDtypes[dt]; }

@@ -571,7 +571,7 @@ class _DtypeInfo(ctypes.Structure):  # pj_dtype_info_t (csrc/include/torch_pjrt/
     _fields_ = [("name", ctypes.c_char_p), ("mlir", ctypes.c_char_p),
                 ("itemsize", ctypes.c_size_t), ("pjrt_type", ctypes.c_int),
                 ("is_float", ctypes.c_bool), ("is_complex", ctypes.c_bool),
-                ("is_signed", ctypes.c_bool)]
+                ("is_signed", ctypes.c_bool), ("is_lowp", ctypes.c_bool)]
 
 
 _RUNTIME: list = []  # [(library, {torch dtype: pj_dtype_t})], loaded once

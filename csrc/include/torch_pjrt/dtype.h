@@ -20,6 +20,17 @@ typedef enum {
   PJ_F64,
   PJ_C64,
   PJ_C128,
+  /* Low-precision formats (docs/low_precision.md). Stored as bytes on the device (element type
+   * ui8, PJRT U8), whatever the plugin supports natively, so every plugin holds them alike and
+   * casts follow PyTorch's CPU rules bit for bit: hlo/float8.c decodes and encodes them with
+   * integer ops. Ops other than data movement and casts never see them (the bridge sends those
+   * to CPU's kernels, lowp_ops.cpp). Appended after C128: codes 0..11 keep their values. */
+  PJ_F8E4M3FN,
+  PJ_F8E5M2,
+  PJ_F8E4M3FNUZ,
+  PJ_F8E5M2FNUZ,
+  PJ_F8E8M0FNU,
+  PJ_F4E2M1FN_X2, /* two e2m1 values per byte, opaque to every op but data movement */
   PJ_NUM_DTYPES
 } pj_dtype_t;
 
@@ -31,13 +42,16 @@ typedef struct {
   bool is_float;     /* floating point (not complex) */
   bool is_complex;
   bool is_signed;    /* signed integer */
+  bool is_lowp;      /* a low-precision float stored as bytes (neither float nor integral here) */
 } pj_dtype_info_t;
 
 const pj_dtype_info_t *pj_dtype_info(pj_dtype_t dt);
 static inline bool pj_dtype_is_valid(int dt) { return dt >= 0 && dt < PJ_NUM_DTYPES; }
 static inline bool pj_dtype_is_float(pj_dtype_t dt) { return pj_dtype_info(dt)->is_float; }
+static inline bool pj_dtype_is_lowp(pj_dtype_t dt) { return pj_dtype_info(dt)->is_lowp; }
 static inline bool pj_dtype_is_integral(pj_dtype_t dt) {
-  return !pj_dtype_info(dt)->is_float && !pj_dtype_info(dt)->is_complex && dt != PJ_BOOL;
+  const pj_dtype_info_t *i = pj_dtype_info(dt);
+  return !i->is_float && !i->is_complex && !i->is_lowp && dt != PJ_BOOL;
 }
 
 #ifdef __cplusplus
