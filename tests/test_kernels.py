@@ -183,6 +183,36 @@ def test_jax_op_views_and_errors():
 
 
 @needs_jax
+@pytest.mark.parametrize("eager", ["strict", "defer_and_fuse"], indirect=True)
+def test_float8_arguments_and_results(eager, fallbacks):
+    """float8 tensors (bytes on the device) go into and come out of a kernel as JAX's float8
+    types: a quantizing kernel and a dequantizing one, bit for bit against CPU's casts (values
+    in range, where CPU's and XLA's conversions agree), one execution together in defer."""
+    import jax.numpy as jnp
+    if "qz8" not in _OPS:
+        _OPS["qz8"] = kernels.jax_op("pjtest::qz8", lambda x, s: (x / s).astype(jnp.float8_e4m3fn))
+        _OPS["dq8"] = kernels.jax_op("pjtest::dq8", lambda q, s: q.astype(jnp.float32) * s)
+    qz, dq = _OPS["qz8"], _OPS["dq8"]
+    g = torch.Generator().manual_seed(4)
+    x, s = torch.randn(8, 16, generator=g) * 40, torch.rand(8, 1, generator=g) + 0.5
+    q = (x / s).to(torch.float8_e4m3fn)
+    assert q.float().abs().max() < 448  # in range
+    xt, st = x.to(TPU), s.to(TPU)
+    for _ in range(2):  # the second round runs from the caches
+        torch.tpu.synchronize()
+        before = metrics()
+        qt = qz(xt, st)
+        back = dq(qt, st)
+        assert qt.dtype == torch.float8_e4m3fn and qt.device.type == "tpu"
+        assert torch.equal(qt.cpu().view(torch.uint8), q.view(torch.uint8))
+        assert torch.equal(back.cpu(), q.float() * s)
+    if eager == "defer_and_fuse":
+        assert delta(before, metrics()).get("executions") == 1
+    assert torch.equal(qz(x, s).view(torch.uint8), q.view(torch.uint8))  # CPU: JAX's backend
+    assert fallbacks.delta == 0, fallbacks.new_ops()
+
+
+@needs_jax
 def test_integer_and_float64_arguments_and_arguments_export_drops():
     """An integer tensor gets no gradient; the backward of x * n does not use x, and jax.export
     drops unused arguments from the module (the op passes only the ones it kept); float64

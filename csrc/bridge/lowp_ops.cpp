@@ -45,6 +45,8 @@ const Row kRows[] = {
     {"where", kAll},          {"zero", kAll},          {"_to_copy", kAll},
     {"_pj_copy", kAll},       {"fill", kF8 | kE8M0},   {"index", kF8 | kE8M0},
     {"masked_select", kF8 | kE8M0}, {"index_put", kF8}, {"constant_pad_nd", kF8},
+    // custom kernels take and return float8 as bytes and bitcast inside (torch_pjrt/kernels/)
+    {"tpu::kernel_call", kF8 | kE8M0},
 };
 
 // The low-precision formats among the call's tensors and dtype arguments.

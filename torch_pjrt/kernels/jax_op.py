@@ -38,14 +38,28 @@ def platform() -> str:
     return {"gpu": "cuda"}.get(p, p)
 
 
-def _jax_dtype(dt: torch.dtype):
+def _dtype_table() -> dict:
     import jax.numpy as jnp
-    table = {
+    return {
         torch.float32: jnp.float32, torch.float64: jnp.float64, torch.float16: jnp.float16,
         torch.bfloat16: jnp.bfloat16, torch.int64: jnp.int64, torch.int32: jnp.int32,
         torch.int16: jnp.int16, torch.int8: jnp.int8, torch.uint8: jnp.uint8,
         torch.bool: jnp.bool_, torch.complex64: jnp.complex64, torch.complex128: jnp.complex128,
+        torch.float8_e4m3fn: jnp.float8_e4m3fn, torch.float8_e5m2: jnp.float8_e5m2,
+        torch.float8_e4m3fnuz: jnp.float8_e4m3fnuz, torch.float8_e5m2fnuz: jnp.float8_e5m2fnuz,
+        torch.float8_e8m0fnu: jnp.float8_e8m0fnu,
     }
+
+
+# The float8 dtypes are bytes on the device (docs/low_precision.md): a kernel takes and returns
+# them as uint8 and bitcasts to JAX's float8 type inside (_bytes_at_edges). float4_e2m1fn_x2
+# (two values per byte) has no JAX counterpart.
+_BYTES = {torch.float8_e4m3fn, torch.float8_e5m2, torch.float8_e4m3fnuz, torch.float8_e5m2fnuz,
+          torch.float8_e8m0fnu}
+
+
+def _jax_dtype(dt: torch.dtype):
+    table = _dtype_table()
     if dt not in table:
         raise TypeError(f"jax_op: tensors of dtype {dt} are not supported")
     return table[dt]
@@ -53,12 +67,36 @@ def _jax_dtype(dt: torch.dtype):
 
 def _torch_dtype(dt) -> torch.dtype:
     import numpy as np
-    for t in (torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.int64,
-              torch.int32, torch.int16, torch.int8, torch.uint8, torch.bool, torch.complex64,
-              torch.complex128):
-        if np.dtype(_jax_dtype(t)) == np.dtype(dt):
+    for t, j in _dtype_table().items():
+        if np.dtype(j) == np.dtype(dt):
             return t
     raise TypeError(f"jax_op: JAX dtype {dt} has no torch dtype here")
+
+
+def _edge_dtype(t: torch.Tensor):
+    """The JAX dtype a kernel takes a tensor as: uint8 for the float8 dtypes (their bytes)."""
+    import jax.numpy as jnp
+    return jnp.uint8 if t.dtype in _BYTES else _jax_dtype(t.dtype)
+
+
+def _bytes_of(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.uint8) if t.dtype in _BYTES else t
+
+
+def _bytes_at_edges(f, tensors):
+    """f over the tensors' own dtypes -> the same over their edge dtypes (_edge_dtype): float8
+    inputs arrive as uint8 and are bitcast, float8 results leave as their uint8 bytes."""
+    import numpy as np
+    import jax.numpy as jnp
+    from jax import lax
+    kinds = [_jax_dtype(t.dtype) if t.dtype in _BYTES else None for t in tensors]
+    f8 = [np.dtype(_jax_dtype(d)) for d in _BYTES]
+
+    def g(*vals):
+        vals = [v if k is None else lax.bitcast_convert_type(v, k) for v, k in zip(vals, kinds)]
+        return tuple(lax.bitcast_convert_type(o, jnp.uint8) if np.dtype(o.dtype) in f8 else o
+                     for o in f(*vals))
+    return g
 
 
 _X64 = {torch.float64, torch.int64, torch.complex128}
@@ -73,7 +111,7 @@ class _JaxOp:
         self.backward = backward
         self.tensor_pos = [i for i, p in enumerate(params) if p[1] == "Tensor"]
         self._lock = threading.Lock()
-        self._kernels: dict[tuple, tuple[_module.Kernel, tuple[int, ...]]] = {}
+        self._kernels: dict[tuple, tuple] = {}
 
     # ---- arguments ----
     def normalize(self, args, kwargs):
@@ -121,7 +159,7 @@ class _JaxOp:
 
     @staticmethod
     def differentiable(t) -> bool:
-        return t.dtype.is_floating_point or t.dtype.is_complex
+        return (t.dtype.is_floating_point and t.dtype not in _BYTES) or t.dtype.is_complex
 
     def backward_fn(self, static, diff):
         """JAX function (tensor inputs..., output cotangents...) -> gradients of the
@@ -153,12 +191,15 @@ class _JaxOp:
     # ---- kernels ----
     def call(self, kind, f, tensors, static) -> list[torch.Tensor]:
         """Runs f's kernel for these tensors' signature (exported on first use) on them."""
-        k, kept = self.kernel(kind, f, tensors, static)
-        return _registry.call(k, [tensors[i] for i in kept])
+        k, kept, views = self.kernel(kind, f, tensors, static)
+        outs = _registry.call(k, [tensors[i] for i in kept])
+        # float8 results come back as their bytes (_bytes_at_edges)
+        return [o if dt is None else o.view(dt) for o, dt in zip(outs, views)]
 
-    def kernel(self, kind, f, tensors, static) -> tuple[_module.Kernel, tuple[int, ...]]:
-        """The kernel for this signature and the positions of the tensors it takes: jax.export
-        drops arguments the function does not use (module_kept_var_idx)."""
+    def kernel(self, kind, f, tensors, static):
+        """The kernel for this signature, the positions of the tensors it takes (jax.export
+        drops arguments the function does not use: module_kept_var_idx) and, per result, the
+        float8 dtype its bytes are to be viewed as (else None)."""
         sig = (kind, tuple((t.dtype, tuple(t.shape)) for t in tensors), static)
         with self._lock:
             found = self._kernels.get(sig)
@@ -166,19 +207,23 @@ class _JaxOp:
             return found
         jax = _jax()
         from jax import export
-        structs = [jax.ShapeDtypeStruct(tuple(int(s) for s in t.shape), _jax_dtype(t.dtype))
+        structs = [jax.ShapeDtypeStruct(tuple(int(s) for s in t.shape), _edge_dtype(t))
                    for t in tensors]
         with jax.enable_x64(any(t.dtype in _X64 for t in tensors)):
-            exported = export.export(jax.jit(f), platforms=[platform()])(*structs)
+            exported = export.export(jax.jit(_bytes_at_edges(f, tensors)),
+                                     platforms=[platform()])(*structs)
             text = exported.mlir_module()
         kept = tuple(sorted(exported.module_kept_var_idx))
+        views = tuple(dt if dt in _BYTES else None for dt in
+                      (_torch_dtype(v.dtype) for v in jax.tree_util.tree_leaves(
+                          self.shapes(f, tensors))))
         k = _registry.register(_module.prepare(text))
         if len(k.args) != len(kept):
             raise RuntimeError(f"jax_op {self.name}: the exported module takes {len(k.args)} "
                                f"arguments, jax.export kept {len(kept)}")
         with self._lock:
-            self._kernels[sig] = (k, kept)
-        return k, kept
+            self._kernels[sig] = (k, kept, views)
+        return k, kept, views
 
     def shapes(self, f, tensors):
         jax = _jax()
@@ -192,10 +237,11 @@ class _JaxOp:
         jax = _jax()
         with jax.enable_x64(any(t.dtype in _X64 for t in tensors)):
             cpu = jax.devices("cpu")[0]
-            vals = [jax.device_put(jax.dlpack.from_dlpack(t.detach().contiguous()), cpu)
-                    for t in tensors]
-            outs = jax.jit(f)(*vals)
-            return [torch.from_dlpack(o).clone() for o in outs]
+            vals = [jax.device_put(jax.dlpack.from_dlpack(_bytes_of(t.detach().contiguous())),
+                                   cpu) for t in tensors]
+            outs = jax.jit(_bytes_at_edges(f, tensors))(*vals)
+            dts = [_torch_dtype(v.dtype) for v in jax.tree_util.tree_leaves(self.shapes(f, tensors))]
+            return [torch.from_dlpack(o).clone().view(dt) for o, dt in zip(outs, dts)]
 
 
 def jax_op(name: str, fn, *, schema: str | None = None, num_outputs: int = 1, backward=None):
