@@ -872,6 +872,7 @@ def test_2d_mesh_fsdp_dp_tp_4_ranks():
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.long  # 39 s (seven process launches); CI keeps its budget
 def test_dcp_save_2_ranks_load_4_and_1():
     ckpt = tempfile.mkdtemp(prefix="tpu_dist_dcp_")
     saved = _launch("dcp", world=2, devices=2, mode="save", ckpt=ckpt)

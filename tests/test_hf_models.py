@@ -173,6 +173,7 @@ _TRAINER_RUN = """
 """
 
 
+@pytest.mark.long  # 29 s; HF training parity stays in CI (test_train_three_steps_every_gradient)
 def test_trainer_trains_on_tpu_like_cpu(tmp_path):
     # transformers' Trainer puts the model on tpu by itself; Accelerate (which moves the batches)
     # knows no tpu device and is told by ACCELERATE_TORCH_DEVICE. Two fresh interpreters: both
