@@ -142,3 +142,25 @@ def test_fp8_kv_cache_generates_like_cpu():
     want = [_greedy(model, p, "cpu", **kw) for p in PROMPTS]
     model.to(TPU)
     assert [_greedy(model, p, TPU, **kw) for p in PROMPTS] == want
+
+
+@pytest.mark.parametrize("fmt", formats.FORMATS)
+def test_module_dtype_casts_keep_the_quantized_tensors(fmt):
+    """model.to(torch.bfloat16) (and .half(), .to(device)) converts the bias as nn.Linear's,
+    never the quantized tensors: their dtypes and bytes stay, on CPU and on tpu."""
+    torch.manual_seed(5)
+    q = quant.QuantLinear.from_linear(torch.nn.Linear(64, 32), fmt)
+    before = {n: t.clone() for n, t in q.quantized_tensors().items()}
+    x = torch.randn(3, 64)
+    want = q(x.bfloat16())
+    q.to(TPU).to(torch.bfloat16)
+    assert q.bias.dtype == torch.bfloat16 and q.bias.device.type == "tpu"
+    for n, t in q.quantized_tensors().items():
+        assert t.device.type == "tpu" and t.dtype == before[n].dtype, n
+        assert torch.equal(t.cpu().reshape(-1).view(torch.uint8),
+                           before[n].reshape(-1).view(torch.uint8)), n
+    got = q(x.bfloat16().to(TPU))
+    assert got.dtype == torch.bfloat16
+    torch.testing.assert_close(got.cpu(), want, rtol=1.6e-2, atol=1e-3)
+    q.half().cpu()
+    assert all(t.dtype == before[n].dtype for n, t in q.quantized_tensors().items())

@@ -74,17 +74,18 @@ def load_quantized(model: nn.Module, path: str, device="tpu", dense: bool = Fals
         sd = {k: f.get_tensor(k) for k in f.keys()}
     first = formats.TENSORS[fmt][1]
     qnames = sorted(k[: -len(first) - 1] for k in sd if k.endswith("." + first))
-    model.to(device)
+    # the Linears are replaced before the model moves, so their dense weights never reach the
+    # device
     for name in qnames:
         lin = model.get_submodule(name)
         if not isinstance(lin, nn.Linear):
             raise ValueError("checkpoint quantizes %s, which is a %s, not a Linear"
                              % (name, type(lin).__name__))
-        tensors = {n: sd.pop("%s.%s" % (name, n)).to(device) for n in formats.TENSORS[fmt]}
+        tensors = {n: sd.pop("%s.%s" % (name, n)) for n in formats.TENSORS[fmt]}
         bias = sd.pop(name + ".bias", None)
         q = QuantLinear(lin.in_features, lin.out_features, fmt, tensors,
-                        None if bias is None else bias.to(device=device, dtype=dtype))
-        _set_module(model, name, q.to_dense(dtype) if dense else q)
+                        None if bias is None else bias.to(dtype))
+        _set_module(model, name, q.to(device).to_dense(dtype) if dense else q)
     missing, unexpected = model.load_state_dict(sd, strict=False)
     quant_keys = {"%s.%s" % (n, t) for n in qnames for t in formats.TENSORS[fmt]}
     missing = [k for k in missing if k not in quant_keys and not k.endswith("rotary_emb.inv_freq")]
@@ -94,4 +95,4 @@ def load_quantized(model: nn.Module, path: str, device="tpu", dense: bool = Fals
         raise ValueError("checkpoint lacks tensors of the model: %s" % ", ".join(missing[:5]))
     if hasattr(model, "tie_weights"):
         model.tie_weights()
-    return model
+    return model.to(device)

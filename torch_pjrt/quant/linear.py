@@ -10,6 +10,8 @@ import torch.nn.functional as F
 
 from . import formats
 
+_RAW = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+
 
 class QuantLinear(nn.Module):
     def __init__(self, in_features: int, out_features: int, fmt: str, tensors: dict,
@@ -34,6 +36,22 @@ class QuantLinear(nn.Module):
         t = formats.QUANTIZE[fmt](linear.weight.detach())
         bias = None if linear.bias is None else linear.bias.detach().clone()
         return cls(linear.in_features, linear.out_features, fmt, t, bias)
+
+    def _apply(self, fn, recurse=True):
+        # Module.to(dtype), .half() and .bfloat16() convert every floating-point buffer; the
+        # quantized tensors must keep their format (and float4 has no conversion at all), so
+        # fn sees them as the raw bytes of an integer dtype of the same width, which it moves
+        # between devices but never converts.
+        kept = {}
+        for n in formats.TENSORS[self.fmt]:
+            t = self._buffers[n]
+            kept[n] = t.dtype
+            self._buffers[n] = t.view(_RAW[t.element_size()])
+        try:
+            return super()._apply(fn, recurse)
+        finally:
+            for n, dt in kept.items():
+                self._buffers[n] = self._buffers[n].view(dt)
 
     def quantized_tensors(self) -> dict:
         return {n: getattr(self, n) for n in formats.TENSORS[self.fmt]}
