@@ -164,3 +164,29 @@ def test_module_dtype_casts_keep_the_quantized_tensors(fmt):
     torch.testing.assert_close(got.cpu(), want, rtol=1.6e-2, atol=1e-3)
     q.half().cpu()
     assert all(t.dtype == before[n].dtype for n, t in q.quantized_tensors().items())
+
+
+def test_linears_with_bias_and_other_modules(tmp_path):
+    """A model that is not a transformer: biased Linears (one too narrow for the FP4 blocks,
+    kept dense), a LayerNorm; the loaded model computes CPU's reference."""
+    torch.manual_seed(6)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.LayerNorm(96), torch.nn.GELU(),
+                                torch.nn.Linear(96, 48), torch.nn.Linear(48, 24))
+    path = str(tmp_path / "mlp.safetensors")
+    quant.save_quantized(model, path, "mxfp4")
+    assert quant.quantizable(model, "mxfp4") == ["0", "3"]  # 48 is not a multiple of 32
+
+    def fresh():
+        return torch.nn.Sequential(torch.nn.Linear(64, 96), torch.nn.LayerNorm(96),
+                                   torch.nn.GELU(), torch.nn.Linear(96, 48),
+                                   torch.nn.Linear(48, 24))
+    ref = quant.load_quantized(fresh(), path, device="cpu")
+    dev = quant.load_quantized(fresh(), path, device=TPU)
+    assert isinstance(dev[0], quant.QuantLinear) and dev[0].bias.device.type == "tpu"
+    assert type(dev[4]) is torch.nn.Linear and torch.equal(dev[4].weight.cpu(), model[4].weight)
+    x = torch.randn(7, 64)
+    torch.testing.assert_close(dev(x.to(TPU)).cpu(), ref(x), rtol=1e-5, atol=1e-5)
+    nobias = torch.nn.Sequential(torch.nn.Linear(64, 96, bias=False), torch.nn.LayerNorm(96),
+                                 torch.nn.GELU(), torch.nn.Linear(96, 48), torch.nn.Linear(48, 24))
+    with pytest.raises(ValueError, match="the checkpoint has a bias"):
+        quant.load_quantized(nobias, path, device="cpu")

@@ -83,11 +83,15 @@ def load_quantized(model: nn.Module, path: str, device="tpu", dense: bool = Fals
                              % (name, type(lin).__name__))
         tensors = {n: sd.pop("%s.%s" % (name, n)) for n in formats.TENSORS[fmt]}
         bias = sd.pop(name + ".bias", None)
+        if (bias is None) != (lin.bias is None):
+            raise ValueError("%s: the checkpoint %s a bias, the model's Linear %s" % (
+                name, "has" if bias is not None else "lacks",
+                "does not" if lin.bias is None else "has one"))
         q = QuantLinear(lin.in_features, lin.out_features, fmt, tensors,
                         None if bias is None else bias.to(dtype))
         _set_module(model, name, q.to(device).to_dense(dtype) if dense else q)
     missing, unexpected = model.load_state_dict(sd, strict=False)
-    quant_keys = {"%s.%s" % (n, t) for n in qnames for t in formats.TENSORS[fmt]}
+    quant_keys = {"%s.%s" % (n, t) for n in qnames for t in formats.TENSORS[fmt] + ("bias",)}
     missing = [k for k in missing if k not in quant_keys and not k.endswith("rotary_emb.inv_freq")]
     if unexpected:
         raise ValueError("checkpoint has tensors the model does not: %s" % ", ".join(unexpected[:5]))
