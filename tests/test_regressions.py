@@ -629,7 +629,7 @@ def test_group_and_batch_norm_of_a_constant_channel_fuzz_f19(value, dtype):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16, torch.float64])
 @pytest.mark.parametrize("approximate", ["none", "tanh"])
 def test_gelu_of_infinities_and_nan_as_on_cpu(dtype, approximate):
-    """CPU's erf-form gelu gives NaN at +inf below float64 (fuzz seed 2000014566: gelu of
+    """CPU's erf-form gelu gives NaN at +inf below float64 (fuzz seed 2000010566: gelu of
     True / False); tpu gave inf."""
     x = torch.tensor([float("inf"), -float("inf"), float("nan"), 0.0, -0.0, 1.5, -3.0],
                      dtype=dtype)

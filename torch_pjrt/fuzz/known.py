@@ -29,7 +29,7 @@ KNOWN: list[dict] = [
      "reason": "a float NaN, infinity or out-of-range value converted to int32/int64 is "
                "undefined in C++: CPU (x86) gives the 'integer indefinite' minimum, tpu XLA's "
                "conversion (0 for NaN, saturation otherwise; CUDA's is the same for NaN); seed "
-               "2000014154, docs/reliability.md F25"},
+               "2000010154, docs/reliability.md F25"},
     {"op": r"roll", "kind": "stride",
      "reason": "CPU's roll result keeps a permuted layout in some cases (seed 2000009099: a "
                "bool [1, 2, 1, 3] result with strides (6, 1, 6, 2)); PyTorch's Meta kernel, "
