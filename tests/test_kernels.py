@@ -29,6 +29,7 @@ def close(a, b, **kw):
 # ---- the kernels (torch.library names are per process: defined once) ----
 
 _OPS: dict = {}
+_F8_OPS: dict = {}
 
 
 def jax_ops():
@@ -189,10 +190,11 @@ def test_float8_arguments_and_results(eager, fallbacks):
     types: a quantizing kernel and a dequantizing one, bit for bit against CPU's casts (values
     in range, where CPU's and XLA's conversions agree), one execution together in defer."""
     import jax.numpy as jnp
-    if "qz8" not in _OPS:
-        _OPS["qz8"] = kernels.jax_op("pjtest::qz8", lambda x, s: (x / s).astype(jnp.float8_e4m3fn))
-        _OPS["dq8"] = kernels.jax_op("pjtest::dq8", lambda q, s: q.astype(jnp.float32) * s)
-    qz, dq = _OPS["qz8"], _OPS["dq8"]
+    if not _F8_OPS:  # not in _OPS: jax_ops() fills that one only while it is empty
+        _F8_OPS["qz8"] = kernels.jax_op("pjtest::qz8",
+                                        lambda x, s: (x / s).astype(jnp.float8_e4m3fn))
+        _F8_OPS["dq8"] = kernels.jax_op("pjtest::dq8", lambda q, s: q.astype(jnp.float32) * s)
+    qz, dq = _F8_OPS["qz8"], _F8_OPS["dq8"]
     g = torch.Generator().manual_seed(4)
     x, s = torch.randn(8, 16, generator=g) * 40, torch.rand(8, 1, generator=g) + 0.5
     q = (x / s).to(torch.float8_e4m3fn)
