@@ -6,6 +6,7 @@ over Gloo (torch_pjrt's CPU plugin has no multi-process collectives of its own).
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -113,6 +114,10 @@ class TpuPlatform(Platform):
             comp.max_cudagraph_capture_size = 0
         if vllm_config.model_config is not None:
             vllm_config.model_config.enforce_eager = True
+
+        # vLLM starts its engine core (and multiprocess workers) with fork by default; a forked
+        # child cannot use the parent's PJRT client, so spawn unless the user chose otherwise.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
 
         cache = vllm_config.cache_config
         if cache.block_size is None:
