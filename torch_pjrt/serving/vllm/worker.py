@@ -6,7 +6,6 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
-from vllm.distributed.parallel_state import get_pp_group  # noqa: F401  (vLLM import order)
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
