@@ -5,6 +5,8 @@
 #   bash scripts/setup.sh                    # torch 2.13.0 (CPU wheel) in .venv: the default
 #   bash scripts/setup.sh --torch 2.14.1     # torch 2.14.1 in .venv-torch2.14.1
 #   bash scripts/setup.sh --torch 2.14.1 --venv DIR
+#   bash scripts/setup.sh --serving          # also vLLM 0.33.0 (built from its PyPI sdist) and
+#                                            # its runtime dependencies: serving on tpu
 #
 # The release can also come from the environment (TORCH_VERSION); --torch wins. Every
 # release gets its own environment, so asking for another release never replaces the torch of
@@ -13,13 +15,15 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 TORCH=${TORCH_VERSION:-2.13.0}
 VENV=
+SERVING=0
 while [ $# -gt 0 ]; do
   case "$1" in
     --torch) TORCH=${2:?--torch needs a release, e.g. 2.14.1}; shift 2 ;;
     --torch=*) TORCH=${1#--torch=}; shift ;;
     --venv) VENV=${2:?--venv needs a directory}; shift 2 ;;
     --venv=*) VENV=${1#--venv=}; shift ;;
-    *) echo "setup.sh: unknown argument '$1' (use --torch RELEASE, --venv DIR)" >&2; exit 2 ;;
+    --serving) SERVING=1; shift ;;
+    *) echo "setup.sh: unknown argument '$1' (use --torch RELEASE, --venv DIR, --serving)" >&2; exit 2 ;;
   esac
 done
 # The releases this project builds and is tested with, and what goes beside each one.
@@ -54,3 +58,35 @@ fi
 # install when the build fails.
 "$VPY" -m pip install --quiet --disable-pip-version-check --no-build-isolation --no-deps -e .
 "$VPY" -c "import torch; assert torch.tpu.is_available(), torch.tpu.diagnostics(); print('torch', torch.__version__, '| tpu device:', torch.tpu.get_device_name())"
+
+[ "$SERVING" = 1 ] || exit 0
+# --serving: vLLM 0.33.0 from its source distribution (pinned by hash), built into a
+# pure-Python wheel with VLLM_TARGET_DEVICE=empty and installed with --no-deps, so its PyPI pins
+# (torch==2.14.0, CUDA) never apply; then the runtime dependencies it needs here, by name, under
+# constraints that hold this venv's torch, numpy and transformers (requirements-serving*.txt).
+PIP=("$VPY" -m pip --disable-pip-version-check)
+if [ "$("$VPY" -c "import importlib.metadata as m; print(m.version('vllm'))" 2>/dev/null)" != "0.33.0+empty" ]; then
+  "${PIP[@]}" install --quiet -r requirements-serving-build.txt
+  WHEELS=build/serving-wheels
+  rm -rf "$WHEELS" && mkdir -p "$WHEELS"
+  VLLM_TARGET_DEVICE=empty "${PIP[@]}" wheel --quiet --no-deps --no-build-isolation \
+    --require-hashes -r requirements-serving-vllm.txt -w "$WHEELS"
+  "${PIP[@]}" install --quiet --no-deps "$WHEELS"/vllm-0.33.0+empty-*.whl
+fi
+CONSTRAINTS=$(mktemp)
+trap 'rm -f "$CONSTRAINTS"' EXIT
+"$VPY" - > "$CONSTRAINTS" <<'PYEOF'
+import importlib.metadata as m
+import torch
+print("torch==" + torch.__version__.split("+")[0])
+print("numpy==" + m.version("numpy"))
+print("transformers==5.24.0")
+PYEOF
+"${PIP[@]}" install --quiet -r requirements-serving.txt --constraint "$CONSTRAINTS"
+"${PIP[@]}" install --quiet --no-deps -r requirements-serving-nodeps.txt
+# The plugin is part of torch_pjrt (entry point vllm.platform_plugins, installed above).
+"$VPY" -c "
+import torch, vllm
+from vllm.platforms import current_platform
+assert current_platform.device_type == 'tpu', current_platform
+print('vllm', vllm.__version__, '| platform:', type(current_platform).__name__, '| torch', torch.__version__)"

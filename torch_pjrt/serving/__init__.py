@@ -1,0 +1,1 @@
+"""Serving front ends over the `tpu` device (vLLM: torch_pjrt.serving.vllm)."""

@@ -1,0 +1,119 @@
+"""vLLM's V1 GPUModelRunner on the `tpu` device.
+
+What differs from CUDA: stream and event objects are torch_pjrt's; the KV cache is one dense
+tensor per layer (not vLLM's one shared int8 allocation with per-layer views: a write into a
+view of a shared storage would rewrite the whole shared buffer on an XLA device); the Triton
+kernels the V1 runner launches (slot mapping, KV block zeroing) are replaced with torch ops."""
+
+from __future__ import annotations
+
+import types
+from contextlib import contextmanager
+
+import torch
+from vllm.logger import init_logger
+from vllm.v1.kv_cache_interface import AttentionSpec, UniformTypeKVCacheSpecs
+from vllm.v1.worker.gpu_model_runner import GPUModelRunner
+from vllm.v1.worker.utils import bind_kv_cache, map_kv_caches_to_kernel_blocks
+
+logger = init_logger(__name__)
+
+PAD_SLOT_ID = -1  # vLLM's marker of a token that writes no cache slot
+
+
+@contextmanager
+def _tpu_streams_as_cuda():
+    """The runner names torch.cuda.Stream/Event; on tpu they are torch_pjrt's."""
+    saved = (torch.cuda.Stream, torch.cuda.Event)
+    torch.cuda.Stream = torch.tpu.Stream
+
+    def event(*args, blocking=None, external=None, **kwargs):
+        return torch.tpu.Event(*args, **kwargs)
+
+    torch.cuda.Event = event
+    try:
+        yield
+    finally:
+        torch.cuda.Stream, torch.cuda.Event = saved
+
+
+def compute_slot_mapping(block_table, num_reqs: int, query_start_loc: torch.Tensor,
+                         positions: torch.Tensor) -> None:
+    """Torch version of vLLM's Triton slot-mapping kernel (no context parallelism): the cache
+    slot of token t of request r at position p is block_table[r, p // bs] * bs + p % bs;
+    the rest of the buffer gets PAD_SLOT_ID."""
+    if getattr(block_table, "dcp_world_size", 1) != 1:
+        raise NotImplementedError("tpu: decode context parallelism")
+    from vllm.v1.worker.block_table import SlotMappingMode
+
+    if block_table.slot_mapping_mode == SlotMappingMode.NONE:
+        return
+    n = positions.shape[0]
+    bs = block_table.block_size
+    out = block_table.slot_mapping.gpu
+    if n:
+        ends = query_start_loc[1 : num_reqs + 1]
+        tok = torch.arange(n, device=positions.device, dtype=ends.dtype)
+        # Request of each token: how many request ends lie at or before it.
+        req = (tok.unsqueeze(1) >= ends.unsqueeze(0)).sum(dim=1)
+        pos = positions.to(torch.int64)
+        blocks = block_table.block_table.gpu[req, pos // bs].to(torch.int64)
+        out[:n] = blocks * bs + pos % bs
+    out[n:] = PAD_SLOT_ID
+
+
+class TpuModelRunner(GPUModelRunner):
+    def __init__(self, vllm_config, device: torch.device):
+        with _tpu_streams_as_cuda():
+            super().__init__(vllm_config, device)
+        self._use_torch_slot_mapping()
+
+    def _use_torch_slot_mapping(self) -> None:
+        for bt in self.input_batch.block_table.block_tables:
+            bt.compute_slot_mapping = types.MethodType(compute_slot_mapping, bt)
+
+    def may_reinitialize_input_batch(self, kv_cache_config) -> None:
+        super().may_reinitialize_input_batch(kv_cache_config)
+        self._use_torch_slot_mapping()
+
+    def initialize_kv_cache_tensors(self, kv_cache_config, kernel_block_sizes,
+                                    kv_cache_allocation_context=None):
+        """One zeroed tensor per layer, physically [blocks, block_size, kv_heads, 2*head_size],
+        bound as its [blocks, kv_heads, block_size, 2*head_size] view (vLLM's LBNHC)."""
+        kv_caches: dict[str, torch.Tensor] = {}
+        for tensor in kv_cache_config.kv_cache_tensors:
+            for layer in tensor.layers:
+                group = next(g for g in kv_cache_config.kv_cache_groups
+                             if layer in g.layer_names)
+                spec = group.kv_cache_spec
+                if isinstance(spec, UniformTypeKVCacheSpecs):
+                    spec = spec.kv_cache_specs[layer]
+                if not isinstance(spec, AttentionSpec) or spec.head_size_v != spec.head_size:
+                    raise NotImplementedError(f"tpu: KV cache spec {type(spec).__name__}")
+                num_blocks = kv_cache_config.num_blocks_of(tensor)
+                phys = torch.zeros(num_blocks, spec.block_size, spec.num_kv_heads,
+                                   2 * spec.head_size, dtype=spec.dtype, device=self.device)
+                kv_caches[layer] = phys.permute(0, 2, 1, 3)
+        for layer, target in self.shared_kv_cache_layers.items():
+            kv_caches[layer] = kv_caches[target]
+        attn_groups = [g for groups in self.attn_groups for g in groups]
+        bind_kv_cache(kv_caches, self.compilation_config.static_forward_context,
+                      self.kv_caches, 1, kv_cache_groups=kv_cache_config.kv_cache_groups,
+                      layer_kv_caches=map_kv_caches_to_kernel_blocks(kv_caches, attn_groups))
+        return kv_caches
+
+    def _init_kv_zero_meta(self) -> None:
+        pass  # vLLM's zeroer is a Triton kernel over raw addresses; _zero_block_ids is torch
+
+    def _zero_block_ids(self, block_ids: list[int]) -> None:
+        if not block_ids:
+            return
+        idx = torch.tensor(block_ids, dtype=torch.int64, device=self.device)
+        for kv in {id(t): t for t in self.kv_caches}.values():
+            kv[idx] = 0
+
+    def _sync_device(self) -> None:
+        torch.tpu.synchronize(self.device)
+
+    def _to_list(self, sampled_token_ids: torch.Tensor) -> list[list[int]]:
+        return sampled_token_ids.cpu().tolist()

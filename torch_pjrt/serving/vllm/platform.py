@@ -1,0 +1,128 @@
+"""vLLM's Platform for torch_pjrt's `tpu` device (an out-of-tree platform, PrivateUse1).
+
+Eager execution only for now: no CUDA graphs and no vLLM compilation (the model's ops run one
+program each in torch_pjrt's strict mode; a later step compiles whole steps). Collectives go
+over Gloo (torch_pjrt's CPU plugin has no multi-process collectives of its own)."""
+
+from __future__ import annotations
+
+import os
+from typing import TYPE_CHECKING
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms.interface import Platform, PlatformEnum
+
+if TYPE_CHECKING:
+    from vllm.config import VllmConfig
+
+logger = init_logger(__name__)
+
+_PKG = "torch_pjrt.serving.vllm"
+
+
+class TpuPlatform(Platform):
+    _enum = PlatformEnum.OOT
+    device_name: str = "tpu"
+    device_type: str = "tpu"
+    dispatch_key: str = "PrivateUse1"
+    dist_backend: str = "gloo"
+    # torch.compile of vLLM's small helper functions: ours, never inductor's CUDA/C++ codegen.
+    simple_compile_backend: str = "tpu"
+    device_control_env_var: str = "TORCH_PJRT_VISIBLE_DEVICES"
+
+    @property
+    def supported_dtypes(self) -> list[torch.dtype]:
+        return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
+        if dtype not in (torch.bfloat16, torch.float16, torch.float32):
+            raise ValueError(f"tpu: model dtype {dtype} is not supported")
+
+    @classmethod
+    def import_kernels(cls) -> None:
+        pass  # no vllm._C: every op is an aten op lowered by torch_pjrt
+
+    @classmethod
+    def get_attn_backend_cls(cls, selected_backend, attn_selector_config, num_heads=None) -> str:
+        if getattr(attn_selector_config, "use_mla", False):
+            raise NotImplementedError("tpu: MLA attention is not implemented")
+        return f"{_PKG}.attention.TpuPagedAttentionBackend"
+
+    @classmethod
+    def get_device_name(cls, device_id: int = 0) -> str:
+        return torch.tpu.get_device_name(device_id)
+
+    @classmethod
+    def get_device_total_memory(cls, device_id: int = 0) -> int:
+        return torch.tpu.get_device_properties(device_id).total_memory
+
+    @classmethod
+    def device_count(cls) -> int:
+        return torch.tpu.device_count()
+
+    @classmethod
+    def set_device(cls, device: torch.device) -> None:
+        torch.tpu.set_device(device)
+
+    @classmethod
+    def manual_seed_all(cls, seed: int) -> None:
+        torch.tpu.manual_seed_all(seed)
+
+    @classmethod
+    def inference_mode(cls):
+        return torch.no_grad()
+
+    @classmethod
+    def is_pin_memory_available(cls) -> bool:
+        return False
+
+    @classmethod
+    def get_current_memory_usage(cls, device=None) -> float:
+        return float(torch.tpu.memory_allocated(device))
+
+    @classmethod
+    def support_static_graph_mode(cls) -> bool:
+        return False
+
+    @classmethod
+    def support_hybrid_kv_cache(cls) -> bool:
+        return False
+
+    @classmethod
+    def opaque_attention_op(cls) -> bool:
+        return False
+
+    @classmethod
+    def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
+        from vllm.config import CompilationMode, CUDAGraphMode
+
+        parallel = vllm_config.parallel_config
+        if parallel.worker_cls == "auto":
+            parallel.worker_cls = f"{_PKG}.worker.TpuWorker"
+        if parallel.world_size > 1:
+            raise NotImplementedError("tpu: tensor/pipeline parallel serving is not implemented")
+        if parallel.distributed_executor_backend in (None, "auto"):
+            parallel.distributed_executor_backend = "uni"
+
+        comp = vllm_config.compilation_config
+        comp.mode = CompilationMode.NONE
+        comp.cudagraph_mode = CUDAGraphMode.NONE
+        comp.cudagraph_capture_sizes = []
+        if hasattr(comp, "max_cudagraph_capture_size"):
+            comp.max_cudagraph_capture_size = 0
+        if vllm_config.model_config is not None:
+            vllm_config.model_config.enforce_eager = True
+
+        # vLLM starts its engine core (and multiprocess workers) with fork by default; a forked
+        # child cannot use the parent's PJRT client, so spawn unless the user chose otherwise.
+        os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+
+        cache = vllm_config.cache_config
+        if cache.block_size is None:
+            cache.block_size = 16
+        # The runner's async output copies use CUDA streams; tpu steps are synchronous for now.
+        if getattr(vllm_config.scheduler_config, "async_scheduling", False):
+            logger.info("tpu: async scheduling off (not implemented on this platform)")
+            vllm_config.scheduler_config.async_scheduling = False

@@ -1,0 +1,69 @@
+"""vLLM worker on the `tpu` device: vLLM's GPU worker with the device, memory and model runner
+parts replaced (no CUDA memory pools, no CUDA graphs, no Triton)."""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+from vllm.logger import init_logger
+from vllm.platforms import current_platform
+from vllm.utils.torch_utils import set_random_seed
+from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
+from vllm.v1.worker.worker_base import CompilationTimes
+
+logger = init_logger(__name__)
+
+
+class TpuWorker(Worker):
+    def init_device(self):
+        if self.use_v2_model_runner:
+            raise NotImplementedError("tpu: only vLLM's V1 model runner is supported "
+                                      "(set VLLM_USE_V2_MODEL_RUNNER=0)")
+        self.device = torch.device("tpu", self.local_rank)
+        torch.tpu.set_device(self.device)
+        current_platform.check_if_supports_dtype(self.model_config.dtype)
+        init_worker_distributed_environment(
+            self.vllm_config, self.rank, self.distributed_init_method, self.local_rank,
+            current_platform.dist_backend)
+        set_random_seed(self.model_config.seed)
+        self._init_workspace_and_model_runner()
+
+    def _make_model_runner(self):
+        from .model_runner import TpuModelRunner
+
+        return TpuModelRunner(self.vllm_config, self.device)
+
+    def _maybe_get_memory_pool_context(self, tag: str):
+        return nullcontext()  # vLLM's pools are CUDA's (cumem); tpu tensors use our allocator
+
+    def determine_available_memory(self) -> int:
+        """Bytes for the KV cache: --kv-cache-memory-bytes when given, otherwise
+        gpu_memory_utilization of the device's memory less what the weights already hold
+        (torch.accelerator.get_memory_info; on the CPU plugin that is the host's memory)."""
+        explicit = self.cache_config.kv_cache_memory_bytes
+        if explicit is not None:
+            return int(explicit)
+        free, total = torch.accelerator.get_memory_info(self.device)
+        used = torch.tpu.memory_allocated(self.device)
+        budget = int(total * self.cache_config.gpu_memory_utilization) - used
+        avail = min(budget, int(free))
+        if avail <= 0:
+            raise ValueError(f"tpu: no memory left for the KV cache (free {free}, total {total}, "
+                             f"weights {used}); set --kv-cache-memory-bytes")
+        logger.info("tpu: %.2f GiB for the KV cache", avail / 2**30)
+        return avail
+
+    def compile_or_warm_up_model(self) -> CompilationTimes:
+        """Nothing to warm up: vLLM's warmup runs its CUDA/Triton kernels (and imports model
+        families that need torchvision); on tpu each op's program is compiled at its first
+        use and kept in torch_pjrt's memory and disk caches."""
+        set_random_seed(self.model_config.seed)
+        return CompilationTimes(language_model=self.compilation_config.compilation_time,
+                                encoder=self.compilation_config.encoder_compilation_time)
+
+    def sleep(self, level: int = 1) -> None:
+        logger.warning("tpu: sleep mode is not supported; ignored")
+
+    def wake_up(self, tags=None) -> None:
+        logger.warning("tpu: sleep mode is not supported; ignored")
