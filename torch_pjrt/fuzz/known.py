@@ -35,6 +35,12 @@ KNOWN: list[dict] = [
                "bool [1, 2, 1, 3] result with strides (6, 1, 6, 2)); PyTorch's Meta kernel, "
                "which tpu takes output metadata from, gives row-major strides; values match; "
                "docs/reliability.md"},
+    {"op": r"logical_(and|or|xor)", "kind": "stride",
+     "reason": "PyTorch's Meta kernel of logical_and/or/xor, which tpu takes output metadata "
+               "from, lays the result out row-major when the first operand is 0-d and the "
+               "other transposed (meta: logical_and(0-d, x.t()).stride() == (3, 1)); CPU's "
+               "TensorIterator keeps the transposed layout; values match; seeds 2000010726, "
+               "2000010964, 2000013589; docs/reliability.md F2"},
     {"op": r"div_floor|conv1d", "kind": "stride",
      "reason": "PyTorch's own Meta kernels give these strides (div with rounding_mode='floor' "
                "of a transposed input, conv1d with a transposed weight: row-major on meta, the "
