@@ -24,7 +24,6 @@
 
 static const pj_val_t kBad = {.id = -1, .sub = -1};
 
-static pj_dtype_t acc_dtype(pj_dtype_t dt) { return dt == PJ_F16 || dt == PJ_BF16 ? PJ_F32 : dt; }
 
 /* ---- attribute text helpers ---- */
 
@@ -362,7 +361,7 @@ static pj_status_t *lower_convolution(pj_lower_t *L) {
   if (!conv_dtype_ok(L, x.t.dtype)) return NULL;
   conv_geom_t g;
   if (!conv_geometry(L, nsp, &g)) return NULL;
-  pj_dtype_t ct = acc_dtype(pj_out_type(L, 0).dtype);
+  pj_dtype_t ct = pj_dtype_compute(pj_out_type(L, 0).dtype);
   pj_val_t y = pj_bool(L, "transposed", false) ? conv_tr(L, x, w, &g, ct)
                                                : conv_fwd(L, x, w, &g, ct);
   if (pj_has(L, "bias") && y.id >= 0) {
@@ -400,7 +399,7 @@ static pj_status_t *lower_convolution_backward(pj_lower_t *L) {
       continue;
     }
     if (k >= nout) break; /* an empty gradient has no destination */
-    pj_dtype_t ct = acc_dtype(pj_out_type(L, k).dtype);
+    pj_dtype_t ct = pj_dtype_compute(pj_out_type(L, k).dtype);
     pj_val_t r;
     if (i == 0) {
       if (transposed) {
@@ -625,7 +624,7 @@ static pj_status_t *lower_max_pool_backward(pj_lower_t *L) {
     osz *= go.t.dims[lead + j];
     isz *= ot.dims[lead + j];
   }
-  pj_dtype_t ct = acc_dtype(ot.dtype);
+  pj_dtype_t ct = pj_dtype_compute(ot.dtype);
   int64_t d2[2] = {planes, osz}, n1 = planes * osz, all = planes * isz;
   pj_type_t t2 = pj_type(PJ_I64, 2, d2);
   pj_val_t gidx = pj_binary(
@@ -681,7 +680,7 @@ static pj_status_t *lower_avg_pool(pj_lower_t *L) {
   if (x.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT | DT_I64)) return NULL;
   pool_geom_t g;
   if (!pool_geometry(L, name_nsp(L->c->op), x.t, ot, &g)) return NULL;
-  pj_dtype_t ct = acc_dtype(ot.dtype);
+  pj_dtype_t ct = pj_dtype_compute(ot.dtype);
   int64_t win[PJ_MAX_RANK], str[PJ_MAX_RANK], dil[PJ_MAX_RANK], lo[PJ_MAX_RANK], hi[PJ_MAX_RANK];
   pool_window(&g, x.t.rank, win, str, dil, lo, hi);
   int64_t zero[MAXSP] = {0};
@@ -700,7 +699,7 @@ static pj_status_t *lower_avg_pool_backward(pj_lower_t *L) {
   if (go.id < 0 || x.id < 0) return NULL;
   pool_geom_t g;
   if (!pool_geometry(L, name_nsp(L->c->op), ot, go.t, &g)) return NULL;
-  pj_dtype_t ct = acc_dtype(ot.dtype);
+  pj_dtype_t ct = pj_dtype_compute(ot.dtype);
   pj_val_t q = pj_convert(H, go, ct);
   q = pj_binary(H, "stablehlo.divide", q, avg_divisor(L, &g, q.t));
   int r = ot.rank;
@@ -795,7 +794,7 @@ static pj_status_t *lower_adaptive_avg_pool(pj_lower_t *L) {
     pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", L->c->op, ot.rank);
     return NULL;
   }
-  pj_dtype_t ct = acc_dtype(ot.dtype);
+  pj_dtype_t ct = pj_dtype_compute(ot.dtype);
   /* in: the pooled (large) sizes; out: the pooled-to sizes */
   int64_t in[MAXSP], out[MAXSP];
   bool uniform = true;
@@ -1001,7 +1000,7 @@ static pj_status_t *lower_upsample(pj_lower_t *L) {
   static const char *const names3[] = {"scales_d", "scales_h", "scales_w"};
   const char *const *scale_names = nsp == 1 ? names1 : nsp == 2 ? names2 : names3;
   bool align = pj_bool(L, "align_corners", false);
-  pj_dtype_t ct = mode == UP_LINEAR || backward ? acc_dtype(ot.dtype) : ot.dtype;
+  pj_dtype_t ct = mode == UP_LINEAR || backward ? pj_dtype_compute(ot.dtype) : ot.dtype;
   bool dbl = ct == PJ_F64;
   pj_val_t v = pj_convert(H, x, ct);
   /* forward: innermost dim first, so the last weights applied are the outermost dim's, the
@@ -1116,7 +1115,7 @@ static pj_status_t *lower_interp_matrix(pj_lower_t *L) {
   }
   static const char *const names[2] = {"scales_h", "scales_w"};
   bool align = pj_bool(L, "align_corners", false);
-  pj_dtype_t ct = acc_dtype(ot.dtype);
+  pj_dtype_t ct = pj_dtype_compute(ot.dtype);
   pj_val_t v = pj_convert(H, x, ct);
   /* contracting dim `lead` each time moves the interpolated dim last: order is restored */
   for (int j = 0; j < nsp; j++) {
@@ -1319,7 +1318,7 @@ static pj_status_t *lower_grid_sampler(pj_lower_t *L) {
     return NULL;
   }
   /* CPU samples half types in their own arithmetic (coordinates and weights round per op) */
-  pj_dtype_t ct = bw ? acc_dtype(x.t.dtype) : x.t.dtype;
+  pj_dtype_t ct = bw ? pj_dtype_compute(x.t.dtype) : x.t.dtype;
   int64_t n = x.t.dims[0], c = x.t.dims[1], ssz = 1, onum = 1;
   for (int j = 0; j < nsp; j++) ssz *= x.t.dims[2 + j];
   pj_type_t gt = {.dtype = ct, .rank = nsp + 1}; /* [N, O...] */
@@ -1510,7 +1509,7 @@ static pj_status_t *lower_fractional_max_pool(pj_lower_t *L) {
     if (pj_hlo_ok(H)) pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", L->c->op, ot.rank);
     return NULL;
   }
-  pj_dtype_t ct = acc_dtype(x.t.dtype);
+  pj_dtype_t ct = pj_dtype_compute(x.t.dtype);
   int64_t planes = 1, psize = 1;
   for (int i = 0; i < lead; i++) planes *= x.t.dims[i];
   for (int j = 0; j < nsp; j++) psize *= x.t.dims[lead + j];

@@ -220,7 +220,7 @@ static pj_status_t *lower_unary(pj_lower_t *L) {
     pj_dtype_t ct = ot.dtype;
     /* half types compute in float32 and round once at the end, as torch's CPU kernels do
      * (silu in bfloat16 rounded twice otherwise) */
-    if (ct == PJ_BF16 || ct == PJ_F16) ct = PJ_F32;
+    ct = pj_dtype_compute(ct);
     /* erf_inv in float32 loses digits near +-1, where its derivative (the backward's
      * exp(erfinv(x)^2)) magnifies them: compute it in float64 */
     if (ct == PJ_F32 && !strcmp(row->name, "erfinv")) ct = PJ_F64;
@@ -653,13 +653,10 @@ static bool gelu_tanh(pj_lower_t *L) {
 /* gelu computes in float32 for float16 and bfloat16, as CPU does: the erf form's 1 + erf(x/sqrt2)
    cancels for negative x, and in bfloat16 that lost about half the value (gelu(-3): -0.00586
    against CPU's -0.00406). */
-static pj_dtype_t gelu_compute_dtype(pj_dtype_t dt) {
-  return dt == PJ_F16 || dt == PJ_BF16 ? PJ_F32 : dt;
-}
 
 static pj_status_t *lower_gelu(pj_lower_t *L) {
   const pj_dtype_t ct = pj_out_type(L, 0).dtype;
-  pj_val_t x = arg_at_out(L, "self", gelu_compute_dtype(ct));
+  pj_val_t x = arg_at_out(L, "self", pj_dtype_compute(ct));
   pj_val_t r = MUL(x, gelu_cdf_parts(L, x, gelu_tanh(L), NULL));
   /* CPU's vectorized erf form gives NaN at +inf for float32 and bfloat16 (its float16 and
      float64 paths, and the formula, give inf): fuzz seed 2000010566 */
@@ -670,7 +667,7 @@ static pj_status_t *lower_gelu(pj_lower_t *L) {
 }
 
 static pj_status_t *lower_gelu_backward(pj_lower_t *L) {
-  const pj_dtype_t ct = pj_out_type(L, 0).dtype, wt = gelu_compute_dtype(ct);
+  const pj_dtype_t ct = pj_out_type(L, 0).dtype, wt = pj_dtype_compute(ct);
   pj_val_t g = arg_at_out(L, "grad_output", wt), x = arg_at_out(L, "self", wt);
   pj_val_t pdf;
   pj_val_t cdf = gelu_cdf_parts(L, x, gelu_tanh(L), &pdf);

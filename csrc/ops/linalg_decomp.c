@@ -936,7 +936,7 @@ static pj_status_t *lower_matrix_exp(pj_lower_t *L) {
   pj_val_t A = pj_tensor(L, "self");
   if (A.id < 0) return NULL;
   pj_dtype_t ot = pj_out_type(L, 0).dtype;
-  pj_dtype_t dt = ot == PJ_F16 || ot == PJ_BF16 ? PJ_F32 : ot;
+  pj_dtype_t dt = pj_dtype_compute(ot);
   pj_val_t A3 = to3(L, pj_convert(H, A, dt));
   int64_t B = A3.t.dims[0], n = A3.t.dims[1];
   pj_dtype_t rt = real_of(dt);

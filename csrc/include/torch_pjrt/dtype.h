@@ -48,6 +48,11 @@ typedef struct {
 const pj_dtype_info_t *pj_dtype_info(pj_dtype_t dt);
 static inline bool pj_dtype_is_valid(int dt) { return dt >= 0 && dt < PJ_NUM_DTYPES; }
 static inline bool pj_dtype_is_float(pj_dtype_t dt) { return pj_dtype_info(dt)->is_float; }
+/* The dtype an op on dt computes in: float32 for float16 and bfloat16 (torch's CPU kernels
+ * compute half types in float32 and round once at the end), dt itself otherwise. */
+static inline pj_dtype_t pj_dtype_compute(pj_dtype_t dt) {
+  return dt == PJ_F16 || dt == PJ_BF16 ? PJ_F32 : dt;
+}
 static inline bool pj_dtype_is_lowp(pj_dtype_t dt) { return pj_dtype_info(dt)->is_lowp; }
 static inline bool pj_dtype_is_integral(pj_dtype_t dt) {
   const pj_dtype_info_t *i = pj_dtype_info(dt);
