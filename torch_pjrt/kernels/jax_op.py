@@ -239,9 +239,13 @@ class _JaxOp:
             cpu = jax.devices("cpu")[0]
             vals = [jax.device_put(jax.dlpack.from_dlpack(_bytes_of(t.detach().contiguous())),
                                    cpu) for t in tensors]
-            outs = jax.jit(_bytes_at_edges(f, tensors))(*vals)
+            outs = [torch.from_dlpack(o).clone()
+                    for o in jax.jit(_bytes_at_edges(f, tensors))(*vals)]
+            if all(o.dtype != torch.uint8 for o in outs):
+                return outs
+            # uint8 results may be float8 bytes (_bytes_at_edges): f's own result dtypes say
             dts = [_torch_dtype(v.dtype) for v in jax.tree_util.tree_leaves(self.shapes(f, tensors))]
-            return [torch.from_dlpack(o).clone().view(dt) for o, dt in zip(outs, dts)]
+            return [o.view(dt) for o, dt in zip(outs, dts)]
 
 
 def jax_op(name: str, fn, *, schema: str | None = None, num_outputs: int = 1, backward=None):
