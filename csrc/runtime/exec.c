@@ -24,6 +24,30 @@ struct pj_program {
  * every device, so program keys need not name the device. */
 static const char kCompileOptions[] = {0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01};
 
+/* The same options followed by env_option_overrides (field 7, a map entry { key (1):
+ * "xla_allow_excess_precision", value (2): OptionOverrideProto { bool_field (2) = false } }).
+ * By default XLA keeps half-precision intermediates unrounded between the ops it fuses, so a
+ * fused program (DeferAndFuse, torch.compile) computes sin(a + b) of bfloat16 tensors from the
+ * unrounded sum and can even give the next op a different value from the one an in-place op
+ * stored; PyTorch rounds every op's result to its dtype. The override makes XLA round at each
+ * op boundary; a user who names the flag in XLA_FLAGS keeps their own choice (see options()). */
+static const char kCompileOptionsRounded[] = {
+    0x1a, 0x04, 0x20, 0x01, 0x28, 0x01, 0x20, 0x01, 0x3a, 0x20, 0x0a, 0x1a, 'x', 'l',
+    'a',  '_',  'a',  'l',  'l',  'o',  'w',  '_',  'e',  'x',  'c',  'e',  's',  's',
+    '_',  'p',  'r',  'e',  'c',  'i',  's',  'i',  'o',  'n',  0x12, 0x02, 0x10, 0x00};
+
+/* The compile options for this process: the rounded ones unless XLA_FLAGS mentions the flag. */
+static void options(const char **bytes, size_t *size) {
+  const char *flags = getenv("XLA_FLAGS");
+  if (flags && strstr(flags, "xla_allow_excess_precision")) {
+    *bytes = kCompileOptions;
+    *size = sizeof kCompileOptions;
+  } else {
+    *bytes = kCompileOptionsRounded;
+    *size = sizeof kCompileOptionsRounded;
+  }
+}
+
 static int64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
@@ -44,9 +68,8 @@ pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out
                        .format_size = 4};
   PJRT_Client_Compile_Args a = {.struct_size = PJRT_Client_Compile_Args_STRUCT_SIZE,
                                 .client = pj_runtime_client(rt),
-                                .program = &prog,
-                                .compile_options = kCompileOptions,
-                                .compile_options_size = sizeof kCompileOptions};
+                                .program = &prog};
+  options(&a.compile_options, &a.compile_options_size);
   int64_t t0 = now_ns();
   PJ_TRY(pj_runtime_take_error(rt, compile(&a), "compile"));
   pj_metric_add(PJ_METRIC_COMPILE_NS, now_ns() - t0);
