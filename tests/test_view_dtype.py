@@ -111,3 +111,18 @@ def test_view_dtype_under_torch_compile(fresh_dynamo, fallbacks):
     assert torch.equal(got[1].cpu(), want[1])
     assert got[0].item() == want[0].item()
     fallbacks.assert_none()
+
+
+def test_in_place_write_through_a_dtype_view_of_an_empty_tensor(mode):
+    # fuzz F28 (seed 2000008963): a fused run reading an empty float32 storage as int32 raised
+    # NotImplementedError; an empty storage reads as empty in any dtype
+    def run(dev):
+        other = torch.arange(3.0).to(dev)
+        x = torch.randn(0, 4).to(dev)
+        v = x.view(torch.int32)
+        y = x * 2
+        v.add_(1, alpha=2)
+        return other + 1, v, y
+    for got, want in zip(run(TPU), run("cpu")):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        assert torch.equal(got.cpu(), want)

@@ -143,6 +143,9 @@ pj_status_t *pj_storage_readable(const pj_storage_t *s) {
 pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt) {
   PJ_TRY(pj_storage_readable(s));
   size_t item = pj_dtype_info(dt)->itemsize;
+  /* An empty storage holds no bytes to reinterpret: it reads as empty in any dtype (a fused
+   * run can meet one through a dtype view, e.g. x.view(torch.int32) of an empty float32 x). */
+  if (s->buf && s->dtype != dt && s->nbytes == 0) pj_storage_swap(s, NULL, dt);
   if (s->buf) {
     if (s->dtype == dt) return NULL;
     return pj_status_new(PJ_ERR_UNIMPLEMENTED,
