@@ -59,6 +59,14 @@ KNOWN: list[dict] = [
      "reason": "CPU's prod of bfloat16 rounds every partial product to bfloat16; tpu "
                "accumulates in float32 and rounds once, closer to the exact product (seed "
                "2000006605: exact 10.654, CPU 10.8125, tpu 10.625); docs/reliability.md F17"},
+    {"op": r"(sigmoid|div|div_scalar|div_tensor|exp|log|tanh|sin|cos|pow|rsqrt|sqrt)_?",
+     "kind": "inplace", "max_ulps": 2,
+     "reason": "a float result one or two units in the last place from CPU's, seen through an "
+               "integer view of its bits (the compared integers differ by at most 2): XLA's "
+               "implementation of the function (or its division by a scalar as a reciprocal "
+               "multiply, F26) is that close to CPU's, which float tolerances accept "
+               "everywhere else; seeds 2000008531 (sigmoid_), 2000011918 (div_); "
+               "docs/reliability.md F26, F29"},
 ]
 
 # Out-of-range indices are generated in every mode: Debug raises CPU's exception at once,
@@ -68,10 +76,19 @@ KNOWN: list[dict] = [
 OOR_GAP = "out-of-range index not reported at the next synchronization outside debug mode"
 
 
+def _within_ulps(detail: str, ulps: int) -> bool:
+    """Whether a mismatch's detail ("... cpu A tpu B ...") shows two integers (the bits of a
+    float seen through an integer view) at most `ulps` apart."""
+    m = re.search(r"cpu (-?\d+) tpu (-?\d+)(?![\d.e])", detail or "")
+    return bool(m) and abs(int(m.group(1)) - int(m.group(2))) <= ulps
+
+
 def match(op: str, kind: str, mode: str, detail: str = "") -> dict | None:
     """The known entry covering a failure of `kind` at op `op` in `mode`, or None."""
     for entry in KNOWN:
         if "detail" in entry and not re.fullmatch(entry["detail"], detail or "", re.S):
+            continue
+        if "max_ulps" in entry and not _within_ulps(detail, entry["max_ulps"]):
             continue
         if entry["kind"] not in ("*", kind):
             continue
