@@ -637,3 +637,34 @@ def test_gelu_of_infinities_and_nan_as_on_cpu(dtype, approximate):
     got = torch.nn.functional.gelu(x.to(TPU), approximate=approximate).cpu()
     assert torch.equal(got.isnan(), want.isnan()), (want, got)
     torch.testing.assert_close(got, want, equal_nan=True)
+
+
+FILL_CASES = {
+    "full_int8_1000": lambda d: torch.full((2,), 1000, dtype=torch.int8, device=d),
+    "full_int8_100": lambda d: torch.full((2,), 100, dtype=torch.int8, device=d),
+    "fill_half_1e10": lambda d: torch.zeros(2, dtype=torch.float16, device=d).fill_(1e10),
+    "fill_half_inf": lambda d: torch.zeros(2, dtype=torch.float16, device=d).fill_(float("inf")),
+    "masked_fill_uint8_minus1": lambda d: torch.zeros(2, dtype=torch.uint8, device=d).masked_fill(
+        torch.tensor([True, False], device=d), -1),
+    "new_full_int8_300": lambda d: torch.zeros(2, dtype=torch.int8, device=d).new_full((3,), 300),
+    "full_like_int8_300": lambda d: torch.full_like(torch.zeros(2, dtype=torch.int8, device=d), 300),
+    "index_fill_int8_999": lambda d: torch.zeros(2, 2, dtype=torch.int8, device=d).index_fill_(
+        0, torch.tensor([0], device=d), 999),
+    "full_float_1e300": lambda d: torch.full((2,), 1e300, device=d),
+}
+
+
+@pytest.mark.parametrize("case", sorted(FILL_CASES))
+def test_fill_values_that_do_not_fit_raise_like_cpu(case, mode):
+    # CPU's fill kernels convert the value with a checked conversion; tpu wrapped it silently
+    # (torch.full((2,), 1000, dtype=torch.int8) gave -24)
+    fn = FILL_CASES[case]
+    try:
+        want = fn("cpu")
+    except RuntimeError as e:
+        with pytest.raises(RuntimeError, match="without overflow"):
+            fn("tpu").cpu()
+        assert "without overflow" in str(e)
+        return
+    got = fn("tpu").cpu()
+    assert got.dtype == want.dtype and torch.equal(got, want)

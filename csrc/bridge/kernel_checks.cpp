@@ -4,9 +4,11 @@
 // defer_and_fuse raised it at the next flush, on an unrelated line (fuzz finding F9).
 #include "bridge.h"
 
+#include <ATen/Dispatch_v2.h>
 #include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -62,6 +64,35 @@ void bitwise_dtype_check(const std::string& base, const c10::FunctionSchema& sch
                               "'");
 }
 
+// CPU's fill kernels convert their Scalar to the element type with a checked conversion:
+// "value cannot be converted to type int8_t without overflow" (torch.full((2,), 1000,
+// dtype=torch.int8), x.fill_(1e10) of a float16 x). The lowering takes the value as a 0-d
+// argument of the element type, which wraps or saturates silently, so the check is made here.
+bool is_fill(const std::string& base) {
+  return base == "fill" || base == "masked_fill" || base == "index_fill" || base == "full" ||
+         base == "new_full" || base == "full_like";
+}
+
+void fill_value_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  const c10::IValue* value = nullptr;
+  std::optional<c10::ScalarType> dtype;
+  for (size_t a = 0; a < nargs; a++) {
+    const std::string& name = schema.arguments()[a].name();
+    const c10::IValue& v = args[first + a];
+    if ((name == "value" || name == "fill_value") && v.isScalar()) value = &v;
+    if (name == "dtype" && v.isInt()) dtype = static_cast<c10::ScalarType>(v.toInt());
+    if (name == "self" && !dtype && v.isTensor() && v.toTensor().defined())
+      dtype = v.toTensor().scalar_type();
+  }
+  if (!value || !dtype) return;  // full without a dtype takes the value's own type: it fits
+  const c10::Scalar s = value->toScalar();
+  AT_DISPATCH_V2(*dtype, "fill_value_check", AT_WRAP([&] { (void)s.to<scalar_t>(); }),
+                 AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), c10::kBool, c10::kHalf, c10::kBFloat16);
+}
+
 bool is_bitwise(const std::string& base) {
   static const char* const names[] = {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
                                       "bitwise_left_shift", "bitwise_right_shift", "__lshift__",
@@ -77,6 +108,8 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
                        const torch::jit::Stack& args) {
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
+  } else if (is_fill(base)) {
+    fill_value_check(schema, args);
   } else if (base == "mm") {
     const at::Tensor *a = tensor_arg(args, 0), *b = tensor_arg(args, 1);
     if (a && b)
