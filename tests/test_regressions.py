@@ -651,6 +651,9 @@ FILL_CASES = {
     "index_fill_int8_999": lambda d: torch.zeros(2, 2, dtype=torch.int8, device=d).index_fill_(
         0, torch.tensor([0], device=d), 999),
     "full_float_1e300": lambda d: torch.full((2,), 1e300, device=d),
+    # float8 fills keep their own check (lowp_ops.cpp); the standard one must not refuse them
+    "fill_float8_1": lambda d: torch.zeros(2, dtype=torch.float8_e4m3fn, device=d).fill_(1.0).float(),
+    "full_float8_500": lambda d: torch.full((2,), 500.0, dtype=torch.float8_e4m3fn, device=d).float(),
 }
 
 

@@ -88,6 +88,12 @@ void fill_value_check(const c10::FunctionSchema& schema, const torch::jit::Stack
       dtype = v.toTensor().scalar_type();
   }
   if (!value || !dtype) return;  // full without a dtype takes the value's own type: it fits
+  // the standard types only: float8 fills have their own check (lowp_ops.cpp's fill_check)
+  const c10::ScalarType t = *dtype;
+  if (!(c10::isIntegralType(t, /*includeBool=*/true) && !c10::isBarebonesUnsignedType(t)) &&
+      !c10::isComplexType(t) && t != c10::kFloat && t != c10::kDouble && t != c10::kHalf &&
+      t != c10::kBFloat16)
+    return;
   const c10::Scalar s = value->toScalar();
   AT_DISPATCH_V2(*dtype, "fill_value_check", AT_WRAP([&] { (void)s.to<scalar_t>(); }),
                  AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), c10::kBool, c10::kHalf, c10::kBFloat16);
