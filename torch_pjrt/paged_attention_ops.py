@@ -1,0 +1,187 @@
+"""Paged attention ops for serving: `tpu::reshape_and_cache` and `tpu::paged_attention`.
+
+Both are lowered in C (csrc/ops/paged_attention.c) as one StableHLO program each; this file
+defines their schemas, the Meta kernels that check arguments (with the errors users see) and
+give output shapes (so they run in every eager mode and under torch.compile), and CPU kernels
+written in plain torch ops (the same semantics, for CPU tensors and for comparison).
+
+Cache layout: a layer's KV cache is one tensor [num_blocks, block_size, num_kv_heads,
+2 * head_size] (keys in the first head_size channels, values in the rest); slot = block *
+block_size + offset.
+
+- reshape_and_cache(kv_cache, key [T, KVH, D], value [T, KVH, D], slot_mapping [T] int) -> ()
+  writes token t's key and value at slot_mapping[t], in place (the cache's buffer is donated
+  to the program's result: one row scatter, cost O(T)). Negative slots (padding, vLLM's -1)
+  are skipped; so are slots past the cache's end (no error: they are not checked).
+- paged_attention(query [T, H, D], kv_cache, context_slots [R, S], query_index [R, Q],
+  query_pos [R, Q], output_index [T], scale, soft_cap=0.0, sliding_window=-1) -> [T, H, D]
+  with the per-step metadata built once on the host (build_metadata below):
+    context_slots[r, k]: cache slot of request r's position k (any valid slot past its end),
+    query_index[r, j]:   token (row of `query`) of request r's j-th query row (0 for padding),
+    query_pos[r, j]:     that query's position in its request, -1 for a padding row,
+    output_index[t]:     row r * Q + j of token t in the [R * Q] grid of query rows.
+  Query at position p of request r sees its keys at positions k <= p (and p - k <
+  sliding_window when sliding_window > 0); scores in float32, scaled, soft-capped (cap *
+  tanh(s / cap)) when soft_cap > 0; GQA/MQA: query head h reads kv head h // (H // KVH).
+  Output in query's dtype; padding rows compute 0, never NaN.
+"""
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+_LIBS: list = []
+
+_FLOATS = (torch.float32, torch.float16, torch.bfloat16, torch.float64)
+_INDEX = (torch.int32, torch.int64)
+
+
+def _check_cache(kv_cache):
+    if kv_cache.dim() != 4 or kv_cache.shape[3] % 2 != 0:
+        raise ValueError("paged attention: kv_cache must be [num_blocks, block_size, "
+                         f"num_kv_heads, 2 * head_size], got shape {tuple(kv_cache.shape)}")
+    if kv_cache.dtype not in _FLOATS:
+        raise ValueError(f"paged attention: kv_cache must be floating point, got {kv_cache.dtype}")
+    return kv_cache.shape[2], kv_cache.shape[3] // 2
+
+
+def _check_index(name, t, rank):
+    if t.dim() != rank:
+        raise ValueError(f"paged attention: {name} must have {rank} dims, got shape "
+                         f"{tuple(t.shape)}")
+    if t.dtype not in _INDEX:
+        raise ValueError(f"paged attention: {name} must be int32 or int64, got {t.dtype}")
+
+
+def _check_reshape_and_cache(kv_cache, key, value, slot_mapping):
+    kvh, d = _check_cache(kv_cache)
+    _check_index("slot_mapping", slot_mapping, 1)
+    t = slot_mapping.shape[0]
+    for name, x in (("key", key), ("value", value)):
+        if tuple(x.shape) != (t, kvh, d):
+            raise ValueError(f"reshape_and_cache: {name} must be [{t}, {kvh}, {d}] (tokens, kv "
+                             f"heads, head size), got {tuple(x.shape)}")
+        if x.dtype not in _FLOATS:
+            raise ValueError(f"reshape_and_cache: {name} must be floating point, got {x.dtype}")
+
+
+def _check_paged_attention(query, kv_cache, context_slots, query_index, query_pos, output_index):
+    kvh, d = _check_cache(kv_cache)
+    if query.dim() != 3 or query.shape[2] != d:
+        raise ValueError(f"paged_attention: query must be [T, H, {d}], got {tuple(query.shape)}")
+    if query.dtype not in _FLOATS:
+        raise ValueError(f"paged_attention: query must be floating point, got {query.dtype}")
+    if kvh == 0 or query.shape[1] % kvh != 0:
+        raise ValueError(f"paged_attention: {query.shape[1]} query heads are not a multiple of "
+                         f"{kvh} kv heads")
+    _check_index("context_slots", context_slots, 2)
+    _check_index("query_index", query_index, 2)
+    _check_index("query_pos", query_pos, 2)
+    _check_index("output_index", output_index, 1)
+    if query_index.shape != query_pos.shape or query_index.shape[0] != context_slots.shape[0]:
+        raise ValueError("paged_attention: query_index and query_pos must both be [R, Q] with R "
+                         f"= context_slots.shape[0], got {tuple(query_index.shape)}, "
+                         f"{tuple(query_pos.shape)}, {tuple(context_slots.shape)}")
+    if output_index.shape[0] != query.shape[0]:
+        raise ValueError(f"paged_attention: output_index must be [{query.shape[0]}], got "
+                         f"{tuple(output_index.shape)}")
+
+
+def _reshape_and_cache_meta(kv_cache, key, value, slot_mapping):
+    _check_reshape_and_cache(kv_cache, key, value, slot_mapping)
+
+
+def _paged_attention_meta(query, kv_cache, context_slots, query_index, query_pos, output_index,
+                          scale, soft_cap=0.0, sliding_window=-1):
+    _check_paged_attention(query, kv_cache, context_slots, query_index, query_pos, output_index)
+    return query.new_empty(query.shape)
+
+
+def _reshape_and_cache_cpu(kv_cache, key, value, slot_mapping):
+    _check_reshape_and_cache(kv_cache, key, value, slot_mapping)
+    kvh, d = kv_cache.shape[2], kv_cache.shape[3] // 2
+    rows = kv_cache.view(-1, kvh, 2 * d)
+    keep = (slot_mapping >= 0) & (slot_mapping < rows.shape[0])
+    idx = slot_mapping[keep].long()
+    rows[idx] = torch.cat([key[keep], value[keep]], dim=-1).to(rows.dtype)
+
+
+def _paged_attention_cpu(query, kv_cache, context_slots, query_index, query_pos, output_index,
+                         scale, soft_cap=0.0, sliding_window=-1):
+    _check_paged_attention(query, kv_cache, context_slots, query_index, query_pos, output_index)
+    T, H, D = query.shape
+    kvh = kv_cache.shape[2]
+    R, S = context_slots.shape
+    Q = query_index.shape[1]
+    rows = kv_cache.reshape(-1, kvh, 2 * D)
+    ctx = rows[context_slots.long().clamp(0, rows.shape[0] - 1)].float()  # [R, S, KVH, 2D]
+    pos = query_pos.long()
+    reach = torch.arange(S).view(1, S) <= pos.max(dim=1).values.view(R, 1)
+    keys = ctx[..., :D]
+    vals = ctx[..., D:].masked_fill(~reach.view(R, S, 1, 1), 0.0)
+    q = query[query_index.long()].float().view(R, Q, kvh, H // kvh, D)
+    s = torch.einsum("rqkgd,rskd->rkqgs", q, keys) * scale
+    if soft_cap > 0:
+        s = torch.tanh(s / soft_cap) * soft_cap
+    k = torch.arange(S).view(1, 1, S)
+    seen = (k <= pos.unsqueeze(-1)) & (pos.unsqueeze(-1) >= 0)
+    if sliding_window > 0:
+        seen &= (pos.unsqueeze(-1) - k) < sliding_window
+    s = s.masked_fill(~seen.view(R, 1, Q, 1, S), float("-inf"))
+    mx = s.amax(dim=-1, keepdim=True)
+    mx = torch.where(mx == float("-inf"), torch.zeros_like(mx), mx)
+    e = torch.exp(s - mx)
+    den = e.sum(dim=-1, keepdim=True)
+    den = torch.where(den == 0, torch.ones_like(den), den)
+    o = torch.einsum("rkqgs,rskd->rkqgd", e, vals) / den
+    o = o.permute(0, 2, 1, 3, 4).reshape(R * Q, H, D)
+    return o[output_index.long()].to(query.dtype)
+
+
+def build_metadata(query_start_loc, seq_lens, block_table, block_size: int):
+    """The per-step metadata of paged_attention, on the host (numpy int64 arrays).
+
+    query_start_loc [R + 1]: each request's first token in the step's batch (cumulative query
+    lengths); seq_lens [R]: each request's context length after this step (its new tokens are
+    its last positions); block_table [R, >= ceil(max(seq_lens) / block_size)]: cache blocks of
+    each request. Returns (context_slots [R, S], query_index [R, Q], query_pos [R, Q],
+    output_index [T], slot_mapping [T]) with Q the longest query, S the longest context."""
+    qsl = np.asarray(query_start_loc, dtype=np.int64)
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    bt = np.asarray(block_table, dtype=np.int64)
+    R = len(seq)
+    q_lens = qsl[1:] - qsl[:-1]
+    T = int(qsl[-1]) if R else 0
+    Q = max(int(q_lens.max()) if R else 1, 1)
+    S = max(int(seq.max()) if R else 1, 1)
+    rows = np.arange(Q)
+    valid = rows[None, :] < q_lens[:, None]
+    query_index = np.where(valid, qsl[:-1, None] + rows[None, :], 0)
+    query_pos = np.where(valid, (seq - q_lens)[:, None] + rows[None, :], -1)
+    k = np.arange(S)
+    nblk = -(-S // block_size)
+    blocks = bt[:, :nblk] if R else np.zeros((0, nblk), np.int64)
+    context_slots = blocks[:, k // block_size] * block_size + k % block_size
+    tok = np.arange(T)
+    req = np.searchsorted(qsl[1:], tok, side="right")
+    output_index = req * Q + (tok - qsl[req])
+    slot_mapping = context_slots[req, query_pos.reshape(-1)[output_index]] if T else tok
+    return context_slots, query_index, query_pos, output_index, slot_mapping
+
+
+def register() -> None:
+    """Defines the ops and registers their Meta and CPU kernels once per process (the tpu
+    kernels are the C lowerings, reached through the device's boxed dispatcher)."""
+    if _LIBS:
+        return
+    lib = torch.library.Library("tpu", "FRAGMENT")
+    lib.define("reshape_and_cache(Tensor(a!) kv_cache, Tensor key, Tensor value, "
+               "Tensor slot_mapping) -> ()")
+    lib.define("paged_attention(Tensor query, Tensor kv_cache, Tensor context_slots, "
+               "Tensor query_index, Tensor query_pos, Tensor output_index, float scale, "
+               "float soft_cap=0.0, int sliding_window=-1) -> Tensor")
+    lib.impl("reshape_and_cache", _reshape_and_cache_meta, "Meta")
+    lib.impl("paged_attention", _paged_attention_meta, "Meta")
+    lib.impl("reshape_and_cache", _reshape_and_cache_cpu, "CPU")
+    lib.impl("paged_attention", _paged_attention_cpu, "CPU")
+    _LIBS.append(lib)
