@@ -239,9 +239,16 @@ def test_bad_input_raises(case):
 
 
 def test_metadata_builder():
-    cs, qi, qp, oi, sm = pa.build_metadata([0, 3, 4], [5, 2], np.array([[2, 0], [1, 9]]), 4)
-    assert cs.tolist() == [[8, 9, 10, 11, 0], [4, 5, 6, 7, 36]]
-    assert qi.tolist() == [[0, 1, 2], [3, 0, 0]]
-    assert qp.tolist() == [[2, 3, 4], [1, -1, -1]]
-    assert oi.tolist() == [0, 1, 2, 3]
-    assert sm.tolist() == [10, 11, 0, 5]
+    # 3 requests: a 3-token chunk at positions 2..4, a decode at 1, a decode at 0
+    bt = np.array([[2, 0], [1, 9], [5, 0]])
+    cs, qi, qp, oi, sm = pa.build_metadata([0, 3, 4, 5], [5, 2, 1], bt, 4)
+    # R 3 -> 4 rows, Q 3 -> 4, S 5 -> 8 (a multiple of the block size)
+    assert cs.tolist() == [[8, 9, 10, 11, 0, 1, 2, 3], [4, 5, 6, 7, 36, 37, 38, 39],
+                           [20, 21, 22, 23, 0, 1, 2, 3], [0, 1, 2, 3] * 2]
+    assert qi.tolist() == [[0, 1, 2, 0], [3, 0, 0, 0], [4, 0, 0, 0], [0, 0, 0, 0]]
+    assert qp.tolist() == [[2, 3, 4, -1], [1, -1, -1, -1], [0, -1, -1, -1], [-1] * 4]
+    assert oi.tolist() == [0, 1, 2, 4, 8]
+    assert sm.tolist() == [10, 11, 0, 5, 20]
+    # the device form of context_slots (from a block table tensor) is the same
+    assert torch.equal(pa.context_slots(torch.from_numpy(bt).to(TPU), 4, 8, 4).cpu(),
+                       torch.from_numpy(cs))

@@ -138,35 +138,76 @@ def _paged_attention_cpu(query, kv_cache, context_slots, query_index, query_pos,
     return o[output_index.long()].to(query.dtype)
 
 
-def build_metadata(query_start_loc, seq_lens, block_table, block_size: int):
-    """The per-step metadata of paged_attention, on the host (numpy int64 arrays).
+def _bucket(n: int) -> int:
+    """n rounded up to a power of two (at least 1): grid sizes that vary step by step take few
+    distinct values, so few distinct programs are compiled."""
+    return 1 << max(int(n) - 1, 0).bit_length()
 
-    query_start_loc [R + 1]: each request's first token in the step's batch (cumulative query
-    lengths); seq_lens [R]: each request's context length after this step (its new tokens are
-    its last positions); block_table [R, >= ceil(max(seq_lens) / block_size)]: cache blocks of
-    each request. Returns (context_slots [R, S], query_index [R, Q], query_pos [R, Q],
-    output_index [T], slot_mapping [T]) with Q the longest query, S the longest context."""
+
+def query_metadata(query_start_loc, seq_lens, block_size: int):
+    """The host-side part of paged_attention's per-step metadata (numpy int64), from each
+    request's first token in the batch (query_start_loc [R + 1], cumulative query lengths) and
+    its context length after the step (seq_lens [R]; its new tokens are its last positions).
+
+    Returns (query_index [R', Q], query_pos [R', Q], output_index [T], S): R' is R and Q the
+    longest query, both rounded up to a power of two, S the longest context rounded up to a
+    multiple of block_size (extra rows are padding, query_pos -1; extra context positions are
+    past every query, so masked). Rounding keeps the number of distinct program shapes small
+    while contexts grow by one token per decode step."""
     qsl = np.asarray(query_start_loc, dtype=np.int64)
     seq = np.asarray(seq_lens, dtype=np.int64)
-    bt = np.asarray(block_table, dtype=np.int64)
     R = len(seq)
     q_lens = qsl[1:] - qsl[:-1]
     T = int(qsl[-1]) if R else 0
-    Q = max(int(q_lens.max()) if R else 1, 1)
-    S = max(int(seq.max()) if R else 1, 1)
+    Q = _bucket(int(q_lens.max()) if R else 1)
+    Rp = _bucket(R)
+    S = max(-(-int(seq.max() if R else 1) // block_size), 1) * block_size
     rows = np.arange(Q)
-    valid = rows[None, :] < q_lens[:, None]
-    query_index = np.where(valid, qsl[:-1, None] + rows[None, :], 0)
-    query_pos = np.where(valid, (seq - q_lens)[:, None] + rows[None, :], -1)
-    k = np.arange(S)
-    nblk = -(-S // block_size)
-    blocks = bt[:, :nblk] if R else np.zeros((0, nblk), np.int64)
-    context_slots = blocks[:, k // block_size] * block_size + k % block_size
+    valid = np.zeros((Rp, Q), dtype=bool)
+    valid[:R] = rows[None, :] < q_lens[:, None]
+    query_index = np.zeros((Rp, Q), np.int64)
+    query_pos = np.full((Rp, Q), -1, np.int64)
+    query_index[:R] = qsl[:-1, None] + rows[None, :]
+    query_pos[:R] = (seq - q_lens)[:, None] + rows[None, :]
+    query_index[~valid] = 0
+    query_pos[~valid] = -1
     tok = np.arange(T)
     req = np.searchsorted(qsl[1:], tok, side="right")
     output_index = req * Q + (tok - qsl[req])
-    slot_mapping = context_slots[req, query_pos.reshape(-1)[output_index]] if T else tok
-    return context_slots, query_index, query_pos, output_index, slot_mapping
+    return query_index, query_pos, output_index, S
+
+
+def context_slots(block_table, num_requests: int, num_positions: int, block_size: int):
+    """Cache slot of positions 0..num_positions-1 of each request (rows past the block table's
+    requests: block 0, read by padding rows only), from block_table [>= R, >= blocks] (a numpy
+    array or a tensor on any device; the result is of the same kind)."""
+    nblk = -(-num_positions // block_size)
+    if isinstance(block_table, np.ndarray):
+        k = np.arange(num_positions)
+        bt = np.zeros((num_requests, nblk), np.int64)
+        n = min(num_requests, block_table.shape[0])
+        bt[:n] = block_table[:n, :nblk]
+        return bt[:, k // block_size] * block_size + k % block_size
+    k = torch.arange(num_positions, dtype=torch.int64)
+    n = min(num_requests, block_table.shape[0])
+    bt = block_table[:n, :nblk].to(torch.int64)
+    if n < num_requests:
+        bt = torch.cat([bt, bt.new_zeros(num_requests - n, nblk)])
+    dev = block_table.device
+    return bt[:, (k // block_size).to(dev)] * block_size + (k % block_size).to(dev)
+
+
+def build_metadata(query_start_loc, seq_lens, block_table, block_size: int):
+    """All of paged_attention's metadata on the host (numpy int64): (context_slots [R', S],
+    query_index [R', Q], query_pos [R', Q], output_index [T], slot_mapping [T]) for a block
+    table [R, >= ceil(max(seq_lens) / block_size)] (query_metadata: shapes and padding)."""
+    qi, qp, oi, S = query_metadata(query_start_loc, seq_lens, block_size)
+    cs = context_slots(np.asarray(block_table, dtype=np.int64), qi.shape[0], S, block_size)
+    slot_mapping = cs.reshape(-1)[0:0]
+    if len(oi):
+        req, j = oi // qi.shape[1], oi % qi.shape[1]
+        slot_mapping = cs[req, qp[req, j]]
+    return cs, qi, qp, oi, slot_mapping
 
 
 def register() -> None:
