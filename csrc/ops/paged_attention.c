@@ -192,36 +192,45 @@ static pj_status_t *lower_paged_attention(pj_lower_t *L) {
 
   /* values at positions no query of the request reaches are zeroed (see the header) */
   pj_val_t last = pj_reduce(H, pos, &one, 1, "max"); /* [R] */
-  int64_t rsd[2] = {R, S};
+  int64_t rsd[2] = {R, S}, d0 = 0, d01v[2] = {0, 1};
   pj_type_t rst = pj_type(PJ_I64, 2, rsd);
-  int64_t d0 = 0;
   pj_val_t reach = CMP("LE", pj_iota(H, rst, 1), pj_broadcast_in_dim(H, last, rst, &d0));
-  int64_t d01v[2] = {0, 1};
   vals = SEL(pj_broadcast_in_dim(H, reach, pj_type_with_dtype(vals.t, PJ_BOOL), d01v), vals,
              zeros(L, vals.t));
 
-  /* scores [R, KVH, Q, G, S] */
-  int64_t lb[2] = {0, 2}, rb[2] = {0, 2}, lc = 4, rc = 3;
-  pj_val_t s = pj_dot_general(H, qv, keys, lb, rb, 2, &lc, &rc, 1, f);
+  /* Batched matrices with the batch (request, kv head) leading, B = R * KVH: queries
+   * [B, Q*G, D], keys and values [B, S, D]. The XLA CPU backend runs a dot_general whose batch
+   * dims lead as one batched matmul; with them interleaved (dot_general straight on the
+   * gathered layouts) it measured several times slower. */
+  const int64_t B = R * kvh, QG = Q * G;
+  int64_t pq[5] = {0, 2, 1, 3, 4}, pk[4] = {0, 2, 1, 3};
+  int64_t q3[3] = {B, QG, D}, k3d[3] = {B, S, D};
+  qv = pj_reshape(H, pj_transpose(H, qv, pq), 3, q3);
+  keys = pj_reshape(H, pj_transpose(H, keys, pk), 3, k3d);
+  vals = pj_reshape(H, pj_transpose(H, vals, pk), 3, k3d);
+
+  /* scores [B, Q*G, S] */
+  int64_t zb = 0, c2 = 2, c1 = 1;
+  pj_val_t s = pj_dot_general(H, qv, keys, &zb, &zb, 1, &c2, &c2, 1, f);
   s = MUL(s, pj_full(H, s.t, scale));
   if (cap > 0.0) s = MUL(U("tanh", MUL(s, pj_full(H, s.t, 1.0 / cap))), pj_full(H, s.t, cap));
-  int64_t mdims[3] = {0, 2, 4};
-  pj_val_t m5 = pj_broadcast_in_dim(H, seen, pj_type_with_dtype(s.t, PJ_BOOL), mdims);
-  s = SEL(m5, s, pj_full(H, s.t, -INFINITY));
-  int64_t last_dim = 4, bd4[4] = {0, 1, 2, 3};
-  pj_val_t mx = pj_reduce(H, s, &last_dim, 1, "max"); /* [R, KVH, Q, G] */
+  /* the [R, Q, S] mask as [R, KVH, Q, G, S], then [B, Q*G, S] */
+  int64_t m5d[5] = {R, kvh, Q, G, S}, mdims[3] = {0, 2, 4};
+  pj_val_t m5 = pj_broadcast_in_dim(H, seen, pj_type(PJ_BOOL, 5, m5d), mdims);
+  s = SEL(pj_reshape(H, m5, 3, s.t.dims), s, pj_full(H, s.t, -INFINITY));
+  int64_t last_dim = 2, bd2[2] = {0, 1};
+  pj_val_t mx = pj_reduce(H, s, &last_dim, 1, "max"); /* [B, Q*G] */
   mx = SEL(CMP("EQ", mx, pj_full(H, mx.t, -INFINITY)), zeros(L, mx.t), mx);
-  pj_val_t e = U("exponential", SUB(s, pj_broadcast_in_dim(H, mx, s.t, bd4)));
+  pj_val_t e = U("exponential", SUB(s, pj_broadcast_in_dim(H, mx, s.t, bd2)));
   pj_val_t den = pj_reduce(H, e, &last_dim, 1, "add");
   den = SEL(CMP("EQ", den, zeros(L, den.t)), pj_full(H, den.t, 1.0), den);
 
-  /* out [R, KVH, Q, G, D] = e @ V / den */
-  int64_t ob[2] = {0, 1}, vb[2] = {0, 2}, oc = 4, vc = 1;
-  pj_val_t o = pj_dot_general(H, e, vals, ob, vb, 2, &oc, &vc, 1, f);
-  o = DIV(o, pj_broadcast_in_dim(H, den, o.t, bd4));
-  int64_t perm[5] = {0, 2, 1, 3, 4}; /* -> [R, Q, KVH, G, D] */
+  /* out [B, Q*G, D] = e @ V / den, back to token rows [R * Q, H * D] */
+  pj_val_t o = pj_dot_general(H, e, vals, &zb, &zb, 1, &c2, &c1, 1, f);
+  o = DIV(o, pj_broadcast_in_dim(H, den, o.t, bd2));
+  int64_t o5[5] = {R, kvh, Q, G, D}, perm[5] = {0, 2, 1, 3, 4};
   int64_t od[2] = {R * Q, Hq * D};
-  o = pj_reshape(H, pj_transpose(H, o, perm), 2, od);
+  o = pj_reshape(H, pj_transpose(H, pj_reshape(H, o, 5, o5), perm), 2, od);
   o = take_rows(L, o, pj_convert(H, oidx, PJ_I64));
   pj_set_result(L, 0, pj_reshape(H, pj_convert(H, o, ot.dtype), ot.rank, ot.dims));
   return NULL;
