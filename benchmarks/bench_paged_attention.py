@@ -8,8 +8,9 @@ attend, copy into the output buffer; then torch.tpu.synchronize(). Two steps:
   prefill: one request, 128 new tokens, context 128.
 Cache [blocks, 16, KVH, 2*D] with the requests' blocks scattered through it. Strict mode; the
 two versions' repetitions alternate (other load falls on both); median of --reps. Also the
-cache write alone at two cache sizes (it should cost the same: O(T), not O(cache)) and the
-programs run per layer call (torch.tpu.metrics()'s executions).
+cache write alone at two cache sizes (it should cost the same: O(T), not O(cache); a clone of
+the cache shows what one pass over it costs) and the programs run per layer call
+(torch.tpu.metrics()'s executions).
 
     .venv/bin/python benchmarks/bench_paged_attention.py [--reps 50] [--heads 16 --kv-heads 4
         --head-size 64] [--dtype float32] [--out docs/serving-paged-attention.md]
@@ -166,12 +167,18 @@ def run(args):
         cache = st["cache"].transpose(1, 2)
         k, v = st["key"].view(-1, Hkv, D), st["value"].view(-1, Hkv, D)
 
-        def write():
+        def write():  # then one element read back: the write has run
             torch.ops.tpu.reshape_and_cache(cache, k, v, st["slots"])
+            cache[0, 0, 0, 0].item()
 
+        def clone():  # for scale: one pass over the whole cache
+            cache.clone()[0, 0, 0, 0].item()
+
+        # not interleaved: a clone's 100s of MB in between would evict what the write touches
         t, _ = _time_pair(write, write, args.reps)
+        t_clone, _ = _time_pair(clone, clone, max(args.reps // 8, 3))
         mb = cache.numel() * cache.element_size() / 2**20
-        write_rows.append((nblocks, mb, t))
+        write_rows.append((nblocks, mb, t, t_clone))
     return rows, write_rows
 
 
@@ -198,10 +205,11 @@ def main():
     for name, t_old, t_new, n_old, n_new in rows:
         lines.append(f"| {name} | {t_old:.3f} | {t_new:.3f} | {t_old / t_new:.2f}x | "
                      f"{n_old} | {n_new} |")
-    lines += ["", "reshape_and_cache alone (8 tokens):", "",
-              "| cache blocks | cache MB | ms |", "|---|---|---|"]
-    for nb, mb, t in write_rows:
-        lines.append(f"| {nb} | {mb:.0f} | {t:.3f} |")
+    lines += ["", "reshape_and_cache alone (8 tokens, then one cache element read back), against "
+              "a clone of the cache (one pass over it):", "",
+              "| cache blocks | cache MB | write (ms) | clone (ms) |", "|---|---|---|---|"]
+    for nb, mb, t, tc in write_rows:
+        lines.append(f"| {nb} | {mb:.0f} | {t:.3f} | {tc:.3f} |")
     lines += ["", "Command: `" + " ".join(["benchmarks/bench_paged_attention.py"] + sys.argv[1:])
               + "`", END]
     text = "\n".join(lines) + "\n"
