@@ -85,8 +85,8 @@ def new_layer(query, key, value, kv_cache, slot_mapping, md, output, H, Hkv, D, 
     cache = kv_cache.transpose(1, 2)
     torch.ops.tpu.reshape_and_cache(cache, key.view(T, Hkv, D), value.view(T, Hkv, D),
                                     slot_mapping)
-    out = torch.ops.tpu.paged_attention(query.view(T, H, D), cache, cs, qi, qp, oi, scale)
-    output.view(T, H, D).copy_(out)
+    torch.ops.tpu.paged_attention_into(output.view(T, H, D), query.view(T, H, D), cache, cs,
+                                       qi, qp, oi, scale)
 
 
 def make_step(reqs, nblocks, H, Hkv, D, dtype, seed=0):

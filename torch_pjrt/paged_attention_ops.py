@@ -24,6 +24,8 @@ block_size + offset.
   sliding_window when sliding_window > 0); scores in float32, scaled, soft-capped (cap *
   tanh(s / cap)) when soft_cap > 0; GQA/MQA: query head h reads kv head h // (H // KVH).
   Output in query's dtype; padding rows compute 0, never NaN.
+- paged_attention_into(out, query, ...same arguments) -> () writes that result into `out`
+  (query's shape and dtype; a view is fine) instead of a new tensor.
 """
 from __future__ import annotations
 
@@ -97,6 +99,19 @@ def _paged_attention_meta(query, kv_cache, context_slots, query_index, query_pos
     return query.new_empty(query.shape)
 
 
+def _check_out(query, out):
+    if out.shape != query.shape or out.dtype != query.dtype or out.device != query.device:
+        raise ValueError(f"paged_attention: out must be a {query.dtype} tensor of shape "
+                         f"{tuple(query.shape)} on {query.device}, got {out.dtype} "
+                         f"{tuple(out.shape)} on {out.device}")
+
+
+def _paged_attention_into_meta(out, query, kv_cache, context_slots, query_index, query_pos,
+                               output_index, scale, soft_cap=0.0, sliding_window=-1):
+    _check_paged_attention(query, kv_cache, context_slots, query_index, query_pos, output_index)
+    _check_out(query, out)
+
+
 def _reshape_and_cache_cpu(kv_cache, key, value, slot_mapping):
     _check_reshape_and_cache(kv_cache, key, value, slot_mapping)
     kvh, d = kv_cache.shape[2], kv_cache.shape[3] // 2
@@ -136,6 +151,14 @@ def _paged_attention_cpu(query, kv_cache, context_slots, query_index, query_pos,
     o = torch.einsum("rkqgs,rskd->rkqgd", e, vals) / den
     o = o.permute(0, 2, 1, 3, 4).reshape(R * Q, H, D)
     return o[output_index.long()].to(query.dtype)
+
+
+def _paged_attention_into_cpu(out, query, kv_cache, context_slots, query_index, query_pos,
+                              output_index, scale, soft_cap=0.0, sliding_window=-1):
+    _check_out(query, out)
+    out.copy_(_paged_attention_cpu(query, kv_cache, context_slots, query_index,
+                                          query_pos, output_index, scale, soft_cap,
+                                          sliding_window))
 
 
 def _bucket(n: int) -> int:
@@ -221,8 +244,17 @@ def register() -> None:
     lib.define("paged_attention(Tensor query, Tensor kv_cache, Tensor context_slots, "
                "Tensor query_index, Tensor query_pos, Tensor output_index, float scale, "
                "float soft_cap=0.0, int sliding_window=-1) -> Tensor")
+    # The result written into an existing [T, H, D] tensor of query's dtype (a view of vLLM's
+    # output buffer), saving the copy a separate result would need. Returns nothing: a custom
+    # op returning an alias of an argument cannot be functionalized (torch.compile).
+    lib.define("paged_attention_into(Tensor(a!) out, Tensor query, Tensor kv_cache, "
+               "Tensor context_slots, Tensor query_index, Tensor query_pos, "
+               "Tensor output_index, float scale, float soft_cap=0.0, "
+               "int sliding_window=-1) -> ()")
     lib.impl("reshape_and_cache", _reshape_and_cache_meta, "Meta")
     lib.impl("paged_attention", _paged_attention_meta, "Meta")
     lib.impl("reshape_and_cache", _reshape_and_cache_cpu, "CPU")
     lib.impl("paged_attention", _paged_attention_cpu, "CPU")
+    lib.impl("paged_attention_into", _paged_attention_into_meta, "Meta")
+    lib.impl("paged_attention_into", _paged_attention_into_cpu, "CPU")
     _LIBS.append(lib)

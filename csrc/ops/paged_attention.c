@@ -26,6 +26,8 @@
  *   computed here from the positions (key position k is seen by a query at position p when
  *   k <= p, and p - k < sliding_window when a window is given), softmax, the weighted sum of
  *   values, and output_index's gather of each token's row back into token order.
+ *   tpu::paged_attention_into(Tensor(a!) out, query, ...) -> () is the same program with `out`
+ *   (any view of query's shape and dtype) as its destination.
  *   Invariants that make padding harmless: a row whose every key is masked (padding rows)
  *   gets weights 0 and output 0, never NaN (the row max is replaced by 0 where it is -inf and
  *   a zero denominator by 1); context positions past a request's last query position (the
@@ -239,5 +241,6 @@ static pj_status_t *lower_paged_attention(pj_lower_t *L) {
 const pj_lowering_entry_t pj_lowerings_paged_attention[] = {
     {"tpu::reshape_and_cache", lower_reshape_and_cache},
     {"tpu::paged_attention", lower_paged_attention},
+    {"tpu::paged_attention_into", lower_paged_attention}, /* the same into `out` */
     {NULL, NULL},
 };

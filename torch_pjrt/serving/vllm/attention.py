@@ -143,8 +143,8 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         cache = kv_cache.transpose(1, 2)
         torch.ops.tpu.reshape_and_cache(cache, key[:T].view(T, Hkv, D),
                                         value[:T].view(T, Hkv, D), md.slot_mapping)
-        out = torch.ops.tpu.paged_attention(
-            query[:T].view(T, H, D), cache, md.context_slots, md.query_index, md.query_pos,
-            md.output_index, self.scale, self.logits_soft_cap, self.sliding_window)
-        output[:T].view(T, H, D).copy_(out)
+        torch.ops.tpu.paged_attention_into(
+            output[:T].view(T, H, D), query[:T].view(T, H, D), cache, md.context_slots,
+            md.query_index, md.query_pos, md.output_index, self.scale, self.logits_soft_cap,
+            self.sliding_window)
         return output
