@@ -278,3 +278,22 @@ def test_metadata_builder():
     # the device form of context_slots (from a block table tensor) is the same
     assert torch.equal(pa.context_slots(torch.from_numpy(bt).to(TPU), 4, 8, 4).cpu(),
                        torch.from_numpy(cs))
+
+
+@pytest.mark.parametrize("device", ["cpu", "tpu"])
+def test_empty_step_and_slots_past_the_end(device):
+    cache = torch.zeros(4, BS, 2, 2 * D, device=device)
+
+    def z(*shape):
+        return torch.zeros(*shape, dtype=torch.long, device=device)
+
+    empty = torch.zeros(0, 2, D, device=device)
+    torch.ops.tpu.reshape_and_cache(cache, empty, empty, z(0))
+    out = torch.ops.tpu.paged_attention(torch.zeros(0, 4, D, device=device), cache, z(1, 4),
+                                        z(1, 1), z(1, 1) - 1, z(0), 0.5)
+    assert out.shape == (0, 4, D)
+    # a slot past the cache's end writes nothing (documented: not checked)
+    ones = torch.ones(2, 2, D, device=device)
+    torch.ops.tpu.reshape_and_cache(cache, ones, ones, torch.tensor([4 * BS, 3], device=device))
+    flat = cache.cpu().view(-1, 2, 2 * D)
+    assert flat[3].eq(1).all() and flat.sum() == 2 * 2 * D

@@ -127,6 +127,8 @@ def _paged_attention_cpu(query, kv_cache, context_slots, query_index, query_pos,
     T, H, D = query.shape
     kvh = kv_cache.shape[2]
     R, S = context_slots.shape
+    if T == 0 or R == 0 or S == 0 or kv_cache.numel() == 0:
+        return query.new_zeros(query.shape)
     Q = query_index.shape[1]
     rows = kv_cache.reshape(-1, kvh, 2 * D)
     ctx = rows[context_slots.long().clamp(0, rows.shape[0] - 1)].float()  # [R, S, KVH, 2D]
