@@ -60,7 +60,7 @@ def _step(reqs, heads, kvh, dtype, seed, pad_tokens=0):
         slot_mapping = torch.cat([slot_mapping, torch.full((pad_tokens,), -1)])
     meta = [torch.from_numpy(a) for a in (cs, qi, qp, oi)]
     return dict(cache=cache, key=key, value=value, query=query, slot_mapping=slot_mapping,
-                meta=meta, full=(full_k, full_v, qs), reqs=reqs)
+                meta=meta, full=(full_k, full_v, qs), reqs=reqs, block_table=bt)
 
 
 def _reference(st, scale, soft_cap=0.0, window=-1):
@@ -297,3 +297,39 @@ def test_empty_step_and_slots_past_the_end(device):
     torch.ops.tpu.reshape_and_cache(cache, ones, ones, torch.tensor([4 * BS, 3], device=device))
     flat = cache.cpu().view(-1, 2, 2 * D)
     assert flat[3].eq(1).all() and flat.sum() == 2 * 2 * D
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_two_grids_fill_one_output(dtype):
+    """Decodes and prefills as two grids (Q 1 and Q 8) over one output: output_index -1 marks
+    the other grid's tokens, whose rows paged_attention_into leaves alone and paged_attention
+    leaves 0."""
+    reqs = [(9, 1), (7, 5), (12, 1), (3, 3)]
+    st = _step(reqs, 4, 2, dtype, seed=21)
+    qsl = np.cumsum([0] + [n for _, n in reqs])
+    seq = [L for L, _ in reqs]
+    cache = st["cache"].to(TPU)
+    torch.ops.tpu.reshape_and_cache(cache, st["key"].to(TPU), st["value"].to(TPU),
+                                    st["slot_mapping"].to(TPU))
+    q = st["query"].to(TPU)
+    t = q.shape[0]
+    out = torch.full((t, 4, D), 5.0, dtype=dtype, device=TPU)
+    bt = st["block_table"]
+    for group in ([0, 2], [1, 3]):
+        cs, qi, qp, oi, _ = pa.build_metadata(qsl, seq, bt, BS, requests=group)
+        assert qi.shape == ((2, 1) if group == [0, 2] else (2, 8))
+        md = [torch.from_numpy(a).to(TPU) for a in (cs, qi, qp, oi)]
+        alone = torch.ops.tpu.paged_attention(q, cache, *md, 0.3).cpu()
+        assert torch.equal(alone[torch.from_numpy(oi) < 0], torch.zeros_like(alone[oi < 0]))
+        cpu = torch.ops.tpu.paged_attention(q.cpu(), cache.cpu(), *(m.cpu() for m in md), 0.3)
+        torch.testing.assert_close(alone, cpu, **TOL[dtype])
+        torch.ops.tpu.paged_attention_into(out, q, cache, *md, 0.3)
+    torch.testing.assert_close(out.cpu(), _reference(st, 0.3), **TOL[dtype])
+
+
+def test_split_requests():
+    assert pa.split_requests([1, 1, 1]) == [None]  # decodes only
+    assert pa.split_requests([5, 3]) == [None]  # prefills only
+    assert pa.split_requests([1, 2]) == [None]  # 2 rows x 2 vs 1 + 2: not worth a second call
+    d, r = pa.split_requests([1, 128, 1, 1, 1, 1, 1, 1, 1])  # 8 decodes and a 128-token chunk
+    assert d.tolist() == [0, 2, 3, 4, 5, 6, 7, 8] and r.tolist() == [1]

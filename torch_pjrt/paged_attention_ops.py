@@ -19,7 +19,9 @@ block_size + offset.
     context_slots[r, k]: cache slot of request r's position k (any valid slot past its end),
     query_index[r, j]:   token (row of `query`) of request r's j-th query row (0 for padding),
     query_pos[r, j]:     that query's position in its request, -1 for a padding row,
-    output_index[t]:     row r * Q + j of token t in the [R * Q] grid of query rows.
+    output_index[t]:     row r * Q + j of token t in the [R * Q] grid of query rows; -1 for
+                         a token of a request outside the grid (another call's: its output
+                         row is 0, or keeps `out`'s value in paged_attention_into).
   Query at position p of request r sees its keys at positions k <= p (and p - k <
   sliding_window when sliding_window > 0); scores in float32, scaled, soft-capped (cap *
   tanh(s / cap)) when soft_cap > 0; GQA/MQA: query head h reads kv head h // (H // KVH).
@@ -152,15 +154,18 @@ def _paged_attention_cpu(query, kv_cache, context_slots, query_index, query_pos,
     den = torch.where(den == 0, torch.ones_like(den), den)
     o = torch.einsum("rkqgs,rskd->rkqgd", e, vals) / den
     o = o.permute(0, 2, 1, 3, 4).reshape(R * Q, H, D)
-    return o[output_index.long()].to(query.dtype)
+    idx = output_index.long()
+    rows = o[idx.clamp_min(0)]
+    return rows.masked_fill((idx < 0).view(-1, 1, 1), 0.0).to(query.dtype)
 
 
 def _paged_attention_into_cpu(out, query, kv_cache, context_slots, query_index, query_pos,
                               output_index, scale, soft_cap=0.0, sliding_window=-1):
     _check_out(query, out)
-    out.copy_(_paged_attention_cpu(query, kv_cache, context_slots, query_index,
-                                          query_pos, output_index, scale, soft_cap,
-                                          sliding_window))
+    res = _paged_attention_cpu(query, kv_cache, context_slots, query_index, query_pos,
+                               output_index, scale, soft_cap, sliding_window)
+    mine = (output_index >= 0).view(-1, 1, 1)
+    out.copy_(torch.where(mine, res, out))
 
 
 def _bucket(n: int) -> int:
@@ -169,21 +174,26 @@ def _bucket(n: int) -> int:
     return 1 << max(int(n) - 1, 0).bit_length()
 
 
-def query_metadata(query_start_loc, seq_lens, block_size: int):
+def query_metadata(query_start_loc, seq_lens, block_size: int, requests=None):
     """The host-side part of paged_attention's per-step metadata (numpy int64), from each
     request's first token in the batch (query_start_loc [R + 1], cumulative query lengths) and
     its context length after the step (seq_lens [R]; its new tokens are its last positions).
+    `requests` (indices, default all) picks the requests of this grid; the tokens of the
+    others get output_index -1.
 
-    Returns (query_index [R', Q], query_pos [R', Q], output_index [T], S): R' is R and Q the
-    longest query, both rounded up to a power of two, S the longest context rounded up to a
-    multiple of block_size (extra rows are padding, query_pos -1; extra context positions are
-    past every query, so masked). Rounding keeps the number of distinct program shapes small
-    while contexts grow by one token per decode step."""
-    qsl = np.asarray(query_start_loc, dtype=np.int64)
-    seq = np.asarray(seq_lens, dtype=np.int64)
+    Returns (query_index [R', Q], query_pos [R', Q], output_index [T], S): R' is the number of
+    requests and Q their longest query, both rounded up to a power of two, S their longest
+    context rounded up to a multiple of block_size (extra rows are padding, query_pos -1; extra
+    context positions are past every query, so masked). Rounding keeps the number of distinct
+    program shapes small while contexts grow by one token per decode step."""
+    qsl_all = np.asarray(query_start_loc, dtype=np.int64)
+    seq_all = np.asarray(seq_lens, dtype=np.int64)
+    T = int(qsl_all[-1]) if len(qsl_all) > 1 else 0
+    sel = (np.arange(len(seq_all)) if requests is None
+           else np.asarray(requests, dtype=np.int64).reshape(-1))
+    starts, seq = qsl_all[:-1][sel], seq_all[sel]
+    q_lens = (qsl_all[1:] - qsl_all[:-1])[sel]
     R = len(seq)
-    q_lens = qsl[1:] - qsl[:-1]
-    T = int(qsl[-1]) if R else 0
     Q = _bucket(int(q_lens.max()) if R else 1)
     Rp = _bucket(R)
     S = max(-(-int(seq.max() if R else 1) // block_size), 1) * block_size
@@ -192,14 +202,31 @@ def query_metadata(query_start_loc, seq_lens, block_size: int):
     valid[:R] = rows[None, :] < q_lens[:, None]
     query_index = np.zeros((Rp, Q), np.int64)
     query_pos = np.full((Rp, Q), -1, np.int64)
-    query_index[:R] = qsl[:-1, None] + rows[None, :]
+    query_index[:R] = starts[:, None] + rows[None, :]
     query_pos[:R] = (seq - q_lens)[:, None] + rows[None, :]
     query_index[~valid] = 0
     query_pos[~valid] = -1
     tok = np.arange(T)
-    req = np.searchsorted(qsl[1:], tok, side="right")
-    output_index = req * Q + (tok - qsl[req])
+    req = np.searchsorted(qsl_all[1:], tok, side="right")  # each token's request
+    grid_row = np.full(len(seq_all), -1, np.int64)
+    grid_row[sel] = np.arange(R)
+    row = grid_row[req]
+    output_index = np.where(row >= 0, row * Q + (tok - qsl_all[req]), -1)
     return query_index, query_pos, output_index, S
+
+
+def split_requests(q_lens) -> list:
+    """The requests of each grid (paged_attention call) of a step, from its query lengths:
+    [None] (all in one grid), or [decodes, the rest] (index arrays) when one grid as wide as
+    the longest query would have at least twice the rows of the two (a long prefill chunk
+    would otherwise pad every decode of its step to its length)."""
+    q_lens = np.asarray(q_lens, dtype=np.int64)
+    decodes, rest = np.nonzero(q_lens == 1)[0], np.nonzero(q_lens != 1)[0]
+    if len(decodes) == 0 or len(rest) == 0:
+        return [None]
+    one = _bucket(len(q_lens)) * _bucket(int(q_lens.max()))
+    two = _bucket(len(decodes)) + _bucket(len(rest)) * _bucket(int(q_lens[rest].max()))
+    return [decodes, rest] if 2 * two <= one else [None]
 
 
 def context_slots(block_table, num_requests: int, num_positions: int, block_size: int):
@@ -222,16 +249,21 @@ def context_slots(block_table, num_requests: int, num_positions: int, block_size
     return bt[:, (k // block_size).to(dev)] * block_size + (k % block_size).to(dev)
 
 
-def build_metadata(query_start_loc, seq_lens, block_table, block_size: int):
+def build_metadata(query_start_loc, seq_lens, block_table, block_size: int, requests=None):
     """All of paged_attention's metadata on the host (numpy int64): (context_slots [R', S],
     query_index [R', Q], query_pos [R', Q], output_index [T], slot_mapping [T]) for a block
-    table [R, >= ceil(max(seq_lens) / block_size)] (query_metadata: shapes and padding)."""
-    qi, qp, oi, S = query_metadata(query_start_loc, seq_lens, block_size)
-    cs = context_slots(np.asarray(block_table, dtype=np.int64), qi.shape[0], S, block_size)
-    slot_mapping = cs.reshape(-1)[0:0]
-    if len(oi):
-        req, j = oi // qi.shape[1], oi % qi.shape[1]
-        slot_mapping = cs[req, qp[req, j]]
+    table [R, >= ceil(max(seq_lens) / block_size)] (query_metadata: shapes, padding and
+    `requests`); slot_mapping covers every token of the step."""
+    qi, qp, oi, S = query_metadata(query_start_loc, seq_lens, block_size, requests)
+    bt = np.asarray(block_table, dtype=np.int64)
+    sel = np.arange(len(bt)) if requests is None else np.asarray(requests, dtype=np.int64)
+    cs = context_slots(bt[sel], qi.shape[0], S, block_size)
+    qsl = np.asarray(query_start_loc, dtype=np.int64)
+    seq = np.asarray(seq_lens, dtype=np.int64)
+    tok = np.arange(int(qsl[-1]))
+    req = np.searchsorted(qsl[1:], tok, side="right")
+    pos = seq[req] - (qsl[req + 1] - qsl[req]) + (tok - qsl[req])
+    slot_mapping = bt[req, pos // block_size] * block_size + pos % block_size
     return cs, qi, qp, oi, slot_mapping
 
 

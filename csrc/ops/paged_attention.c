@@ -27,7 +27,10 @@
  *   k <= p, and p - k < sliding_window when a window is given), softmax, the weighted sum of
  *   values, and output_index's gather of each token's row back into token order.
  *   tpu::paged_attention_into(Tensor(a!) out, query, ...) -> () is the same program with `out`
- *   (any view of query's shape and dtype) as its destination.
+ *   (any view of query's shape and dtype) as its destination. A token whose output_index is
+ *   negative is not this call's: its row of `out` keeps its value (paged_attention: 0), so
+ *   two calls over disjoint groups of requests (decodes, prefills: grids of different Q) fill
+ *   one output.
  *   Invariants that make padding harmless: a row whose every key is masked (padding rows)
  *   gets weights 0 and output 0, never NaN (the row max is replaced by 0 where it is -inf and
  *   a zero denominator by 1); context positions past a request's last query position (the
@@ -86,6 +89,23 @@ static pj_val_t put_rows(pj_lower_t *L, pj_val_t x, pj_val_t idx, pj_val_t upd) 
   if (region) pj_hlo_op_multi(H, "stablehlo.scatter", ins, 3, region, attrs, &x.t, 1, &out);
   free(region);
   return out;
+}
+
+/* The result's token rows: row output_index[t] of the grid's rows o [R * Q, H * D] (float32;
+ * invalid: an empty grid, zeros), and where output_index[t] < 0 (a token another call
+ * computes) the destination's current row when the op has one (paged_attention_into), else 0. */
+static void set_output(pj_lower_t *L, pj_val_t o, pj_val_t oidx) {
+  pj_type_t ot = pj_out_type(L, 0);
+  int64_t t = ot.dims[0], w = pj_type_numel(&ot) / (t ? t : 1), td[2] = {t, w}, d0 = 0;
+  pj_type_t rt = pj_type(PJ_F32, 2, td);
+  pj_val_t idx = pj_convert(H, oidx, PJ_I64);
+  pj_val_t mine = CMP("GE", idx, pj_full(H, idx.t, 0));
+  pj_val_t rows = o.id >= 0 ? take_rows(L, o, SEL(mine, idx, pj_full(H, idx.t, 0))) : zeros(L, rt);
+  pj_val_t other = pj_has(L, "out") ? pj_convert(H, pj_reshape(H, pj_tensor(L, "out"), 2, td),
+                                                 PJ_F32)
+                                    : zeros(L, rt);
+  rows = SEL(pj_broadcast_in_dim(H, mine, pj_type_with_dtype(rt, PJ_BOOL), &d0), rows, other);
+  pj_set_result(L, 0, pj_reshape(H, pj_convert(H, rows, ot.dtype), ot.rank, ot.dims));
 }
 
 /* Shape checks shared by both ops; the Meta kernels make the same ones first (with the
@@ -158,9 +178,8 @@ static pj_status_t *lower_paged_attention(pj_lower_t *L) {
                          "query_index [R, Q], query_pos [R, Q], output_index [T]");
   const int64_t R = cslots.t.dims[0], S = cslots.t.dims[1], Q = qidx.t.dims[1];
   const int64_t G = Hq / kvh;
-  pj_type_t ot = pj_out_type(L, 0);
   if (T == 0 || R == 0 || Q == 0 || S == 0 || pj_type_numel(&cache.t) == 0) {
-    pj_set_result(L, 0, zeros(L, ot));
+    set_output(L, kNone, oidx);
     return NULL;
   }
   const pj_dtype_t f = PJ_F32;
@@ -233,8 +252,7 @@ static pj_status_t *lower_paged_attention(pj_lower_t *L) {
   int64_t o5[5] = {R, kvh, Q, G, D}, perm[5] = {0, 2, 1, 3, 4};
   int64_t od[2] = {R * Q, Hq * D};
   o = pj_reshape(H, pj_transpose(H, pj_reshape(H, o, 5, o5), perm), 2, od);
-  o = take_rows(L, o, pj_convert(H, oidx, PJ_I64));
-  pj_set_result(L, 0, pj_reshape(H, pj_convert(H, o, ot.dtype), ot.rank, ot.dims));
+  set_output(L, o, oidx);
   return NULL;
 }
 

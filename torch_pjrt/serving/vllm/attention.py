@@ -10,9 +10,11 @@ per-step bookkeeping once for all layers, on the host (numpy) except the context
 come from vLLM's block table where it lives (torch_pjrt/paged_attention_ops.py: query_metadata,
 context_slots). Each layer then runs two programs (csrc/ops/paged_attention.c):
 tpu::reshape_and_cache writes the new keys and values into the cache in place (a row scatter
-into the donated cache buffer), and tpu::paged_attention gathers every request's context and
-computes softmax(QK^T * scale) V in float32 for all requests at once (causal, optional sliding
-window and tanh soft cap, grouped-query heads shared as Hugging Face's repeat_kv shares them)."""
+into the donated cache buffer), and tpu::paged_attention_into gathers every request's context
+and computes softmax(QK^T * scale) V in float32 for all requests at once into the output
+buffer (causal, optional sliding window and tanh soft cap, grouped-query heads shared as
+Hugging Face's repeat_kv shares them). A step whose decodes would be padded to a long prefill
+chunk's width runs the decodes and the rest as two grids (two calls into one output)."""
 
 from __future__ import annotations
 
@@ -65,13 +67,19 @@ class TpuPagedAttentionBackend(AttentionBackend):
 
 
 @dataclass
-class TpuPagedAttentionMetadata(AttentionMetadata):
-    num_actual_tokens: int
-    slot_mapping: torch.Tensor  # [T] int: where each new token's key and value go (-1: none)
+class PagedGrid:
+    """One paged_attention call's metadata: a group of requests as an [R, Q] grid."""
     context_slots: torch.Tensor  # [R, S] int64: cache slots of each request's positions 0..S-1
     query_index: torch.Tensor  # [R, Q] int64: token of each (request, query row); 0 for padding
     query_pos: torch.Tensor  # [R, Q] int64: position of that query in its request; -1: padding
-    output_index: torch.Tensor  # [T] int64: row r*Q + j of each token in the padded output
+    output_index: torch.Tensor  # [T] int64: row r*Q + j of each token; -1: another grid's
+
+
+@dataclass
+class TpuPagedAttentionMetadata(AttentionMetadata):
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor  # [T] int: where each new token's key and value go (-1: none)
+    grids: list[PagedGrid]  # one, or two (decodes, then the rest) filling one output
 
 
 class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentionMetadata]):
@@ -84,24 +92,32 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TpuPagedAttentionMetadata:
         cm = common_attn_metadata
-        R, T = cm.num_reqs, cm.num_actual_tokens
+        R, T, bs = cm.num_reqs, cm.num_actual_tokens, self.block_size
         qsl = cm.query_start_loc_cpu[: R + 1].numpy()
         seq_lens = cm.seq_lens[:R].cpu().numpy()  # exact context lengths
-        query_index, query_pos, output_index, S = pa.query_metadata(qsl, seq_lens,
-                                                                    self.block_size)
-        # query_index, query_pos and output_index in one host-to-device copy (views of it)
-        packed = torch.from_numpy(np.concatenate(
-            [query_index.ravel(), query_pos.ravel(), output_index])).to(self.device)
-        n = query_index.size
-        return TpuPagedAttentionMetadata(
-            num_actual_tokens=T,
-            slot_mapping=cm.slot_mapping[:T],
-            context_slots=pa.context_slots(cm.block_table_tensor[:R], query_index.shape[0], S,
-                                           self.block_size),
-            query_index=packed[:n].view(query_index.shape),
-            query_pos=packed[n:2 * n].view(query_pos.shape),
-            output_index=packed[2 * n:],
-        )
+        blocks = cm.block_table_tensor[:R]
+        parts, host = [], []
+        for sel in pa.split_requests(qsl[1:] - qsl[:-1]):
+            qi, qp, oi, S = pa.query_metadata(qsl, seq_lens, bs, sel)
+            if sel is not None:  # this group's rows of the block table
+                first, n = int(sel[0]), len(sel)
+                rows = (blocks[first:first + n] if sel[-1] - first == n - 1
+                        else blocks[torch.from_numpy(sel).to(blocks.device)])
+            else:
+                rows = blocks
+            parts.append((pa.context_slots(rows, qi.shape[0], S, bs), qi.shape, oi.size))
+            host += [qi.ravel(), qp.ravel(), oi]
+        # every grid's query_index, query_pos and output_index in one host-to-device copy
+        packed = torch.from_numpy(np.concatenate(host)).to(self.device)
+        grids, at = [], 0
+        for cs, shape, t in parts:
+            n = shape[0] * shape[1]
+            grids.append(PagedGrid(cs, packed[at:at + n].view(shape),
+                                   packed[at + n:at + 2 * n].view(shape),
+                                   packed[at + 2 * n:at + 2 * n + t]))
+            at += 2 * n + t
+        return TpuPagedAttentionMetadata(num_actual_tokens=T, slot_mapping=cm.slot_mapping[:T],
+                                         grids=grids)
 
 
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
@@ -143,8 +159,9 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         cache = kv_cache.transpose(1, 2)
         torch.ops.tpu.reshape_and_cache(cache, key[:T].view(T, Hkv, D),
                                         value[:T].view(T, Hkv, D), md.slot_mapping)
-        torch.ops.tpu.paged_attention_into(
-            output[:T].view(T, H, D), query[:T].view(T, H, D), cache, md.context_slots,
-            md.query_index, md.query_pos, md.output_index, self.scale, self.logits_soft_cap,
-            self.sliding_window)
+        out, q = output[:T].view(T, H, D), query[:T].view(T, H, D)
+        for g in md.grids:  # each writes its requests' rows of out
+            torch.ops.tpu.paged_attention_into(
+                out, q, cache, g.context_slots, g.query_index, g.query_pos, g.output_index,
+                self.scale, self.logits_soft_cap, self.sliding_window)
         return output
