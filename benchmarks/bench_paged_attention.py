@@ -3,9 +3,12 @@ tpu::paged_attention, csrc/ops/paged_attention.c) against the plain-torch formul
 torch_pjrt/serving/vllm/attention.py ran before them (kept here only, as `old_layer`).
 
 One layer's call as forward() makes it: write the step's new keys/values into the paged cache,
-attend, copy into the output buffer; then torch.tpu.synchronize(). Two steps:
+attend, copy into the output buffer; then torch.tpu.synchronize(). Three steps:
   decode:  8 requests, one new token each, context 256 each;
-  prefill: one request, 128 new tokens, context 128.
+  prefill: one request, 128 new tokens, context 128;
+  mixed:   those 8 decodes and a 128-token prefill chunk (positions 128..255) in one step,
+           which attention.py runs as two grids (paged_attention_ops.split_requests); its
+           extra row compares with the same step as one grid (columns: one grid, two).
 Cache [blocks, 16, KVH, 2*D] with the requests' blocks scattered through it. Strict mode; the
 two versions' repetitions alternate (other load falls on both); median of --reps. Also the
 cache write alone at two cache sizes (it should cost the same: O(T), not O(cache); a clone of
@@ -78,15 +81,15 @@ def old_layer(query, key, value, kv_cache, slot_mapping, md, output, H, Hkv, D, 
     output.view(T, H, D).copy_(out[output_index].to(output.dtype))
 
 
-def new_layer(query, key, value, kv_cache, slot_mapping, md, output, H, Hkv, D, scale):
-    """What attention.py's forward() runs now."""
-    cs, qi, qp, oi = md
+def new_layer(query, key, value, kv_cache, slot_mapping, grids, output, H, Hkv, D, scale):
+    """What attention.py's forward() runs now (grids: one or two metadata sets)."""
     T = query.shape[0]
     cache = kv_cache.transpose(1, 2)
     torch.ops.tpu.reshape_and_cache(cache, key.view(T, Hkv, D), value.view(T, Hkv, D),
                                     slot_mapping)
-    torch.ops.tpu.paged_attention_into(output.view(T, H, D), query.view(T, H, D), cache, cs,
-                                       qi, qp, oi, scale)
+    for cs, qi, qp, oi in grids:
+        torch.ops.tpu.paged_attention_into(output.view(T, H, D), query.view(T, H, D), cache,
+                                           cs, qi, qp, oi, scale)
 
 
 def make_step(reqs, nblocks, H, Hkv, D, dtype, seed=0):
@@ -102,7 +105,12 @@ def make_step(reqs, nblocks, H, Hkv, D, dtype, seed=0):
     seq = np.array([L for L, _ in reqs])
     T = int(qsl[-1])
     phys = torch.randn(nblocks, BS, Hkv, 2 * D, generator=g).to(dtype).to(TPU)
-    cs, qi, qp, oi, sm = pa.build_metadata(qsl, seq, bt, BS)
+    sm = pa.build_metadata(qsl, seq, bt, BS)[4]
+
+    def grids(split):
+        sels = pa.split_requests(qsl[1:] - qsl[:-1]) if split else [None]
+        return [[torch.from_numpy(a).to(TPU) for a in pa.build_metadata(qsl, seq, bt, BS, g)[:4]]
+                for g in sels]
     return dict(
         cache=phys.permute(0, 2, 1, 3),  # the logical view vLLM hands to forward()
         query=torch.randn(T, H * D, generator=g).to(dtype).to(TPU),
@@ -110,7 +118,8 @@ def make_step(reqs, nblocks, H, Hkv, D, dtype, seed=0):
         value=torch.randn(T, Hkv * D, generator=g).to(dtype).to(TPU),
         slots=torch.from_numpy(sm).to(TPU),
         old_md=old_metadata(qsl, seq, bt),
-        new_md=[torch.from_numpy(a).to(TPU) for a in (cs, qi, qp, oi)],
+        one_grid=grids(False),
+        new_md=grids(True),  # what attention.py runs: split where split_requests says
         out_old=torch.empty(T, H * D, dtype=dtype, device=TPU),
         out_new=torch.empty(T, H * D, dtype=dtype, device=TPU),
     )
@@ -141,9 +150,11 @@ def run(args):
     H, Hkv, D = args.heads, args.kv_heads, args.head_size
     dtype = getattr(torch, args.dtype)
     scale = D ** -0.5
-    rows = []
+    rows, split_rows = [], []
     for name, reqs in (("decode: 8 requests x context 256", [(256, 1)] * 8),
-                       ("prefill: 128 tokens", [(128, 128)])):
+                       ("prefill: 128 tokens", [(128, 128)]),
+                       ("mixed: those 8 decodes + a 128-token chunk at 128..255",
+                        [(256, 1)] * 4 + [(256, 128)] + [(256, 1)] * 4)):
         st = make_step(reqs, args.blocks, H, Hkv, D, dtype)
 
         def old():
@@ -159,6 +170,14 @@ def run(args):
         tol = 1e-4 if dtype == torch.float32 else 2e-2
         torch.testing.assert_close(st["out_new"].cpu(), st["out_old"].cpu(), rtol=tol, atol=tol)
         rows.append((name, t_old, t_new, n_old, n_new))
+        if len(st["new_md"]) > 1:  # the same step as one grid, for comparison
+
+            def one():
+                new_layer(st["query"], st["key"], st["value"], st["cache"], st["slots"],
+                          st["one_grid"], st["out_new"], H, Hkv, D, scale)
+
+            t_one, t_two = _time_pair(one, new, args.reps)
+            split_rows.append((name, t_one, t_two))
 
     # the cache write alone: O(T) whatever the cache size
     write_rows = []
@@ -179,7 +198,7 @@ def run(args):
         t_clone, _ = _time_pair(clone, clone, max(args.reps // 8, 3))
         mb = cache.numel() * cache.element_size() / 2**20
         write_rows.append((nblocks, mb, t, t_clone))
-    return rows, write_rows
+    return rows, split_rows, write_rows
 
 
 def main():
@@ -192,7 +211,7 @@ def main():
     ap.add_argument("--dtype", default="float32")
     ap.add_argument("--out", default=None)
     args = ap.parse_args()
-    rows, write_rows = run(args)
+    rows, split_rows, write_rows = run(args)
     threads = (f"torch threads {torch.get_num_threads()}, "
                f"{len(os.sched_getaffinity(0))} usable cores (os.sched_getaffinity)")
     lines = [BEGIN,
@@ -205,6 +224,12 @@ def main():
     for name, t_old, t_new, n_old, n_new in rows:
         lines.append(f"| {name} | {t_old:.3f} | {t_new:.3f} | {t_old / t_new:.2f}x | "
                      f"{n_old} | {n_new} |")
+    lines += ["", "The mixed step as attention.py runs it (decodes and the chunk as two grids, "
+              "two paged_attention_into calls) against one grid (every decode padded to the "
+              "chunk's 128 query rows):", "",
+              "| step | one grid (ms) | two grids (ms) |", "|---|---|---|"]
+    for name, t_one, t_two in split_rows:
+        lines.append(f"| {name} | {t_one:.3f} | {t_two:.3f} |")
     lines += ["", "reshape_and_cache alone (8 tokens, then one cache element read back), against "
               "a clone of the cache (one pass over it):", "",
               "| cache blocks | cache MB | write (ms) | clone (ms) |", "|---|---|---|---|"]
