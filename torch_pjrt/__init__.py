@@ -117,6 +117,9 @@ def _register() -> None:
         from . import vision_ops  # torchvision's detection ops (nms, roi_align)
 
         vision_ops.register()
+        from . import paged_attention_ops  # tpu::reshape_and_cache, tpu::paged_attention (serving)
+
+        paged_attention_ops.register()
         from . import transformer_ops  # nn.MultiheadAttention's / TransformerEncoderLayer's fast path
 
         transformer_ops.register()

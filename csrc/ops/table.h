@@ -27,6 +27,7 @@ typedef struct {
   X(select)            \
   X(rnn)               \
   X(vision)            \
+  X(paged_attention)   \
   X(kernel)            \
   X(fft)               \
   X(scaled_mm)

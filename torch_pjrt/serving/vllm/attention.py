@@ -1,17 +1,20 @@
-"""Paged attention for vLLM in plain torch ops, run on the `tpu` device.
+"""Paged attention for vLLM on the `tpu` device: two fused ops per layer.
 
-Correct and simple first (a later step fuses a layer's attention into one program). The KV
-cache of a layer is one tensor, physically [num_blocks, block_size, num_kv_heads, 2*head_size]
-(vLLM's LBNHC layout: keys in the first head_size channels, values in the rest), which vLLM
-hands to forward() as its logical [num_blocks, num_kv_heads, block_size, 2*head_size] view.
-A token's slot is block * block_size + offset, so the cache flattens to [slots, heads, 2*hd].
+The KV cache of a layer is one tensor, physically [num_blocks, block_size, num_kv_heads,
+2*head_size] (vLLM's LBNHC layout: keys in the first head_size channels, values in the rest),
+which vLLM hands to forward() as its logical [num_blocks, num_kv_heads, block_size,
+2*head_size] view. A token's slot is block * block_size + offset.
 
-One step's batch may mix prefills, chunked prefills and decodes. The metadata builder does
-the per-step bookkeeping once on the host (numpy), for all layers: the cache slots of each
-request's context, its queries padded to the batch's longest query, and the causal mask
-(query at position p sees keys at positions <= p of its own request). Each layer then writes
-its new keys and values into the cache and computes softmax(QK^T * scale) V per request in
-float32 with grouped-query heads shared as Hugging Face's repeat_kv shares them."""
+One step's batch may mix prefills, chunked prefills and decodes. The metadata builder does the
+per-step bookkeeping once for all layers, on the host (numpy) except the context slots, which
+come from vLLM's block table where it lives (torch_pjrt/paged_attention_ops.py: query_metadata,
+context_slots). Each layer then runs two programs (csrc/ops/paged_attention.c):
+tpu::reshape_and_cache writes the new keys and values into the cache in place (a row scatter
+into the donated cache buffer), and tpu::paged_attention_into gathers every request's context
+and computes softmax(QK^T * scale) V in float32 for all requests at once into the output
+buffer (causal, optional sliding window and tanh soft cap, grouped-query heads shared as
+Hugging Face's repeat_kv shares them). A step whose decodes would be padded to a long prefill
+chunk's width runs the decodes and the rest as two grids (two calls into one output)."""
 
 from __future__ import annotations
 
@@ -29,6 +32,8 @@ from vllm.v1.attention.backend import (
     CommonAttentionMetadata,
 )
 from vllm.v1.kv_cache_layout import KVCacheLayout
+
+from torch_pjrt import paged_attention_ops as pa
 
 
 class TpuPagedAttentionBackend(AttentionBackend):
@@ -62,13 +67,19 @@ class TpuPagedAttentionBackend(AttentionBackend):
 
 
 @dataclass
-class TpuPagedAttentionMetadata(AttentionMetadata):
-    num_actual_tokens: int
-    slot_mapping: torch.Tensor  # [T] int64: where each new token's key and value go
+class PagedGrid:
+    """One paged_attention call's metadata: a group of requests as an [R, Q] grid."""
     context_slots: torch.Tensor  # [R, S] int64: cache slots of each request's positions 0..S-1
     query_index: torch.Tensor  # [R, Q] int64: token of each (request, query row); 0 for padding
-    mask: torch.Tensor  # [R, Q, S] bool: which context positions a query row sees
-    output_index: torch.Tensor  # [T] int64: row r*Q + j of each token in the padded output
+    query_pos: torch.Tensor  # [R, Q] int64: position of that query in its request; -1: padding
+    output_index: torch.Tensor  # [T] int64: row r*Q + j of each token; -1: another grid's
+
+
+@dataclass
+class TpuPagedAttentionMetadata(AttentionMetadata):
+    num_actual_tokens: int
+    slot_mapping: torch.Tensor  # [T] int: where each new token's key and value go (-1: none)
+    grids: list[PagedGrid]  # one, or two (decodes, then the rest) filling one output
 
 
 class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentionMetadata]):
@@ -82,46 +93,38 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
               fast_build: bool = False) -> TpuPagedAttentionMetadata:
         cm = common_attn_metadata
         R, T, bs = cm.num_reqs, cm.num_actual_tokens, self.block_size
-        qsl = cm.query_start_loc_cpu[: R + 1].numpy().astype(np.int64)
-        seq_lens = cm.seq_lens[:R].cpu().numpy().astype(np.int64)  # exact context lengths
-        q_lens = qsl[1:] - qsl[:-1]
-        Q = max(int(q_lens.max()) if R else 1, 1)
-        S = max(int(seq_lens.max()) if R else 1, 1)
-        nblk = -(-S // bs)
-
-        rows = np.arange(Q)
-        valid_q = rows[None, :] < q_lens[:, None]  # [R, Q]
-        query_index = np.where(valid_q, qsl[:-1, None] + rows[None, :], 0)
-        # Position of query row j of request r: its context before this step plus j.
-        q_pos = (seq_lens - q_lens)[:, None] + rows[None, :]
-        k_pos = np.arange(S)
-        mask = k_pos[None, None, :] <= q_pos[:, :, None]
-        mask[~valid_q] = False
-        mask[..., 0] |= ~valid_q  # padding rows see one key: no all-masked softmax rows
-        tok = np.arange(T)
-        tok_req = np.searchsorted(qsl[1:], tok, side="right")
-        output_index = tok_req * Q + (tok - qsl[tok_req])
-
-        dev = self.device
-        blocks = cm.block_table_tensor[:R, :nblk].to(torch.int64)  # on the device
-        k_pos_t = torch.arange(S, dtype=torch.int64)
-        context_slots = (blocks[:, (k_pos_t // bs).to(dev)] * bs + (k_pos_t % bs).to(dev))
-        return TpuPagedAttentionMetadata(
-            num_actual_tokens=T,
-            slot_mapping=cm.slot_mapping[:T].to(torch.int64),
-            context_slots=context_slots,
-            query_index=torch.from_numpy(query_index).to(dev),
-            mask=torch.from_numpy(mask).to(dev),
-            output_index=torch.from_numpy(output_index).to(dev),
-        )
+        qsl = cm.query_start_loc_cpu[: R + 1].numpy()
+        seq_lens = cm.seq_lens[:R].cpu().numpy()  # exact context lengths
+        blocks = cm.block_table_tensor[:R]
+        parts, host = [], []
+        for sel in pa.split_requests(qsl[1:] - qsl[:-1]):
+            qi, qp, oi, S = pa.query_metadata(qsl, seq_lens, bs, sel)
+            if sel is not None:  # this group's rows of the block table
+                first, n = int(sel[0]), len(sel)
+                rows = (blocks[first:first + n] if sel[-1] - first == n - 1
+                        else blocks[torch.from_numpy(sel).to(blocks.device)])
+            else:
+                rows = blocks
+            parts.append((pa.context_slots(rows, qi.shape[0], S, bs), qi.shape, oi.size))
+            host += [qi.ravel(), qp.ravel(), oi]
+        # every grid's query_index, query_pos and output_index in one host-to-device copy
+        packed = torch.from_numpy(np.concatenate(host)).to(self.device)
+        grids, at = [], 0
+        for cs, shape, t in parts:
+            n = shape[0] * shape[1]
+            grids.append(PagedGrid(cs, packed[at:at + n].view(shape),
+                                   packed[at + n:at + 2 * n].view(shape),
+                                   packed[at + 2 * n:at + 2 * n + t]))
+            at += 2 * n + t
+        return TpuPagedAttentionMetadata(num_actual_tokens=T, slot_mapping=cm.slot_mapping[:T],
+                                         grids=grids)
 
 
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
     def __init__(self, num_heads, head_size, scale, num_kv_heads=None, alibi_slopes=None,
                  sliding_window=None, kv_cache_dtype="auto", logits_soft_cap=None,
                  attn_type=AttentionType.DECODER, kv_sharing_target_layer_name=None, **kwargs):
-        unsupported = {"alibi_slopes": alibi_slopes, "sliding_window": sliding_window,
-                       "logits_soft_cap": logits_soft_cap,
+        unsupported = {"alibi_slopes": alibi_slopes,
                        "kv_sharing_target_layer_name": kv_sharing_target_layer_name}
         for name, value in unsupported.items():
             if value is not None:
@@ -134,10 +137,14 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
         self.head_size = head_size
         self.scale = float(scale)
         self.num_kv_heads = num_kv_heads or num_heads
+        # vLLM's window: a query at position p sees keys at p - sliding_window + 1 .. p
+        self.sliding_window = int(sliding_window) if sliding_window else -1
+        self.logits_soft_cap = float(logits_soft_cap) if logits_soft_cap else 0.0
         self.kv_cache_dtype = kv_cache_dtype
         self.attn_type = attn_type
-        assert num_heads % self.num_kv_heads == 0
-        self.group = num_heads // self.num_kv_heads
+        if num_heads % self.num_kv_heads != 0:
+            raise ValueError(f"tpu attention: {num_heads} query heads are not a multiple of "
+                             f"{self.num_kv_heads} kv heads")
 
     def forward(self, layer, query, key, value, kv_cache, attn_metadata, output,
                 output_scale=None, output_block_scale=None):
@@ -147,21 +154,14 @@ class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):
             return output.zero_()
         md = attn_metadata
         T, H, Hkv, D = md.num_actual_tokens, self.num_heads, self.num_kv_heads, self.head_size
-        # [B, H, N, C] logical view of the physical [B, N, H, C] cache -> [slots, H, C] view.
-        flat = kv_cache.transpose(1, 2).view(-1, Hkv, 2 * D)
-        k = key[:T].view(T, Hkv, D)
-        v = value[:T].view(T, Hkv, D)
-        flat[md.slot_mapping] = torch.cat([k, v], dim=-1).to(flat.dtype)
-
-        R, S = md.context_slots.shape
-        Qr = md.query_index.shape[1]
-        ctx = flat[md.context_slots]  # [R, S, Hkv, 2D]
-        keys = ctx[..., :D].unsqueeze(3).expand(R, S, Hkv, self.group, D).reshape(R, S, H, D)
-        vals = ctx[..., D:].unsqueeze(3).expand(R, S, Hkv, self.group, D).reshape(R, S, H, D)
-        q = query[:T].view(T, H, D)[md.query_index]  # [R, Q, H, D]
-        scores = torch.einsum("rqhd,rshd->rhqs", q.float(), keys.float()) * self.scale
-        scores = scores.masked_fill(~md.mask.unsqueeze(1), float("-inf"))
-        probs = torch.softmax(scores, dim=-1)
-        out = torch.einsum("rhqs,rshd->rqhd", probs, vals.float()).reshape(R * Qr, H, D)
-        output[:T].view(T, H, D).copy_(out[md.output_index].to(output.dtype))
+        # The physical [blocks, block_size, kv heads, 2D] cache: the whole storage, so the
+        # write below donates its buffer and updates only the written rows.
+        cache = kv_cache.transpose(1, 2)
+        torch.ops.tpu.reshape_and_cache(cache, key[:T].view(T, Hkv, D),
+                                        value[:T].view(T, Hkv, D), md.slot_mapping)
+        out, q = output[:T].view(T, H, D), query[:T].view(T, H, D)
+        for g in md.grids:  # each writes its requests' rows of out
+            torch.ops.tpu.paged_attention_into(
+                out, q, cache, g.context_slots, g.query_index, g.query_pos, g.output_index,
+                self.scale, self.logits_soft_cap, self.sliding_window)
         return output
