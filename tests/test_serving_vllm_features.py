@@ -284,6 +284,93 @@ def test_ngram_speculative_decoding_matches_hf(qwen3, in_process):
         engine.llm_engine.engine_core.shutdown()
 
 
+def _ref_accept(out, cu, draft, bonus, rows, decide):
+    """vLLM's acceptance loop, one request at a time (the Triton kernels' semantics):
+    decide(t) -> (token to store, rejected)."""
+    for r in range(out.shape[0]):
+        if not rows[r]:
+            continue
+        start = int(cu[r - 1]) if r else 0
+        n = int(cu[r]) - start
+        rejected = False
+        for p in range(n):
+            if not rejected:
+                out[r, p], rejected = decide(start + p)
+        if not rejected:
+            out[r, n] = bonus[r, 0]
+
+
+@pytest.mark.parametrize("with_draft_probs", [False, True])
+def test_rejection_sampler_kernels_match_reference(with_draft_probs):
+    """rejection.py's torch versions of vLLM's four rejection-sampler kernels, run on tpu,
+    against a per-request loop of the kernels' semantics on CPU: requests with 3, 0, 2 and 1
+    drafts (one padded with -1), greedy and random rows mixed."""
+    from torch_pjrt.serving.vllm import rejection
+
+    g = torch.Generator().manual_seed(7)
+    V, S = 16, 3
+    counts = [3, 0, 2, 1]
+    cu = torch.tensor(np.cumsum(counts), dtype=torch.int32)
+    T, B = int(cu[-1]), len(counts)
+    target_logits = torch.randn(T, V, generator=g) * 2
+    argmax = target_logits.argmax(-1)
+    draft = torch.randint(0, V, (T,), generator=g, dtype=torch.int32)
+    draft[[0, 1, 3]] = argmax[[0, 1, 3]].to(torch.int32)  # some greedy acceptances
+    draft[4] = -1
+    target_probs = target_logits.softmax(-1)
+    draft_probs = torch.rand(T, V, generator=g).softmax(-1) if with_draft_probs else None
+    bonus = torch.randint(0, V, (B, 1), generator=g)
+    u = torch.rand(T, generator=g, dtype=torch.float64) * 0.3
+    is_greedy = torch.tensor([True, False, False, True])
+    inv_q = torch.rand(B, V, generator=g).add_(0.1).reciprocal()
+    dev = lambda t: None if t is None else t.to("tpu")  # noqa: E731
+
+    # Recovered tokens.
+    rec = torch.empty(T, dtype=torch.int32, device="tpu")
+    rejection.sample_recovered_tokens(rec, dev(cu), dev(draft), dev(draft_probs),
+                                      dev(target_probs), dev(inv_q), max_spec_len=S)
+    req = torch.repeat_interleave(torch.arange(B), torch.tensor(counts))
+    want_rec = []
+    for t in range(T):
+        p = (target_probs[t] - draft_probs[t]).clamp(min=0) if with_draft_probs else \
+            target_probs[t].clone().index_fill_(0, draft[t].long().clamp(min=0), 0.0)
+        if not with_draft_probs and draft[t] < 0:
+            p = target_probs[t]
+        want_rec.append(int((p * inv_q[req[t]]).argmax()))
+    assert rec.cpu().tolist() == want_rec
+
+    # Greedy rows, then random rows, into one output as vLLM runs them.
+    out = torch.full((B, S + 1), -1, dtype=torch.int32, device="tpu")
+    rejection.rejection_greedy_sample(out, dev(cu), dev(draft), dev(argmax), dev(bonus),
+                                      dev(is_greedy), S, None, None)
+    rejection.rejection_random_sample(out, dev(cu), dev(draft), dev(draft_probs),
+                                      dev(target_probs), dev(bonus), rec, dev(u),
+                                      dev(is_greedy), S, None)
+    want = torch.full((B, S + 1), -1, dtype=torch.int32)
+    _ref_accept(want, cu, draft, bonus, is_greedy.tolist(),
+                lambda t: (int(argmax[t]), int(draft[t]) != int(argmax[t])))
+
+    def random_decide(t):
+        d = int(draft[t])
+        if d < 0:
+            return want_rec[t], True
+        dp = float(draft_probs[t, d]) if with_draft_probs else 1.0
+        ok = dp > 0 and float(target_probs[t, d] / (draft_probs[t, d] if with_draft_probs
+                                                     else 1.0)) >= float(u[t])
+        return (d, False) if ok else (want_rec[t], True)
+
+    _ref_accept(want, cu, draft, bonus, (~is_greedy).tolist(), random_decide)
+    assert out.cpu().tolist() == want.tolist()
+    assert (want[:, 0] >= 0).sum() >= 3  # the case is not trivial: most rows wrote tokens
+
+    # Per-request values expanded to tokens, with a replacement.
+    temp = torch.tensor([0.5, -1.0, 2.0, -1.0])
+    got = torch.empty(T, device="tpu")
+    rejection.expand(got, dev(temp), dev(cu), -1.0, 1.0)
+    assert got.cpu().tolist() == torch.repeat_interleave(
+        temp.where(temp != -1, torch.tensor(1.0)), torch.tensor(counts)).tolist()
+
+
 def test_bad_engine_arguments(qwen3, in_process, tmp_path):
     """A missing model path and a KV-cache budget below one sequence's need fail at start with
     vLLM's own errors."""
