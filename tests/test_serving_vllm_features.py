@@ -489,6 +489,24 @@ def _stream(client, url, **body):
     return pieces, finish
 
 
+def test_serve_unknown_model_path_fails_cleanly(tmp_path):
+    """`vllm serve` on a path that does not exist ends at once with exit code 1 and vLLM's own
+    error naming the path (a Python exception from Hugging Face's repo-id check: vLLM takes a
+    missing local path for a hub id; offline, nothing is fetched), no crash."""
+    pytest.importorskip("uvicorn", reason="vllm serve's dependencies are not installed")
+    vllm_cli = shutil.which("vllm", path=os.path.dirname(sys.executable))
+    assert vllm_cli, "vLLM's `vllm` command is not beside this interpreter"
+    missing = str(tmp_path / "no-such-model")
+    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    r = subprocess.run([vllm_cli, "serve", missing, "--port", str(_free_port())], env=env,
+                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
+    assert r.returncode == 1, r.stdout[-4000:]
+    last = r.stdout.strip().splitlines()[-1]
+    assert missing in last and "Error" in last, r.stdout[-4000:]
+    for bad in ("Segmentation fault", "core dumped", "Fatal Python error"):
+        assert bad not in r.stdout
+
+
 def test_serve_completions_concurrent_match_hf(server):
     model, client = server["model"], server["client"]
     expected = [_expected(model, p) for p in PROMPTS]
