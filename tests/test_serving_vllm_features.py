@@ -98,6 +98,7 @@ def in_process():
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engines in this process
         mp.setenv("HF_HUB_OFFLINE", "1")  # a wrong model path must never turn into a download
+        mp.setenv("VLLM_NO_USAGE_STATS", "1")  # no usage report over the network
         yield mp
 
 
@@ -130,13 +131,27 @@ def _ids(outs):
 
 # ---------------------------------------------------------------- LLM.generate
 
-def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm):
+def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm, monkeypatch):
     from vllm import SamplingParams
+
+    from torch_pjrt.serving.vllm import attention
 
     _, model, _ = qwen3
     expected = [_expected(model, p) for p in PROMPTS]
+    steps = []  # (query lengths, context lengths) of every step
+    build = attention.TpuPagedAttentionMetadataBuilder.build
+
+    def spy(self, common_prefix_len, cm, fast_build=False):
+        qsl = cm.query_start_loc_cpu[: cm.num_reqs + 1]
+        steps.append(((qsl[1:] - qsl[:-1]).tolist(), cm.seq_lens[: cm.num_reqs].cpu().tolist()))
+        return build(self, common_prefix_len, cm, fast_build)
+
+    monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy)
     params = SamplingParams(temperature=0.0, max_tokens=NEW, min_tokens=NEW)
     assert _ids(llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)) == expected
+    # Chunked prefill (a prefill continuing an earlier chunk) and mixed prefill/decode steps.
+    assert any(q > 1 and c - q > 0 for qs, cs in steps for q, c in zip(qs, cs)), steps
+    assert any(1 in qs and max(qs) > 1 for qs, _ in steps), steps
     # The same prompts in another mix (and order): every request's tokens are its own.
     order = [3, 0, 4]
     got = _ids(llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in order], params))
@@ -421,7 +436,7 @@ def server(qwen3, tmp_path_factory):
     log_path = tmp_path_factory.mktemp("serve") / "serve.log"
     log = open(log_path, "w")
     env = {k: v for k, v in os.environ.items() if k != "VLLM_ENABLE_V1_MULTIPROCESSING"}
-    env["HF_HUB_OFFLINE"] = "1"
+    env.update(HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     proc = subprocess.Popen(
         [vllm_cli, "serve", path, "--host", "127.0.0.1", "--port", str(port),
          "--dtype", "float32", "--max-model-len", str(MAX_LEN),
@@ -497,7 +512,7 @@ def test_serve_unknown_model_path_fails_cleanly(tmp_path):
     vllm_cli = shutil.which("vllm", path=os.path.dirname(sys.executable))
     assert vllm_cli, "vLLM's `vllm` command is not beside this interpreter"
     missing = str(tmp_path / "no-such-model")
-    env = dict(os.environ, HF_HUB_OFFLINE="1")
+    env = dict(os.environ, HF_HUB_OFFLINE="1", VLLM_NO_USAGE_STATS="1")
     r = subprocess.run([vllm_cli, "serve", missing, "--port", str(_free_port())], env=env,
                        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=120)
     assert r.returncode == 1, r.stdout[-4000:]
