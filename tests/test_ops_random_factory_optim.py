@@ -64,7 +64,8 @@ def test_manual_seed_reproduces(name, fallbacks):
     fallbacks.assert_none(name)
 
 
-@pytest.mark.parametrize("name", ["rand", "randn", "randperm", "bernoulli_", "random_"])
+@pytest.mark.parametrize("name", ["rand", "randn", "randperm", "bernoulli_", "random_", "exponential",
+                                  "geometric", "log_normal", "cauchy", "multinomial"])
 def test_generator_object_and_rng_state(name, fallbacks):
     make = GENERATORS[name]
     g = torch.Generator(device=TPU)

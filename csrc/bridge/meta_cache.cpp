@@ -158,7 +158,12 @@ std::optional<std::vector<c10::IValue>> meta_returns(const c10::OperatorHandle& 
   }
   torch::jit::Stack meta;
   meta.reserve(args.size());
-  for (const c10::IValue& v : args) meta.push_back(map_tensors(v, meta_like, c10::Device(c10::kMeta)));
+  // A generator never shapes an output, and some Meta kernels are Python refs that refuse one
+  // (torch._refs.exponential asserts generator is None), so the Meta call gets None in its
+  // place; every random op's schema has it as `Generator?`. The device op keeps the generator.
+  for (const c10::IValue& v : args)
+    meta.push_back(v.isGenerator() ? c10::IValue()
+                                   : map_tensors(v, meta_like, c10::Device(c10::kMeta)));
   try {
     op.callBoxed(&meta);
   } catch (const c10::NotImplementedError&) {

@@ -27,6 +27,10 @@ class TpuWorker(Worker):
             self.vllm_config, self.rank, self.distributed_init_method, self.local_rank,
             current_platform.dist_backend)
         set_random_seed(self.model_config.seed)
+        # Speculative decoding's rejection sampler launches Triton kernels: torch versions.
+        from .rejection import install as use_torch_rejection_sampler
+
+        use_torch_rejection_sampler()
         self._init_workspace_and_model_runner()
 
     def _make_model_runner(self):
