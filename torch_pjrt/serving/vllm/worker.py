@@ -7,6 +7,8 @@ from contextlib import nullcontext
 
 import torch
 from vllm.logger import init_logger
+
+from torch_pjrt.distributed import local_device
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
@@ -20,7 +22,9 @@ class TpuWorker(Worker):
         if self.use_v2_model_runner:
             raise NotImplementedError("tpu: only vLLM's V1 model runner is supported "
                                       "(set VLLM_USE_V2_MODEL_RUNNER=0)")
-        self.device = torch.device("tpu", self.local_rank)
+        # tpu:<local rank> when the plugin has several devices, else tpu:0: with one device
+        # (the CPU plugin's default) each rank's process has its own client and its own tpu:0.
+        self.device = local_device(self.local_rank)
         torch.tpu.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         init_worker_distributed_environment(
