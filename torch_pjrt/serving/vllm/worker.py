@@ -6,13 +6,14 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
-
-from torch_pjrt.distributed import local_device
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
+
+from torch_pjrt.distributed import local_device
 
 logger = init_logger(__name__)
 
@@ -32,6 +33,17 @@ class TpuWorker(Worker):
             current_platform.dist_backend)
         set_random_seed(self.model_config.seed)
         self._init_workspace_and_model_runner()
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        super().load_model(load_dummy_weights=load_dummy_weights)
+        # A later pipeline stage receives the previous stage's activations into buffers the
+        # runner makes in its CUDA warmup (_dummy_run), which this worker skips
+        # (compile_or_warm_up_model): make them here, once, as that warmup would.
+        runner = self.model_runner
+        if not get_pp_group().is_first_rank and runner.intermediate_tensors is None:
+            runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+                batch_size=runner.max_num_tokens, dtype=self.model_config.dtype,
+                device=self.device)
 
     def _make_model_runner(self):
         from .model_runner import TpuModelRunner
