@@ -95,6 +95,7 @@ def _check(llm, expected):
         tp = get_tp_group()
         return dict(
             rank=dist.get_rank(), device=str(worker.device), pid=__import__("os").getpid(),
+            device_count=torch.tpu.device_count(),
             tp_backend=dist.get_backend(tp.device_group),
             communicator=type(tp.device_communicator).__name__,
             comm_device=str(tp.device_communicator.device),
@@ -108,9 +109,11 @@ def _check(llm, expected):
     assert ranks[0]["pid"] != ranks[1]["pid"]
     head_dim = 64 // 4
     for r in ranks:
-        assert r["device"].startswith("tpu"), r
+        # Each rank's process has its own PJRT client: tpu:<rank> when the plugin has several
+        # devices (TORCH_PJRT_CPU_DEVICE_COUNT=2), else its own tpu:0.
+        assert r["device"] == f"tpu:{r['rank'] if r['device_count'] > 1 else 0}", r
         assert r["comm_device"] == r["device"], r
-        assert r["tp_backend"] == "cpu:gloo,tpu:tpu_dist", r
+        assert r["tp_backend"] == "tpu_dist", r
         assert r["communicator"] == "TpuCommunicator", r
         # Column-parallel QKV: 2 of 4 query heads and 1 of 2 KV heads per rank; row-parallel
         # down projection: half of the intermediate columns; vocab-parallel embedding: half

@@ -27,11 +27,9 @@ class TpuPlatform(Platform):
     device_name: str = "tpu"
     device_type: str = "tpu"
     dispatch_key: str = "PrivateUse1"
-    # Every device group vLLM creates gets tpu_dist for tpu tensors and Gloo for CPU tensors:
-    # vLLM's world group is the default process group and some of vLLM's code runs collectives
-    # on CPU tensors there, which a tpu_dist-only group refuses ("No backend type associated
-    # with device type cpu"), as an NCCL-only group would.
-    dist_backend: str = "cpu:gloo,tpu:tpu_dist"
+    # vLLM's device groups (each GroupCoordinator's, and the default group): tpu_dist alone, as
+    # CUDA's are NCCL alone; vLLM sends CPU tensors over the Gloo CPU group it makes beside each.
+    dist_backend: str = "tpu_dist"
     # torch.compile of vLLM's small helper functions: ours, never inductor's CUDA/C++ codegen.
     simple_compile_backend: str = "tpu"
     device_control_env_var: str = "TORCH_PJRT_VISIBLE_DEVICES"
