@@ -123,3 +123,75 @@ def _check(llm, expected):
         assert r["embed"] == (128 // 2, 64), r
         assert r["collectives"] > 0, r  # all-reduces and logits all-gathers went over tpu_dist
         assert r["fallbacks"] == {}, r
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.mark.long  # a second engine start (API server, engine core, two workers): 45-95 s here
+def test_vllm_serve_tp2_completions_match_hf(tmp_path):
+    """`vllm serve --tensor-parallel-size 2` (API-server, engine-core and two worker processes)
+    on tpu: greedy completions of the OpenAI-compatible endpoint, sent concurrently, equal
+    Hugging Face's on CPU."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import time
+    import urllib.request
+    from concurrent.futures import ThreadPoolExecutor
+
+    pytest.importorskip("uvicorn", reason="vllm serve's dependencies are not installed "
+                        "(bash scripts/setup.sh --serving)")
+    hf_model = _tiny_llama(tmp_path)
+    expected = [_hf_greedy(hf_model, p)[0] for p in PROMPTS]
+    vllm_cli = shutil.which("vllm", path=os.path.dirname(sys.executable))
+    assert vllm_cli, "vLLM's `vllm` command is not beside this interpreter"
+    port = _free_port()
+    log_path = tmp_path / "serve.log"
+    log = open(log_path, "w")
+    proc = subprocess.Popen(
+        [vllm_cli, "serve", str(tmp_path), "--port", str(port), "--dtype", "float32",
+         "--max-model-len", "64", "--kv-cache-memory-bytes", str(4 << 20),
+         "--max-num-batched-tokens", "16", "--no-enable-prefix-caching",
+         "--tensor-parallel-size", "2"],
+        stdout=log, stderr=subprocess.STDOUT, env=dict(os.environ))
+    base = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.time() + 240
+        while True:
+            assert proc.poll() is None, log_path.read_text()[-4000:]
+            try:
+                urllib.request.urlopen(base + "/health", timeout=2)
+                break
+            except OSError:
+                assert time.time() < deadline, "vllm serve did not come up in 240 s"
+                time.sleep(1)
+
+        def complete(prompt):
+            body = json.dumps({"model": str(tmp_path), "prompt": prompt, "temperature": 0,
+                               "max_tokens": NEW_TOKENS, "min_tokens": NEW_TOKENS,
+                               "return_token_ids": True}).encode()
+            req = urllib.request.Request(base + "/v1/completions", body,
+                                         {"Content-Type": "application/json"})
+            with urllib.request.urlopen(req, timeout=120) as r:
+                return json.load(r)["choices"][0]["token_ids"]
+
+        with ThreadPoolExecutor(len(PROMPTS)) as pool:
+            got = list(pool.map(complete, PROMPTS))
+        assert got == expected
+        assert "backend=tpu_dist" in log_path.read_text()  # the workers' device groups
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        log.close()
