@@ -28,4 +28,3 @@ class TpuCommunicator(DeviceCommunicatorBase):
         super().__init__(cpu_group, device, device_group, unique_name, use_all2all=use_all2all)
         if self.use_all2all:
             raise NotImplementedError("tpu: expert-parallel all-to-all is not implemented")
-
