@@ -1,8 +1,9 @@
 """vLLM's Platform for torch_pjrt's `tpu` device (an out-of-tree platform, PrivateUse1).
 
 Eager execution only for now: no CUDA graphs and no vLLM compilation (the model's ops run one
-program each in torch_pjrt's strict mode; a later step compiles whole steps). Collectives go
-over Gloo (torch_pjrt's CPU plugin has no multi-process collectives of its own)."""
+program each in torch_pjrt's strict mode; a later step compiles whole steps). Tensor
+parallelism runs one process per rank (vLLM's multiprocess executor, spawned) with collectives
+on tpu tensors over torch_pjrt's `tpu_dist` backend (docs/serving-tp.md)."""
 
 from __future__ import annotations
 
@@ -26,7 +27,9 @@ class TpuPlatform(Platform):
     device_name: str = "tpu"
     device_type: str = "tpu"
     dispatch_key: str = "PrivateUse1"
-    dist_backend: str = "gloo"
+    # vLLM's device groups (each GroupCoordinator's, and the default group): tpu_dist alone, as
+    # CUDA's are NCCL alone; vLLM sends CPU tensors over the Gloo CPU group it makes beside each.
+    dist_backend: str = "tpu_dist"
     # torch.compile of vLLM's small helper functions: ours, never inductor's CUDA/C++ codegen.
     simple_compile_backend: str = "tpu"
     device_control_env_var: str = "TORCH_PJRT_VISIBLE_DEVICES"
@@ -34,6 +37,10 @@ class TpuPlatform(Platform):
     @property
     def supported_dtypes(self) -> list[torch.dtype]:
         return [torch.bfloat16, torch.float16, torch.float32]
+
+    @classmethod
+    def get_device_communicator_cls(cls) -> str:
+        return f"{_PKG}.communicator.TpuCommunicator"
 
     @classmethod
     def check_if_supports_dtype(cls, dtype: torch.dtype) -> None:
@@ -101,10 +108,11 @@ class TpuPlatform(Platform):
         parallel = vllm_config.parallel_config
         if parallel.worker_cls == "auto":
             parallel.worker_cls = f"{_PKG}.worker.TpuWorker"
-        if parallel.world_size > 1:
-            raise NotImplementedError("tpu: tensor/pipeline parallel serving is not implemented")
+        if parallel.data_parallel_size > 1:
+            raise NotImplementedError("tpu: data parallel serving is not implemented")
         if parallel.distributed_executor_backend in (None, "auto"):
-            parallel.distributed_executor_backend = "uni"
+            # One process per rank: each has its own PJRT client (docs/serving-tp.md).
+            parallel.distributed_executor_backend = "mp" if parallel.world_size > 1 else "uni"
 
         comp = vllm_config.compilation_config
         comp.mode = CompilationMode.NONE

@@ -6,11 +6,14 @@ from __future__ import annotations
 from contextlib import nullcontext
 
 import torch
+from vllm.distributed.parallel_state import get_pp_group
 from vllm.logger import init_logger
 from vllm.platforms import current_platform
 from vllm.utils.torch_utils import set_random_seed
 from vllm.v1.worker.gpu_worker import Worker, init_worker_distributed_environment
 from vllm.v1.worker.worker_base import CompilationTimes
+
+from torch_pjrt.distributed import local_device
 
 logger = init_logger(__name__)
 
@@ -20,7 +23,9 @@ class TpuWorker(Worker):
         if self.use_v2_model_runner:
             raise NotImplementedError("tpu: only vLLM's V1 model runner is supported "
                                       "(set VLLM_USE_V2_MODEL_RUNNER=0)")
-        self.device = torch.device("tpu", self.local_rank)
+        # tpu:<local rank> when the plugin has several devices, else tpu:0: with one device
+        # (the CPU plugin's default) each rank's process has its own client and its own tpu:0.
+        self.device = local_device(self.local_rank)
         torch.tpu.set_device(self.device)
         current_platform.check_if_supports_dtype(self.model_config.dtype)
         init_worker_distributed_environment(
@@ -32,6 +37,17 @@ class TpuWorker(Worker):
 
         use_torch_rejection_sampler()
         self._init_workspace_and_model_runner()
+
+    def load_model(self, *, load_dummy_weights: bool = False) -> None:
+        super().load_model(load_dummy_weights=load_dummy_weights)
+        # A later pipeline stage receives the previous stage's activations into buffers the
+        # runner makes in its CUDA warmup (_dummy_run), which this worker skips
+        # (compile_or_warm_up_model): make them here, once, as that warmup would.
+        runner = self.model_runner
+        if not get_pp_group().is_first_rank and runner.intermediate_tensors is None:
+            runner.intermediate_tensors = runner.model.make_empty_intermediate_tensors(
+                batch_size=runner.max_num_tokens, dtype=self.model_config.dtype,
+                device=self.device)
 
     def _make_model_runner(self):
         from .model_runner import TpuModelRunner
