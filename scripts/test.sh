@@ -12,6 +12,15 @@ if [ "${1:-}" = "--torch" ]; then
 fi
 # setup.sh's venv for that release (its default for --torch without --venv)
 if [ "$TORCH" = 2.13.0 ]; then VENV=.venv; else VENV=.venv-torch$TORCH; fi
+# `--serving`: vLLM installed beside (scripts/setup.sh --serving) and only the serving tests run
+# (tests/test_serving_vllm*.py: the vLLM plugin on tpu, docs/serving.md). They take several
+# minutes more than CI's 20-minute budget leaves, so CI runs the rest and this is its own
+# command; its results are recorded in docs/serving.md.
+if [ "${1:-}" = "--serving" ]; then
+  shift
+  bash scripts/setup.sh --torch "$TORCH" --serving
+  exec "$VENV/bin/python" -m pytest -q tests/test_serving_vllm.py tests/test_serving_vllm_*.py "$@"
+fi
 bash scripts/setup.sh --torch "$TORCH"
 VPY=$VENV/bin/python
 # test-only dependencies; torch stays the one setup.sh pinned (--constraint makes that explicit)
