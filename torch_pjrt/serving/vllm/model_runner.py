@@ -7,6 +7,7 @@ kernels the V1 runner launches (slot mapping, KV block zeroing) are replaced wit
 
 from __future__ import annotations
 
+import dataclasses
 import types
 from contextlib import contextmanager
 
@@ -67,6 +68,32 @@ class TpuModelRunner(GPUModelRunner):
         with _tpu_streams_as_cuda():
             super().__init__(vllm_config, device)
         self._use_torch_slot_mapping()
+        self._pad_to = self._token_padding()
+
+    def _token_padding(self) -> list[int] | None:
+        """Compiled steps: token count -> padded count, vLLM's CUDA-graph table
+        (cudagraph_dispatcher) over the buckets platform.py put in cudagraph_capture_sizes.
+        None when eager (no padding: every op is its own program anyway)."""
+        from vllm.config import CompilationMode
+
+        comp = self.compilation_config
+        if comp.mode != CompilationMode.VLLM_COMPILE or not comp.cudagraph_capture_sizes:
+            return None
+        self.cudagraph_dispatcher._compute_bs_to_padded_graph_size()
+        return list(self.cudagraph_dispatcher._bs_to_padded_graph_size)
+
+    def _determine_batch_execution_and_padding(self, num_tokens, *args, **kwargs):
+        mode, desc, ubatch, across_dp, stats = super()._determine_batch_execution_and_padding(
+            num_tokens, *args, **kwargs)
+        pad_to = self._pad_to
+        if pad_to is not None and desc.num_tokens < len(pad_to):
+            # The padded tokens are computed and ignored: attention reads only the real
+            # tokens (its metadata counts them) and their slot mapping is PAD_SLOT_ID.
+            desc = dataclasses.replace(desc, num_tokens=pad_to[desc.num_tokens])
+        return mode, desc, ubatch, across_dp, stats
+
+    def token_buckets(self) -> list[int]:
+        return list(self.compilation_config.cudagraph_capture_sizes or [])
 
     def _use_torch_slot_mapping(self) -> None:
         for bt in self.input_batch.block_table.block_tables:
