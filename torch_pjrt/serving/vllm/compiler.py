@@ -19,6 +19,7 @@ in torch_pjrt's disk cache (TORCH_PJRT_CACHE_DIR), so nothing is compiled by XLA
 from __future__ import annotations
 
 import hashlib
+import os
 from typing import Any
 
 import torch
@@ -30,6 +31,18 @@ logger = init_logger(__name__)
 
 class TpuCompilerAdaptor(CompilerInterface):
     name = "torch_pjrt_tpu"
+
+    def initialize_cache(self, cache_dir: str, disable_cache: bool = False,
+                         prefix: str = "") -> None:
+        """AOTAutograd's cache (the backend's ``aot_cache``, under TORCHINDUCTOR_CACHE_DIR)
+        beside vLLM's own files for this model, as vLLM's Inductor adaptor places it; the
+        programs stay in torch_pjrt's cache (TORCH_PJRT_CACHE_DIR), shared by every model."""
+        if disable_cache:
+            return
+        base = os.path.dirname(cache_dir) if prefix else cache_dir  # shared by the prefixes
+        path = os.path.join(base, "inductor_cache")
+        os.makedirs(path, exist_ok=True)
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = path
 
     def compute_hash(self, vllm_config) -> str:
         from torch_pjrt.compile.backend import _code_tag
