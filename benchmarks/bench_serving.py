@@ -22,8 +22,9 @@ of all requests / wall time from submission to the last token. ``hf-tpu``: concu
 first token is a ``generate`` of one new token.
 
 Models are built from configs with random weights (nothing downloaded) into a temporary
-directory with a locally built word-level tokenizer: ``tiny`` (a 2-layer Llama, hidden 128, 4 heads of 32, vocab 128)
-and ``100m`` (a 12-layer Llama-style model, hidden 768, about 100M parameters), float32.
+directory with a locally built word-level tokenizer: ``tiny`` (a 2-layer Llama, hidden 128,
+4 heads of 32, vocab 128) and ``100m`` (a 12-layer Llama-style model, hidden 768, 12 heads,
+4 KV heads, vocab 32000, tied embeddings: 100.1M parameters), float32.
 
 Threads: OMP_NUM_THREADS=2 and torch.set_num_threads(2) in every child; the XLA CPU plugin uses
 its own thread pool over the machine's cores."""
@@ -130,8 +131,11 @@ def _run_vllm(args) -> dict:
         return ntok / wall, statistics.median(ids.values()), [got[r] for r in ids]
 
     t0 = time.perf_counter()
-    run(ps)  # warm-up: every eager program and every compiled bucket a run needs
-    run(ps[:1])
+    # Warm-up: every shape the timed runs meet, so that they measure steady state (eager ops,
+    # attention among them, compile a program per new shape; compiled pieces per bucket).
+    run(ps)
+    for r in range(min(args["reps"], len(ps))):
+        run([ps[r]])
     warm_s = time.perf_counter() - t0
     metrics1 = _tpu_metrics()
     res = {"start_s": start_s, "warmup_s": warm_s}
@@ -191,9 +195,10 @@ def _run_hf(args) -> dict:
 
     t0 = time.perf_counter()
     gen(ps, n_new)
-    gen(ps[:1], n_new)
-    gen(ps[:1], 1)
     gen(ps, 1)
+    for r in range(min(args["reps"], len(ps))):
+        gen([ps[r]], n_new)
+        gen([ps[r]], 1)
     warm_s = time.perf_counter() - t0
     res = {"start_s": start_s, "warmup_s": warm_s}
     tokens = None
@@ -215,6 +220,8 @@ def _run_hf(args) -> dict:
 def child(spec: str) -> None:
     args = json.loads(spec)
     res = _run_hf(args) if args["config"] == "hf-tpu" else _run_vllm(args)
+    # 1-minute load average at the end: how busy the machine was while this child measured
+    res["loadavg_1m"] = os.getloadavg()[0]
     print("RESULT " + json.dumps(res), flush=True)
 
 
@@ -251,12 +258,12 @@ def run_config(config, model_dir, ps, args, env_base, log_dir):
 
 def table(results, models) -> str:
     lines = ["| model | configuration | tok/s (1 req) | TTFT (1 req) | tok/s (8 req) | "
-             "TTFT (8 req) | engine start | compiles (start / warm-up / timed) |",
-             "|---|---|---|---|---|---|---|---|"]
+             "TTFT (8 req) | engine start | compiles (start / warm-up / timed) | load |",
+             "|---|---|---|---|---|---|---|---|---|"]
     for m in models:
         for cfg, res in results.get(m, {}).items():
             if "error" in res:
-                lines.append(f"| {m} | {cfg} | error (see below) | | | | | |")
+                lines.append(f"| {m} | {cfg} | error (see below) | | | | | | |")
                 continue
             comp = ("" if "compiles_start" not in res else
                     f"{res['compiles_start']} / {res['compiles_warmup']} / "
@@ -264,7 +271,7 @@ def table(results, models) -> str:
             lines.append(
                 f"| {m} | {cfg} | {res['c1']['tok_s']:.1f} | {res['c1']['ttft_s'] * 1e3:.0f} ms"
                 f" | {res['c8']['tok_s']:.1f} | {res['c8']['ttft_s'] * 1e3:.0f} ms"
-                f" | {res['start_s']:.1f} s | {comp} |")
+                f" | {res['start_s']:.1f} s | {comp} | {res.get('loadavg_1m', float('nan')):.1f} |")
     return "\n".join(lines)
 
 

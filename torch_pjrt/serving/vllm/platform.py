@@ -1,8 +1,10 @@
 """vLLM's Platform for torch_pjrt's `tpu` device (an out-of-tree platform, PrivateUse1).
 
-Eager execution only for now: no CUDA graphs and no vLLM compilation (the model's ops run one
-program each in torch_pjrt's strict mode; a later step compiles whole steps). Collectives go
-over Gloo (torch_pjrt's CPU plugin has no multi-process collectives of its own)."""
+Compiled steps by default: vLLM's piecewise compilation (CompilationMode.VLLM_COMPILE) with
+torch_pjrt's backend behind vLLM's compiler interface (compiler.py); the graph is split at the
+attention ops, which run eagerly through attention.py. `enforce_eager=True` (`--enforce-eager`)
+runs every aten op as its own program (strict mode) instead. No CUDA graphs in either mode.
+Collectives go over Gloo (torch_pjrt's CPU plugin has no multi-process collectives of its own)."""
 
 from __future__ import annotations
 
@@ -144,7 +146,7 @@ class TpuPlatform(Platform):
             # per size itself), so no per-size compiles
             comp.compile_sizes = []
             # vLLM's fusion passes are Inductor post-grad passes that rewrite graphs into CUDA
-            # and ROCm custom ops; torch_pjrt's backend runs no Inductor passes and has no such ops.
+            # and ROCm custom ops; torch_pjrt's backend runs no Inductor passes, has no such ops.
             passes = comp.pass_config
             for name in list(vars(passes)):
                 if name.startswith(("fuse_", "enable_")) and getattr(passes, name):
