@@ -55,9 +55,11 @@ class TpuWorker(Worker):
         return avail
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        """Compiled mode: one dummy step at every token bucket (largest first), so that every
-        program a step can run is compiled (or loaded from the disk caches) before the first
-        request. Eager mode: nothing (vLLM's warmup runs CUDA/Triton kernels; each eager op's
+        """Compiled mode: one dummy step at every token bucket (largest first), so that the
+        program of every compiled piece at every bucket is compiled (or loaded from the disk
+        caches) before the first request; attention and the sampler stay eager ops, compiled
+        at their first use of a shape (the dummy steps run attention without metadata). Eager
+        mode: nothing (vLLM's warmup runs CUDA/Triton kernels; each eager op's
         program is compiled at first use and kept in torch_pjrt's memory and disk caches)."""
         from vllm.config import CompilationMode
 
