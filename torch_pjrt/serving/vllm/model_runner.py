@@ -92,6 +92,37 @@ class TpuModelRunner(GPUModelRunner):
             desc = dataclasses.replace(desc, num_tokens=pad_to[desc.num_tokens])
         return mode, desc, ubatch, across_dp, stats
 
+    def load_model(self, *args, **kwargs) -> None:
+        super().load_model(*args, **kwargs)
+        self._column_major_linear_weights()
+
+    def _column_major_linear_weights(self) -> None:
+        """Stores every unquantized linear weight [out, in] column-major (the transposed view
+        of a contiguous [in, out] buffer), the LM head's too. F.linear(x, W) multiplies by W^T,
+        which is then a contiguous matrix; XLA's CPU dot is much slower with the row-major W
+        (contracting its minor dim): one [1, 768] x [768, 2048] product took 0.99 ms row-major
+        and 0.11 ms column-major (0.52 vs 0.20 ms for 8 rows; equal from 64 rows), a
+        [1, 768] x [768, 32000] LM head 13.8 vs 4.3 ms, and decode steps are such products.
+        A tied input embedding reads the same column-major buffer: a row lookup in it cost
+        the same as in the row-major one (0.13 ms for 4 rows of 32000 x 768)."""
+        from vllm.model_executor.layers.linear import LinearBase, UnquantizedLinearMethod
+        from vllm.model_executor.layers.vocab_parallel_embedding import (
+            ParallelLMHead,
+            UnquantizedEmbeddingMethod,
+        )
+
+        for m in self.get_model().modules():
+            method = getattr(m, "quant_method", None)
+            if not ((isinstance(m, LinearBase) and isinstance(method, UnquantizedLinearMethod))
+                    or (isinstance(m, ParallelLMHead)
+                        and isinstance(method, UnquantizedEmbeddingMethod))):
+                continue
+            w = getattr(m, "weight", None)
+            if isinstance(w, torch.Tensor) and w.dim() == 2 and w.is_contiguous():
+                # same Parameter object (the model and vLLM keep references to it); a weight
+                # shared by two modules is converted once (then no longer contiguous)
+                w.data = w.data.t().contiguous().t()
+
     def token_buckets(self) -> list[int]:
         return list(self.compilation_config.cudagraph_capture_sizes or [])
 
