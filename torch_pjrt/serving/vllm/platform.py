@@ -1,9 +1,12 @@
 """vLLM's Platform for torch_pjrt's `tpu` device (an out-of-tree platform, PrivateUse1).
 
-Eager execution only for now: no CUDA graphs and no vLLM compilation (the model's ops run one
-program each in torch_pjrt's strict mode; a later step compiles whole steps). Tensor
-parallelism runs one process per rank (vLLM's multiprocess executor, spawned) with collectives
-on tpu tensors over torch_pjrt's `tpu_dist` backend (docs/serving-tp.md)."""
+Compiled steps by default: vLLM's piecewise compilation (CompilationMode.VLLM_COMPILE) with
+torch_pjrt's backend behind vLLM's compiler interface (compiler.py); the graph is split at the
+attention ops, which run eagerly through attention.py (two fused programs per layer).
+`enforce_eager=True` (`--enforce-eager`) runs every aten op as its own program (strict mode)
+instead. No CUDA graphs in either mode. Tensor parallelism runs one process per rank (vLLM's
+multiprocess executor, spawned) with collectives on tpu tensors over torch_pjrt's `tpu_dist`
+backend (docs/serving-tp.md)."""
 
 from __future__ import annotations
 
@@ -20,6 +23,17 @@ if TYPE_CHECKING:
 logger = init_logger(__name__)
 
 _PKG = "torch_pjrt.serving.vllm"
+
+
+def token_buckets(max_tokens: int) -> list[int]:
+    """Token counts a compiled step is padded up to: powers of two, and the step budget itself
+    (at most 2x padding, about log2(budget) programs per graph piece)."""
+    sizes, n = [], 1
+    while n < max_tokens:
+        sizes.append(n)
+        n *= 2
+    sizes.append(max_tokens)
+    return sizes
 
 
 class TpuPlatform(Platform):
@@ -56,6 +70,11 @@ class TpuPlatform(Platform):
         if getattr(attn_selector_config, "use_mla", False):
             raise NotImplementedError("tpu: MLA attention is not implemented")
         return f"{_PKG}.attention.TpuPagedAttentionBackend"
+
+    @classmethod
+    def get_compile_backend(cls) -> str:
+        """vLLM's piecewise compilation resolves this to a CompilerInterface (compiler.py)."""
+        return f"{_PKG}.compiler.TpuCompilerAdaptor"
 
     @classmethod
     def get_device_name(cls, device_id: int = 0) -> str:
@@ -99,7 +118,11 @@ class TpuPlatform(Platform):
 
     @classmethod
     def opaque_attention_op(cls) -> bool:
-        return False
+        # Attention layers call the registered op torch.ops.vllm.unified_attention_with_output,
+        # which Dynamo keeps as one opaque node: vLLM's piecewise compilation splits the graph
+        # there and runs attention eagerly between the compiled pieces. (A direct call would
+        # let Dynamo trace into attention.py, baking one step's metadata into the graph.)
+        return True
 
     @classmethod
     def check_and_update_config(cls, vllm_config: VllmConfig) -> None:
@@ -115,13 +138,35 @@ class TpuPlatform(Platform):
             parallel.distributed_executor_backend = "mp" if parallel.world_size > 1 else "uni"
 
         comp = vllm_config.compilation_config
-        comp.mode = CompilationMode.NONE
+        model = vllm_config.model_config
+        compiled = (model is not None and not model.enforce_eager
+                    and comp.mode == CompilationMode.VLLM_COMPILE)
+        # No CUDA graphs either way: the compiled pieces are already one program each.
         comp.cudagraph_mode = CUDAGraphMode.NONE
-        comp.cudagraph_capture_sizes = []
-        if hasattr(comp, "max_cudagraph_capture_size"):
-            comp.max_cudagraph_capture_size = 0
-        if vllm_config.model_config is not None:
-            vllm_config.model_config.enforce_eager = True
+        if compiled:
+            comp.backend = cls.get_compile_backend()
+            # The runner pads each step's token count up to one of these sizes the way vLLM
+            # pads for CUDA graphs (the dispatcher's size table over cudagraph_capture_sizes),
+            # so a server runs a bounded set of programs, all compiled at engine start.
+            sizes = token_buckets(vllm_config.scheduler_config.max_num_batched_tokens)
+            comp.cudagraph_capture_sizes = sizes
+            comp.max_cudagraph_capture_size = sizes[-1]
+            # every size is covered by vLLM's one symbolic compile (the backend specializes
+            # per size itself), so no per-size compiles
+            comp.compile_sizes = []
+            # vLLM's fusion passes are Inductor post-grad passes that rewrite graphs into CUDA
+            # and ROCm custom ops; torch_pjrt's backend runs no Inductor passes, has no such ops.
+            passes = comp.pass_config
+            for name in list(vars(passes)):
+                if name.startswith(("fuse_", "enable_")) and getattr(passes, name):
+                    setattr(passes, name, False)
+        else:
+            comp.mode = CompilationMode.NONE
+            comp.cudagraph_capture_sizes = []
+            if hasattr(comp, "max_cudagraph_capture_size"):
+                comp.max_cudagraph_capture_size = 0
+            if model is not None:
+                model.enforce_eager = True
 
         # vLLM starts its engine core (and multiprocess workers) with fork by default; a forked
         # child cannot use the parent's PJRT client, so spawn unless the user chose otherwise.

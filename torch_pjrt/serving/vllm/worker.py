@@ -75,9 +75,19 @@ class TpuWorker(Worker):
         return avail
 
     def compile_or_warm_up_model(self) -> CompilationTimes:
-        """Nothing to warm up: vLLM's warmup runs its CUDA/Triton kernels (and imports model
-        families that need torchvision); on tpu each op's program is compiled at its first
-        use and kept in torch_pjrt's memory and disk caches."""
+        """Compiled mode: one dummy step at every token bucket (largest first), so that the
+        program of every compiled piece at every bucket is compiled (or loaded from the disk
+        caches) before the first request; attention and the sampler stay eager ops, compiled
+        at their first use of a shape (the dummy steps run attention without metadata). Eager
+        mode: nothing (vLLM's warmup runs CUDA/Triton kernels; each eager op's
+        program is compiled at first use and kept in torch_pjrt's memory and disk caches)."""
+        from vllm.config import CompilationMode
+
+        if self.compilation_config.mode == CompilationMode.VLLM_COMPILE:
+            for size in sorted(self.model_runner.token_buckets(), reverse=True):
+                logger.info("tpu: compiling and warming up the model for %d tokens", size)
+                self.model_runner._dummy_run(size, skip_eplb=True, remove_lora=False)
+            torch.tpu.synchronize(self.device)
         set_random_seed(self.model_config.seed)
         return CompilationTimes(language_model=self.compilation_config.compilation_time,
                                 encoder=self.compilation_config.encoder_compilation_time)

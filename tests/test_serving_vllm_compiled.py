@@ -1,0 +1,173 @@
+"""vLLM on `tpu` in both execution modes against Hugging Face on CPU, and what compiled mode
+promises: the model's pieces between attention layers run as compiled programs
+(torch_pjrt/serving/vllm/compiler.py), every step's token count is padded to a bucket, every
+bucket is compiled at engine start, and a restarted engine compiles nothing.
+
+The model, prompts and HF reference are the ones of tests/test_serving_vllm.py (a tiny random
+Llama written to tmp_path, 5 prompts of 2 to 40 tokens, a 16-token step budget so that prefills
+are chunked and steps mix prefills with decodes). Needs vLLM (`bash scripts/setup.sh
+--serving`); skipped without it."""
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
+pytest.importorskip("transformers")
+
+from test_serving_vllm import NEW_TOKENS, PROMPTS, _hf_greedy, _tiny_llama  # noqa: E402
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+BUDGET = 16  # max_num_batched_tokens: buckets 1, 2, 4, 8, 16
+
+
+def _llm(path, enforce_eager):
+    from vllm import LLM
+
+    return LLM(model=str(path), dtype="float32", max_model_len=128, block_size=16,
+               kv_cache_memory_bytes=8 << 20, max_num_seqs=8, max_num_batched_tokens=BUDGET,
+               enable_prefix_caching=False, seed=0, enforce_eager=enforce_eager)
+
+
+@pytest.mark.parametrize("mode", ["compiled", "eager"])
+def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, mode):
+    assert torch.tpu.is_available(), torch.tpu.diagnostics()
+    hf_model = _tiny_llama(tmp_path / "model")
+    expected = []
+    for p in PROMPTS:
+        tokens, margin = _hf_greedy(hf_model, p)
+        assert margin > 1e-2, f"the test model's greedy choice is a near-tie ({margin})"
+        expected.append(tokens)
+
+    monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
+    monkeypatch.setenv("VLLM_CACHE_ROOT", str(tmp_path / "vllm-cache"))
+    from vllm import SamplingParams
+    from vllm.config import CompilationMode
+
+    from torch_pjrt.compile.graph_runner import GraphRunner
+    from torch_pjrt.serving.vllm import attention, model_runner
+
+    # every token count the model ran with (padded) and the real one of each step
+    sizes = []
+    run_padding = model_runner.TpuModelRunner._determine_batch_execution_and_padding
+
+    def spy_padding(self, num_tokens, *args, **kwargs):
+        out = run_padding(self, num_tokens, *args, **kwargs)
+        sizes.append((num_tokens, out[1].num_tokens))
+        return out
+
+    monkeypatch.setattr(model_runner.TpuModelRunner, "_determine_batch_execution_and_padding",
+                        spy_padding)
+    calls = {"run": 0, "capture": 0}
+    run, capture = GraphRunner.__call__, GraphRunner._capture
+
+    def spy_run(self, *args):
+        calls["run"] += 1
+        return run(self, *args)
+
+    def spy_capture(self, *args):
+        calls["capture"] += 1
+        return capture(self, *args)
+
+    monkeypatch.setattr(GraphRunner, "__call__", spy_run)
+    monkeypatch.setattr(GraphRunner, "_capture", spy_capture)
+    steps = []
+    build = attention.TpuPagedAttentionMetadataBuilder.build
+
+    def spy_build(self, common_prefix_len, cm, fast_build=False):
+        R = cm.num_reqs
+        qsl = cm.query_start_loc_cpu[: R + 1]
+        steps.append(((qsl[1:] - qsl[:-1]).tolist(), cm.seq_lens[:R].cpu().tolist()))
+        return build(self, common_prefix_len, cm, fast_build)
+
+    monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy_build)
+
+    llm = _llm(tmp_path / "model", enforce_eager=(mode == "eager"))
+    cfg = llm.llm_engine.vllm_config
+    assert cfg.device_config.device.type == "tpu"
+    compiled = cfg.compilation_config.mode == CompilationMode.VLLM_COMPILE
+    assert compiled == (mode == "compiled"), cfg.compilation_config.mode
+    warmup_sizes = sorted({padded for _, padded in sizes})
+    captured_at_start = calls["capture"]
+    sizes.clear()
+    calls["run"] = calls["capture"] = 0
+
+    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    got = [list(o.outputs[0].token_ids) for o in outs]
+    assert got == expected
+
+    chunked = any(q > 1 and s - q > 0 for qs, ss in steps for q, s in zip(qs, ss))
+    mixed = any(1 in qs and max(qs) > 1 for qs, _ in steps)
+    assert chunked and mixed, steps
+    assert torch.tpu.fallback_ops() == {}, torch.tpu.fallback_ops()
+
+    if mode == "eager":
+        assert calls["run"] == 0 and captured_at_start == 0  # no compiled graph at all
+        assert all(n == padded for n, padded in sizes), sizes  # no padding
+        return
+    buckets = [1, 2, 4, 8, 16]
+    assert warmup_sizes == buckets  # engine start ran (and captured) every bucket
+    assert captured_at_start > 0
+    # 2 layers: 3 pieces (before, between and after the attention ops) per step
+    assert calls["run"] == 3 * len(sizes), (calls, len(sizes))
+    assert calls["capture"] == 0, "a step compiled a piece that warm-up had not"
+    assert all(padded in buckets and padded >= n for n, padded in sizes), sizes
+    assert any(padded > n for n, padded in sizes), sizes  # some step really was padded
+
+
+CHILD = textwrap.dedent("""
+    import json, os, sys, time
+    t0 = time.perf_counter()
+    import torch
+    from vllm import LLM, SamplingParams
+    sys.path.insert(0, {tests!r})
+    from test_serving_vllm import PROMPTS
+    t1 = time.perf_counter()
+    llm = LLM(model={model!r}, dtype="float32", max_model_len=128, block_size=16,
+              kv_cache_memory_bytes=8 << 20, max_num_seqs=8, max_num_batched_tokens=16,
+              enable_prefix_caching=False, seed=0)
+    t2 = time.perf_counter()
+    m = torch.tpu.metrics()
+    start = {{"compiles": m["compiles"], "compile_s": m["compile_ns"] / 1e9,
+              "engine_start_s": t2 - t1}}
+    params = SamplingParams(temperature=0.0, max_tokens=8, min_tokens=8)
+    outs = llm.generate([{{"prompt_token_ids": p}} for p in PROMPTS], params)
+    m = torch.tpu.metrics()
+    print("RESULT " + json.dumps({{"start": start, "compiles": m["compiles"],
+                                   "tokens": [list(o.outputs[0].token_ids) for o in outs]}}))
+""")
+
+
+def _start_and_generate(tmp_path, model):
+    env = dict(os.environ, VLLM_ENABLE_V1_MULTIPROCESSING="0",
+               VLLM_CACHE_ROOT=str(tmp_path / "vllm-cache"),
+               TORCH_PJRT_CACHE_DIR=str(tmp_path / "pjrt-cache"),
+               PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    code = CHILD.format(tests=os.path.join(ROOT, "tests"), model=str(model))
+    p = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                       timeout=600)
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    raise AssertionError(f"child failed ({p.returncode}):\n{p.stderr[-4000:]}")
+
+
+def test_restarted_engine_compiles_nothing(tmp_path):
+    """Two engine starts on empty caches (vLLM's and torch_pjrt's, in tmp_path): the first
+    compiles every bucket's programs at start; the second finds all of them on disk and
+    compiles no program, neither at start nor while generating, with the same tokens."""
+    hf_model = _tiny_llama(tmp_path / "model")
+    expected = [_hf_greedy(hf_model, p)[0] for p in PROMPTS]
+    first = _start_and_generate(tmp_path, tmp_path / "model")
+    second = _start_and_generate(tmp_path, tmp_path / "model")
+    print("first:", first["start"], "second:", second["start"])
+    assert first["tokens"] == expected and second["tokens"] == expected
+    assert first["start"]["compiles"] > 0
+    assert second["start"]["compiles"] == 0, second
+    assert second["compiles"] == 0, second
