@@ -125,6 +125,15 @@ class GraphRunner(OutputCode):
             self.gm.meta = gm_meta
         return {"graph": graph, "name": self.name, "opts": self.opts}
 
+    def __copy__(self):
+        # AOTAutograd's pre_save copies the result before pickling it: a plain attribute copy,
+        # not a round trip through __getstate__, whose pickling of a graph holding an op that
+        # cannot be pickled (a c10d functional collective) must surface in the cache's own
+        # save, which then skips caching, not in the copy, which fails the compile
+        new = object.__new__(type(self))
+        new.__dict__.update(self.__dict__)
+        return new
+
     def __setstate__(self, state):
         from torch._subclasses.fake_tensor import FakeTensorMode
         from torch.fx._graph_pickler import GraphPickler

@@ -55,7 +55,12 @@ class TpuCompilerAdaptor(CompilerInterface):
                 compiler_config: dict[str, Any], compile_range, key: str | None = None):
         from torch_pjrt.compile.backend import tpu_backend
 
-        compiled = tpu_backend(graph, example_inputs)
+        # vLLM turns on AOTAutograd's strict cache mode, in which a piece that cannot be
+        # pickled (one holding a tensor-parallel all_reduce: c10d's functional ops are not
+        # picklable) fails to compile; here such a piece is compiled and only not cached by
+        # AOTAutograd (its programs still go to torch_pjrt's disk cache)
+        with torch._functorch.config.patch(strict_autograd_cache=False):
+            compiled = tpu_backend(graph, example_inputs)
         # the handle only names the piece; load() rebuilds it through the backend's caches
         return compiled, (key or "tpu", str(compile_range))
 
@@ -63,4 +68,5 @@ class TpuCompilerAdaptor(CompilerInterface):
              graph_index: int, compile_range):
         from torch_pjrt.compile.backend import tpu_backend
 
-        return tpu_backend(graph, example_inputs)
+        with torch._functorch.config.patch(strict_autograd_cache=False):
+            return tpu_backend(graph, example_inputs)
