@@ -26,16 +26,19 @@ PROMPTS = [  # token ids; 1 is BOS
 ]
 
 
-def _tiny_llama(path):
+def _tiny_llama(path, seed=0, vocab=128, intermediate=128, max_positions=256):
+    """A tiny random Llama and a word-level tokenizer saved to `path` (also the serving TP and
+    compiled tests' model, with their own sizes and seed)."""
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
 
-    torch.manual_seed(0)
+    torch.manual_seed(seed)
     # initializer_range 0.2: logits far enough apart that greedy choices are not near-ties
     # (checked below), so CPU and tpu rounding cannot flip a choice.
-    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=256,
-                      initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = LlamaConfig(vocab_size=vocab, hidden_size=64, intermediate_size=intermediate,
+                      num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2,
+                      max_position_embeddings=max_positions, initializer_range=0.2,
+                      bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(path, safe_serialization=True)
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(cfg.vocab_size - 4)]
@@ -46,9 +49,10 @@ def _tiny_llama(path):
     return model
 
 
-def _hf_greedy(model, prompt):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
-                         min_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
+def _hf_greedy(model, prompt, new_tokens=NEW_TOKENS):
+    """HF's greedy tokens for `prompt` and the smallest top-2 logit gap along the way."""
+    out = model.generate(torch.tensor([prompt]), max_new_tokens=new_tokens,
+                         min_new_tokens=new_tokens, do_sample=False, output_scores=True,
                          return_dict_in_generate=True)
     top2 = torch.stack([s[0].topk(2).values for s in out.scores])
     return out.sequences[0, len(prompt):].tolist(), float((top2[:, 0] - top2[:, 1]).min())

@@ -15,6 +15,8 @@ import torch
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
+import test_serving_vllm as serving_test  # noqa: E402  (its tiny Llama and HF greedy helper)
+
 NEW_TOKENS = 6
 PROMPTS = [  # token ids; 1 is BOS
     [1, 5, 9, 33, 7],
@@ -24,31 +26,12 @@ PROMPTS = [  # token ids; 1 is BOS
 
 
 def _tiny_llama(path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
-
-    torch.manual_seed(8)
-    # initializer_range 0.2: logits far enough apart that greedy choices are not near-ties
-    # (checked in the test), so rounding differences (the TP sum order) cannot flip a choice.
-    cfg = LlamaConfig(vocab_size=96, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
-                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=128,
-                      initializer_range=0.2, bos_token_id=1, eos_token_id=2, pad_token_id=0)
-    model = LlamaForCausalLM(cfg).eval()
-    model.save_pretrained(path, safe_serialization=True)
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(cfg.vocab_size - 4)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
-    return model
+    # seed 8: no near-tie greedy choices, so the TP sum order cannot flip one (checked below)
+    return serving_test._tiny_llama(path, seed=8, vocab=96, intermediate=96, max_positions=128)
 
 
 def _hf_greedy(model, prompt):
-    out = model.generate(torch.tensor([prompt]), max_new_tokens=NEW_TOKENS,
-                         min_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
-                         return_dict_in_generate=True)
-    top2 = torch.stack([s[0].topk(2).values for s in out.scores])
-    return out.sequences[0, len(prompt):].tolist(), float((top2[:, 0] - top2[:, 1]).min())
+    return serving_test._hf_greedy(model, prompt, NEW_TOKENS)
 
 
 def test_llm_generate_tp2_greedy_matches_hf(tmp_path, monkeypatch):
