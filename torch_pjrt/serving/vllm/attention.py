@@ -6,9 +6,11 @@ which vLLM hands to forward() as its logical [num_blocks, num_kv_heads, block_si
 2*head_size] view. A token's slot is block * block_size + offset.
 
 One step's batch may mix prefills, chunked prefills and decodes. The metadata builder does the
-per-step bookkeeping once for all layers, on the host (numpy) except the context slots, which
-come from vLLM's block table where it lives (torch_pjrt/paged_attention_ops.py: query_metadata,
-context_slots). Each layer then runs two programs (csrc/ops/paged_attention.c):
+per-step bookkeeping once for all layers on the host (numpy; torch_pjrt/paged_attention_ops.py:
+query_metadata, context_slots) from the runner's host block table, and sends it in one
+host-to-device copy (where the kernel's blocks are not the KV cache manager's, the context
+slots are computed on the device from vLLM's kernel block table instead). Each layer then
+runs two programs (csrc/ops/paged_attention.c):
 tpu::reshape_and_cache writes the new keys and values into the cache in place (a row scatter
 into the donated cache buffer), and tpu::paged_attention_into gathers every request's context
 and computes softmax(QK^T * scale) V in float32 for all requests at once into the output
@@ -88,34 +90,58 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
     def __init__(self, kv_cache_spec, layer_names, vllm_config, device):
         super().__init__(kv_cache_spec, layer_names, vllm_config, device)
         self.block_size = kv_cache_spec.block_size
+        # Set by the model runner (model_runner.py) unless the kernel's blocks differ from the
+        # KV cache manager's: a callable returning the host (numpy) block table of this
+        # builder's KV cache group. Then all metadata is computed on the host.
+        self.host_block_table = None
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TpuPagedAttentionMetadata:
         cm = common_attn_metadata
         R, T, bs = cm.num_reqs, cm.num_actual_tokens, self.block_size
         qsl = cm.query_start_loc_cpu[: R + 1].numpy()
-        seq_lens = cm.seq_lens[:R].cpu().numpy()  # exact context lengths
+        host_seq_lens = cm.seq_lens_cpu_upper_bound
+        host_blocks = None
+        if self.host_block_table is not None and host_seq_lens is not None:
+            # exact: vLLM's upper bound differs only with asynchronous speculative decoding,
+            # which this platform does not run (platform.py)
+            seq_lens = host_seq_lens[:R].numpy()
+            host_blocks = self.host_block_table()[:R]
+        else:
+            seq_lens = cm.seq_lens[:R].cpu().numpy()  # exact context lengths (a sync)
         blocks = cm.block_table_tensor[:R]
         parts, host = [], []
         for sel in pa.split_requests(qsl[1:] - qsl[:-1]):
             qi, qp, oi, S = pa.query_metadata(qsl, seq_lens, bs, sel)
-            if sel is not None:  # this group's rows of the block table
-                first, n = int(sel[0]), len(sel)
-                rows = (blocks[first:first + n] if sel[-1] - first == n - 1
-                        else blocks[torch.from_numpy(sel).to(blocks.device)])
+            if host_blocks is not None:
+                rows = host_blocks if sel is None else host_blocks[sel]
+                cs = pa.context_slots(rows, qi.shape[0], S, bs)
+                host.append(cs.ravel())
+                parts.append((None, cs.shape, qi.shape, oi.size))
             else:
-                rows = blocks
-            parts.append((pa.context_slots(rows, qi.shape[0], S, bs), qi.shape, oi.size))
+                if sel is not None:  # this group's rows of the block table
+                    first, n = int(sel[0]), len(sel)
+                    rows = (blocks[first:first + n] if sel[-1] - first == n - 1
+                            else blocks[torch.from_numpy(sel).to(blocks.device)])
+                else:
+                    rows = blocks
+                parts.append((pa.context_slots(rows, qi.shape[0], S, bs), None, qi.shape,
+                              oi.size))
             host += [qi.ravel(), qp.ravel(), oi]
-        # every grid's query_index, query_pos and output_index in one host-to-device copy
+        # the host-computed metadata of every grid in one host-to-device copy
         packed = torch.from_numpy(np.concatenate(host)).to(self.device)
         grids, at = [], 0
-        for cs, shape, t in parts:
+
+        def take(n):
+            nonlocal at
+            at += n
+            return packed[at - n:at]
+
+        for cs, cs_shape, shape, t in parts:
+            if cs is None:
+                cs = take(cs_shape[0] * cs_shape[1]).view(cs_shape)
             n = shape[0] * shape[1]
-            grids.append(PagedGrid(cs, packed[at:at + n].view(shape),
-                                   packed[at + n:at + 2 * n].view(shape),
-                                   packed[at + 2 * n:at + 2 * n + t]))
-            at += 2 * n + t
+            grids.append(PagedGrid(cs, take(n).view(shape), take(n).view(shape), take(t)))
         return TpuPagedAttentionMetadata(num_actual_tokens=T, slot_mapping=cm.slot_mapping[:T],
                                          grids=grids)
 

@@ -3,14 +3,17 @@
 What differs from CUDA: stream and event objects are torch_pjrt's; the KV cache is one dense
 tensor per layer (not vLLM's one shared int8 allocation with per-layer views: a write into a
 view of a shared storage would rewrite the whole shared buffer on an XLA device); the Triton
-kernels the V1 runner launches (slot mapping, KV block zeroing) are replaced with torch ops."""
+kernels the V1 runner launches are replaced: slot mapping is computed on the host (numpy) and
+copied once, KV block zeroing is a torch op."""
 
 from __future__ import annotations
 
 import dataclasses
-import types
+import functools
+import weakref
 from contextlib import contextmanager
 
+import numpy as np
 import torch
 from vllm.logger import init_logger
 from vllm.v1.kv_cache_interface import AttentionSpec, UniformTypeKVCacheSpecs
@@ -39,34 +42,40 @@ def _tpu_streams_as_cuda():
 
 
 def compute_slot_mapping(block_table, num_reqs: int, query_start_loc: torch.Tensor,
-                         positions: torch.Tensor) -> None:
-    """Torch version of vLLM's Triton slot-mapping kernel (no context parallelism): the cache
+                         positions: torch.Tensor, runner) -> None:
+    """Stands in for vLLM's Triton slot-mapping kernel (no context parallelism): the cache
     slot of token t of request r at position p is block_table[r, p // bs] * bs + p % bs;
-    the rest of the buffer gets PAD_SLOT_ID."""
+    the rest of the buffer gets PAD_SLOT_ID. Computed on the host from the runner's numpy
+    state (exact: no asynchronous scheduling on this platform) and sent as one copy of the
+    whole buffer (a transfer, no program), instead of a dozen small device ops."""
     if getattr(block_table, "dcp_world_size", 1) != 1:
         raise NotImplementedError("tpu: decode context parallelism")
     from vllm.v1.worker.block_table import SlotMappingMode
 
     if block_table.slot_mapping_mode == SlotMappingMode.NONE:
         return
-    n = positions.shape[0]
-    bs = block_table.block_size
-    out = block_table.slot_mapping.gpu
-    if n:
-        ends = query_start_loc[1 : num_reqs + 1]
-        tok = torch.arange(n, device=positions.device, dtype=ends.dtype)
-        # Request of each token: how many request ends lie at or before it.
-        req = (tok.unsqueeze(1) >= ends.unsqueeze(0)).sum(dim=1)
-        pos = positions.to(torch.int64)
-        blocks = block_table.block_table.gpu[req, pos // bs].to(torch.int64)
-        out[:n] = blocks * bs + pos % bs
-    out[n:] = PAD_SLOT_ID
+    n, bs = positions.shape[0], block_table.block_size
+    qsl = runner.query_start_loc.np[: num_reqs + 1]
+    req = np.repeat(np.arange(num_reqs), np.diff(qsl))
+    # the device's positions: computed tokens of the request + position in its query
+    pos = runner.input_batch.num_computed_tokens_cpu[req] + runner.query_pos.np[:n]
+    sm = block_table.slot_mapping
+    sm.np[:n] = block_table.block_table.np[req, pos // bs].astype(np.int64) * bs + pos % bs
+    sm.np[n:] = PAD_SLOT_ID
+    sm.copy_to_gpu()
+
+
+def _host_block_table(runner, gid: int) -> np.ndarray:
+    # looked up at every step: the runner may replace its input batch
+    return runner.input_batch.block_table[gid].block_table.np
 
 
 class TpuModelRunner(GPUModelRunner):
     def __init__(self, vllm_config, device: torch.device):
         with _tpu_streams_as_cuda():
             super().__init__(vllm_config, device)
+        if self.use_async_spec_decode:  # platform.py turns asynchronous scheduling off
+            raise NotImplementedError("tpu: asynchronous speculative decoding")
         self._use_torch_slot_mapping()
         self._pad_to = self._token_padding()
 
@@ -127,8 +136,26 @@ class TpuModelRunner(GPUModelRunner):
         return list(self.compilation_config.cudagraph_capture_sizes or [])
 
     def _use_torch_slot_mapping(self) -> None:
+        # a weak reference: the input batch (holding these methods) is the runner's
+        runner = weakref.proxy(self)
         for bt in self.input_batch.block_table.block_tables:
-            bt.compute_slot_mapping = types.MethodType(compute_slot_mapping, bt)
+            bt.compute_slot_mapping = functools.partial(compute_slot_mapping, bt, runner=runner)
+
+    def initialize_metadata_builders(self, kv_cache_config, kernel_block_sizes) -> None:
+        """vLLM's builders; ours also get the host block table of their KV cache group (when
+        its blocks are the kernel's), so that every step's attention metadata is computed on
+        the host (attention.py)."""
+        super().initialize_metadata_builders(kv_cache_config, kernel_block_sizes)
+        from torch_pjrt.serving.vllm.attention import TpuPagedAttentionMetadataBuilder
+
+        for gid, groups in enumerate(self.attn_groups):
+            for group in groups:
+                if group.kernel_block_size is not None:
+                    continue
+                for b in group.metadata_builders:
+                    if isinstance(b, TpuPagedAttentionMetadataBuilder):
+                        b.host_block_table = functools.partial(
+                            _host_block_table, weakref.proxy(self), gid)
 
     def may_reinitialize_input_batch(self, kv_cache_config) -> None:
         super().may_reinitialize_input_batch(kv_cache_config)

@@ -171,6 +171,12 @@ class TpuPlatform(Platform):
         # vLLM starts its engine core (and multiprocess workers) with fork by default; a forked
         # child cannot use the parent's PJRT client, so spawn unless the user chose otherwise.
         os.environ.setdefault("VLLM_WORKER_MULTIPROC_METHOD", "spawn")
+        # vLLM's "mega" AOT artifact stores each compiled piece as an Inductor artifact and
+        # reloads it as one, which fails for this backend's pieces ("a bytes-like object is
+        # required, not 'BundledAOTAutogradResult'"), so every restart warned and traced the
+        # model with Dynamo again. Without it vLLM saves the AOT-compiled forward and reloads
+        # the pieces through TpuCompilerAdaptor.load.
+        os.environ.setdefault("VLLM_USE_MEGA_AOT_ARTIFACT", "0")
 
         cache = vllm_config.cache_config
         if cache.block_size is None:
