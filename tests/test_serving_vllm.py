@@ -75,7 +75,10 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
     def spy(self, common_prefix_len, cm, fast_build=False):
         R = cm.num_reqs
         qsl = cm.query_start_loc_cpu[: R + 1]
-        steps.append(((qsl[1:] - qsl[:-1]).tolist(), cm.seq_lens[:R].cpu().tolist()))
+        seq_lens = cm.seq_lens[:R].cpu().tolist()
+        # the builder reads the host's context lengths: they must be the device's
+        assert cm.seq_lens_cpu_upper_bound[:R].tolist() == seq_lens
+        steps.append(((qsl[1:] - qsl[:-1]).tolist(), seq_lens))
         return build(self, common_prefix_len, cm, fast_build)
 
     monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy)
