@@ -671,3 +671,29 @@ def test_fill_values_that_do_not_fit_raise_like_cpu(case, mode):
         return
     got = fn("tpu").cpu()
     assert got.dtype == want.dtype and torch.equal(got, want)
+
+
+PRODUCTS = {
+    "mm": lambda a, b: torch.mm(a[0], b[0]),
+    "bmm": torch.bmm,
+    "matmul": torch.matmul,
+    "linear": lambda a, b: torch.nn.functional.linear(a[0], b[0].t()),
+    "einsum": lambda a, b: torch.einsum("bij,bjk->bik", a, b),
+    "mv": lambda a, b: torch.mv(b[0].t(), a[0, 0]),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float64])
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("op", sorted(PRODUCTS))
+def test_zero_products_are_positive_zero_as_on_cpu(op, mode, dtype):
+    # fuzz seed 2000019671: bmm of zeros by negatives gave -0.0 (XLA's CPU dot), so atan2 of
+    # it gave -pi where CPU gives 0; CPU's sums of products start from +0
+    a = torch.zeros(1, 2, 4, dtype=dtype)
+    b = -torch.rand(1, 4, 3, dtype=torch.float64).add(0.5).to(dtype)
+    with torch.tpu.eager_mode(mode):
+        got = PRODUCTS[op](a.to(TPU), b.to(TPU))
+        angle = torch.atan2(got, got).cpu()
+    want = PRODUCTS[op](a, b)
+    assert torch.equal(torch.signbit(got.cpu()), torch.signbit(want)), got.cpu()
+    assert torch.equal(angle, torch.atan2(want, want))

@@ -92,11 +92,19 @@ static pj_status_t *lower_product(pj_lower_t *L) {
     b = pj_convert(H, b, ct);
   }
   pj_val_t p = pj_dot_general(H, a, b, row->lb, row->rb, row->nb, row->lc, row->rc, row->nc, ct);
+  pj_type_t pt = pj_type_with_dtype(ot, ct);
   if (!row->add) {
+    /* A zero sum is +0 on CPU (its kernels add the products to a +0 accumulator); XLA's CPU
+     * dot gives -0 when every product is -0 (zeros times negatives), which atan2, 1/x and
+     * signbit then show (fuzz seed 2000019671). x + 0 would be folded away by XLA, so a
+     * select; NaN stays NaN. The add-variants add beta * self, which already gives +0. */
+    if (pj_dtype_is_float(ct)) {
+      pj_val_t zero = pj_full(H, pt, 0);
+      p = pj_select(H, pj_compare(H, "EQ", p, zero), zero, p);
+    }
     pj_set_result(L, 0, p);
     return NULL;
   }
-  pj_type_t pt = pj_type_with_dtype(ot, ct);
   p = pj_binary(H, "stablehlo.multiply", scalar_like(L, "alpha", pt), p);
   pj_val_t self = pj_broadcast_to(H, pj_convert(H, pj_tensor(L, "self"), ct), pt.rank, pt.dims);
   pj_val_t beta = scalar_like(L, "beta", pt);
