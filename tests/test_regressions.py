@@ -687,7 +687,7 @@ PRODUCTS = {
 @pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
 @pytest.mark.parametrize("op", sorted(PRODUCTS))
 def test_zero_products_are_positive_zero_as_on_cpu(op, mode, dtype):
-    # fuzz seed 2000019671: bmm of zeros by negatives gave -0.0 (XLA's CPU dot), so atan2 of
+    # fuzz seed 2000015671: bmm of zeros by negatives gave -0.0 (XLA's CPU dot), so atan2 of
     # it gave -pi where CPU gives 0; CPU's sums of products start from +0
     a = torch.zeros(1, 2, 4, dtype=dtype)
     b = -torch.rand(1, 4, 3, dtype=torch.float64).add(0.5).to(dtype)

@@ -96,7 +96,7 @@ static pj_status_t *lower_product(pj_lower_t *L) {
   if (!row->add) {
     /* A zero sum is +0 on CPU (its kernels add the products to a +0 accumulator); XLA's CPU
      * dot gives -0 when every product is -0 (zeros times negatives), which atan2, 1/x and
-     * signbit then show (fuzz seed 2000019671). x + 0 would be folded away by XLA, so a
+     * signbit then show (fuzz seed 2000015671). x + 0 would be folded away by XLA, so a
      * select; NaN stays NaN. The add-variants add beta * self, which already gives +0. */
     if (pj_dtype_is_float(ct)) {
       pj_val_t zero = pj_full(H, pt, 0);

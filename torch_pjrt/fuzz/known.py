@@ -60,7 +60,7 @@ KNOWN: list[dict] = [
                "[6, 3, 4] tensor) rounds partial sums to the half type: it differs from CPU's "
                "own sum of the same values and from the float64 sum rounded once, which tpu "
                "gives (it accumulates in float32 as CPU's sum does); over one dimension or all "
-               "of them CPU's nansum equals its sum; seed 2000020084, docs/reliability.md"},
+               "of them CPU's nansum equals its sum; seed 2000016084, docs/reliability.md"},
     {"op": r"prod", "kind": "value", "detail": r".*\(bfloat16\).*",
      "reason": "CPU's prod of bfloat16 rounds every partial product to bfloat16; tpu "
                "accumulates in float32 and rounds once, closer to the exact product (seed "
