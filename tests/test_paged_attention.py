@@ -292,11 +292,46 @@ def test_empty_step_and_slots_past_the_end(device):
     out = torch.ops.tpu.paged_attention(torch.zeros(0, 4, D, device=device), cache, z(1, 4),
                                         z(1, 1), z(1, 1) - 1, z(0), 0.5)
     assert out.shape == (0, 4, D)
-    # a slot past the cache's end writes nothing (documented: not checked)
+    # padding slots (negative) write nothing
     ones = torch.ones(2, 2, D, device=device)
-    torch.ops.tpu.reshape_and_cache(cache, ones, ones, torch.tensor([4 * BS, 3], device=device))
+    torch.ops.tpu.reshape_and_cache(cache, ones, ones, torch.tensor([-1, 3], device=device))
     flat = cache.cpu().view(-1, 2, 2 * D)
     assert flat[3].eq(1).all() and flat.sum() == 2 * 2 * D
+
+
+@pytest.mark.parametrize("device,mode", [("cpu", "strict"), ("tpu", "strict"), ("tpu", "debug"),
+                                         ("tpu", "defer_and_fuse")])
+def test_metadata_out_of_range_raises_and_writes_nothing(device, mode):
+    """A slot past the cache, or query/output rows past their ranges, are the caller's bug:
+    CPU's IndexError (on tpu at the next synchronization, as the device-side index checks
+    report indexing ops), and the in-place op writes nothing."""
+    cache = torch.zeros(4, BS, 2, 2 * D, device=device)
+    msg = f"index {4 * BS} is out of bounds for dimension 0 with size {4 * BS}"
+    ones = torch.ones(2, 2, D, device=device)
+    with torch.tpu.eager_mode(mode):
+        with pytest.raises(IndexError, match=msg):
+            torch.ops.tpu.reshape_and_cache(cache, ones, ones,
+                                            torch.tensor([3, 4 * BS], device=device))
+            cache.cpu()
+        assert cache.cpu().eq(0).all()
+        q = torch.ones(2, 4, D, device=device)
+        out = torch.full((2, 4, D), 7.0, device=device)
+
+        def z(*shape, v=0):
+            return torch.full(shape, v, dtype=torch.long, device=device)
+
+        cases = [  # context_slots, query_index, output_index, message
+            (z(1, 4, v=4 * BS), z(1, 2), torch.arange(2, device=device), msg),
+            (z(1, 4), z(1, 2, v=5), torch.arange(2, device=device),
+             "index 5 is out of bounds for dimension 0 with size 2"),
+            (z(1, 4), z(1, 2), torch.tensor([0, 2], device=device),
+             "index 2 is out of bounds for dimension 0 with size 2"),
+        ]
+        for cs, qi, oi, m in cases:
+            with pytest.raises(IndexError, match=m):
+                torch.ops.tpu.paged_attention_into(out, q, cache, cs, qi, z(1, 2), oi, 0.5)
+                out.cpu()
+            assert out.cpu().eq(7).all()
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -114,11 +114,21 @@ def _paged_attention_into_meta(out, query, kv_cache, context_slots, query_index,
     _check_out(query, out)
 
 
+def _check_in_range(index, size: int) -> None:
+    """CPU's IndexError for the first element of `index` outside [0, size) (the tpu lowering
+    reports the same through its device-side index checks)."""
+    bad = (index < 0) | (index >= size)
+    if bool(bad.any()):
+        raise IndexError(f"index {int(index[bad][0])} is out of bounds for dimension 0 with "
+                         f"size {size}")
+
+
 def _reshape_and_cache_cpu(kv_cache, key, value, slot_mapping):
     _check_reshape_and_cache(kv_cache, key, value, slot_mapping)
     kvh, d = kv_cache.shape[2], kv_cache.shape[3] // 2
     rows = kv_cache.view(-1, kvh, 2 * d)
-    keep = (slot_mapping >= 0) & (slot_mapping < rows.shape[0])
+    keep = slot_mapping >= 0  # negative slots: padding tokens
+    _check_in_range(slot_mapping[keep], rows.shape[0])
     idx = slot_mapping[keep].long()
     rows[idx] = torch.cat([key[keep], value[keep]], dim=-1).to(rows.dtype)
 
@@ -133,7 +143,10 @@ def _paged_attention_cpu(query, kv_cache, context_slots, query_index, query_pos,
         return query.new_zeros(query.shape)
     Q = query_index.shape[1]
     rows = kv_cache.reshape(-1, kvh, 2 * D)
-    ctx = rows[context_slots.long().clamp(0, rows.shape[0] - 1)].float()  # [R, S, KVH, 2D]
+    _check_in_range(context_slots, rows.shape[0])
+    _check_in_range(query_index, T)
+    _check_in_range(output_index[output_index >= 0], R * Q)  # -1: another grid's token
+    ctx = rows[context_slots.long()].float()  # [R, S, KVH, 2D]
     pos = query_pos.long()
     reach = torch.arange(S).view(1, S) <= pos.max(dim=1).values.view(R, 1)
     keys = ctx[..., :D]

@@ -145,8 +145,14 @@ static pj_status_t *lower_reshape_and_cache(pj_lower_t *L) {
   int64_t rd[2] = {t, kvh * 2 * hd};
   pj_val_t upd = pj_reshape(H, pj_concat(H, kv, 2, 2), 2, rd);
   pj_val_t idx = pj_convert(H, slots, PJ_I64);
-  /* padding tokens: an out-of-range row, which the scatter skips */
-  idx = SEL(CMP("LT", idx, pj_full(H, idx.t, 0)), pj_full(H, idx.t, (double)nslots), idx);
+  pj_val_t pad = CMP("LT", idx, pj_full(H, idx.t, 0));
+  /* A slot past the cache is the caller's bug: reported as CPU's kernel raises it, at the next
+   * synchronization (device-side index checks); negative slots are padding, not checked. */
+  pj_val_t bad =
+      pj_check_index(L, SEL(pad, pj_full(H, idx.t, 0), idx), nslots, 0, false, PJ_CHECK_DIM);
+  /* padding tokens: an out-of-range row, which the scatter skips; with a bad slot every row
+   * is skipped (the write is all or nothing, as on CPU, which raises before writing) */
+  idx = pj_check_drop_all(L, bad, SEL(pad, pj_full(H, idx.t, (double)nslots), idx), nslots);
   pj_val_t rows = put_rows(L, cache_rows(L, cache), idx, upd);
   pj_set_result(L, 0, pj_reshape(H, rows, 4, cache.t.dims));
   return NULL;
@@ -183,6 +189,20 @@ static pj_status_t *lower_paged_attention(pj_lower_t *L) {
     return NULL;
   }
   const pj_dtype_t f = PJ_F32;
+  /* Metadata out of range is the caller's bug (the gathers below would clamp it): reported as
+   * CPU's kernel raises it, at the next synchronization, and then no output row is written
+   * (output_index all -1). output_index -1 is another grid's token. */
+  const int64_t nslots = cache.t.dims[0] * cache.t.dims[1];
+  pj_val_t oi = pj_convert(H, oidx, PJ_I64);
+  pj_val_t bad[3] = {
+      pj_check_index(L, cslots, nslots, 0, false, PJ_CHECK_DIM),
+      pj_check_index(L, qidx, T, 0, false, PJ_CHECK_DIM),
+      pj_check_index(L, SEL(CMP("LT", oi, pj_full(H, oi.t, 0)), pj_full(H, oi.t, 0), oi), R * Q,
+                     0, false, PJ_CHECK_DIM)};
+  pj_val_t any_bad = kNone;
+  for (int i = 0; i < 3; i++)
+    if (bad[i].id >= 0) any_bad = any_bad.id < 0 ? bad[i] : OR(any_bad, bad[i]);
+  oidx = pj_check_drop_all(L, any_bad, oi, -1);
 
   /* queries [R, Q, KVH, G, D] (float32) */
   int64_t td[2] = {T, Hq * D}, rq = R * Q;
