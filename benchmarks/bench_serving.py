@@ -57,19 +57,16 @@ MODELS = {
 def build_model(name: str, path: str) -> int:
     """Writes the model and a word-level tokenizer to `path`; returns its parameter count."""
     import torch
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from torch_pjrt._models import save_word_tokenizer
 
     torch.manual_seed(0)
     cfg = LlamaConfig(max_position_embeddings=512, initializer_range=0.02, bos_token_id=1,
                       eos_token_id=2, pad_token_id=0, **MODELS[name])
     model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(path, safe_serialization=True)
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(cfg.vocab_size - 4)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
+    save_word_tokenizer(path, cfg.vocab_size)
     return sum(p.numel() for p in model.parameters())
 
 

@@ -13,6 +13,8 @@ import numpy as np
 import pytest
 import torch
 
+from torch_pjrt._models import save_word_tokenizer
+
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
@@ -29,8 +31,7 @@ PROMPTS = [  # token ids; 1 is BOS
 def _tiny_llama(path, seed=0, vocab=128, intermediate=128, max_positions=256):
     """A tiny random Llama and a word-level tokenizer saved to `path` (also the serving TP and
     compiled tests' model, with their own sizes and seed)."""
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
     # initializer_range 0.2: logits far enough apart that greedy choices are not near-ties
@@ -41,11 +42,7 @@ def _tiny_llama(path, seed=0, vocab=128, intermediate=128, max_positions=256):
                       bos_token_id=1, eos_token_id=2, pad_token_id=0)
     model = LlamaForCausalLM(cfg).eval()
     model.save_pretrained(path, safe_serialization=True)
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(cfg.vocab_size - 4)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
+    save_word_tokenizer(path, vocab)
     return model
 
 

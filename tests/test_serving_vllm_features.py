@@ -22,11 +22,13 @@ import numpy as np
 import pytest
 import torch
 
+from torch_pjrt._models import save_word_tokenizer, word_list
+
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
 VOCAB = 128
-WORDS = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
+WORDS = word_list(VOCAB)
 MAX_LEN = 128
 NEW = 8
 _rng = np.random.default_rng(11)
@@ -42,8 +44,7 @@ CHAT_TEMPLATE = "{{ bos_token }} {% for m in messages %}{{ m['content'] }} {% en
 
 def _build_model(path):
     """A tiny random Qwen3 (grouped-query attention, q/k RMS norms) and its tokenizer."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast, Qwen3Config, Qwen3ForCausalLM
+    from transformers import Qwen3Config, Qwen3ForCausalLM
 
     torch.manual_seed(0)
     # initializer_range 0.2: greedy choices far from ties (checked per test), so CPU and tpu
@@ -58,13 +59,7 @@ def _build_model(path):
             if "norm" in name:
                 p.uniform_(0.5, 1.5)
     model.save_pretrained(path, safe_serialization=True)
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(WORDS)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok.decoder = decoders.WordPiece(prefix="##")  # words joined by spaces
-    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                                     unk_token="<unk>", pad_token="<pad>")
-    hf_tok.chat_template = CHAT_TEMPLATE
-    hf_tok.save_pretrained(path)
+    hf_tok = save_word_tokenizer(path, VOCAB, CHAT_TEMPLATE)
     return model, hf_tok
 
 

@@ -12,6 +12,8 @@ import numpy as np
 import pytest
 import torch
 
+from torch_pjrt._models import save_word_tokenizer
+
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
@@ -22,17 +24,6 @@ NEW = 8
 WINDOW = 8
 _rng = np.random.default_rng(5)
 PROMPTS = [[1] + [int(x) for x in _rng.integers(4, VOCAB, n - 1)] for n in (40, 23, 12, 3)]
-
-
-def _tokenizer(path):
-    from tokenizers import Tokenizer, models, pre_tokenizers
-    from transformers import PreTrainedTokenizerFast
-
-    words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
-    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
-    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
-                            unk_token="<unk>", pad_token="<pad>").save_pretrained(path)
 
 
 def _config(kind, **overrides):
@@ -94,7 +85,7 @@ def test_windowed_and_capped_greedy_matches_hf(kind, tmp_path, monkeypatch):
         other.load_state_dict(model.state_dict())
         assert _greedy_all(other)[0] != expected, f"{kind}: {change} changes no token"
     model.save_pretrained(tmp_path, safe_serialization=True)
-    _tokenizer(tmp_path)
+    save_word_tokenizer(tmp_path, VOCAB)
 
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
     from vllm import LLM, SamplingParams

@@ -142,3 +142,28 @@ def init_weights(model: nn.Module, seed: int) -> nn.Module:
             else:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.02)
     return model
+
+
+def word_list(vocab_size: int) -> list[str]:
+    """The words of save_word_tokenizer's vocabulary, by token id."""
+    return ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(vocab_size - 4)]
+
+
+def save_word_tokenizer(path, vocab_size: int, chat_template: str | None = None):
+    """A word-level tokenizer for random test models, saved to `path` (a model directory for
+    Hugging Face and vLLM) and returned: the specials ``<pad>`` (0), ``<s>`` (1), ``</s>`` (2)
+    and ``<unk>`` (3), then token 4 + i is the word ``w{i}`` (``word_list`` gives them all);
+    words split and join at spaces. Built locally: nothing is downloaded."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(word_list(vocab_size))},
+                                     unk_token="<unk>"))
+    tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+    tok.decoder = decoders.WordPiece(prefix="##")  # words joined by spaces
+    hf_tok = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="</s>",
+                                     unk_token="<unk>", pad_token="<pad>")
+    if chat_template is not None:
+        hf_tok.chat_template = chat_template
+    hf_tok.save_pretrained(path)
+    return hf_tok
