@@ -12,8 +12,9 @@ attend, copy into the output buffer; then torch.tpu.synchronize(). Three steps:
 Cache [blocks, 16, KVH, 2*D] with the requests' blocks scattered through it. Strict mode; the
 two versions' repetitions alternate (other load falls on both); median of --reps. Also the
 cache write alone at two cache sizes (it should cost the same: O(T), not O(cache); a clone of
-the cache shows what one pass over it costs) and the programs run per layer call
-(torch.tpu.metrics()'s executions).
+the cache shows what one pass over it costs), the decode layer as one DeferAndFuse program
+(write and attention fused: it should cost what Strict mode's two programs do, not passes
+over the cache), and the programs run per layer call (torch.tpu.metrics()'s executions).
 
     .venv/bin/python benchmarks/bench_paged_attention.py [--reps 50] [--heads 16 --kv-heads 4
         --head-size 64] [--dtype float32] [--out docs/serving-paged-attention.md]
@@ -181,6 +182,8 @@ def run(args):
 
     # the cache write alone: O(T) whatever the cache size
     write_rows = []
+    project = torch.compile(lambda a: a * 1.0, backend="tpu")
+    consume = torch.compile(lambda o: o.sum(), backend="tpu")
     for nblocks in (args.blocks, args.blocks * 16):
         st = make_step([(256, 1)] * 8, nblocks, H, Hkv, D, dtype)
         cache = st["cache"].transpose(1, 2)
@@ -193,11 +196,30 @@ def run(args):
         def clone():  # for scale: one pass over the whole cache
             cache.clone()[0, 0, 0, 0].item()
 
+        # one decode token: XLA turns its one-row scatter into a dynamic-update-slice
+        s1 = make_step([(256, 1)], nblocks, H, Hkv, D, dtype)
+        qkv = torch.cat([s1["query"], s1["key"], s1["value"]], dim=1)
+        nq, nk = s1["query"].shape[1], s1["key"].shape[1]
+
+        def layer(mode):
+            """The decode layer between two compiled pieces, as in vLLM's step: q, k and v
+            are slices of a compiled projection's output, the attention output feeds the next
+            compiled piece; the layer call (write, then attention) runs in `mode`."""
+            x = project(qkv)
+            out = torch.empty_like(s1["out_new"])
+            with torch.tpu.eager_mode(mode):
+                new_layer(x[:, :nq], x[:, nq:nq + nk], x[:, nq + nk:], s1["cache"],
+                          s1["slots"], s1["new_md"], out, H, Hkv, D, scale)
+            consume(out).item()
+
         # not interleaved: a clone's 100s of MB in between would evict what the write touches
         t, _ = _time_pair(write, write, args.reps)
         t_clone, _ = _time_pair(clone, clone, max(args.reps // 8, 3))
+        # DeferAndFuse records the layer as one program that writes the cache and reads it
+        t_strict, t_fused = _time_pair(lambda: layer("strict"), lambda: layer("defer_and_fuse"),
+                                       args.reps)
         mb = cache.numel() * cache.element_size() / 2**20
-        write_rows.append((nblocks, mb, t, t_clone))
+        write_rows.append((nblocks, mb, t, t_clone, t_strict, t_fused))
     return rows, split_rows, write_rows
 
 
@@ -231,10 +253,13 @@ def main():
     for name, t_one, t_two in split_rows:
         lines.append(f"| {name} | {t_one:.3f} | {t_two:.3f} |")
     lines += ["", "reshape_and_cache alone (8 tokens, then one cache element read back), against "
-              "a clone of the cache (one pass over it):", "",
-              "| cache blocks | cache MB | write (ms) | clone (ms) |", "|---|---|---|---|"]
-    for nb, mb, t, tc in write_rows:
-        lines.append(f"| {nb} | {mb:.0f} | {t:.3f} | {tc:.3f} |")
+              "a clone of the cache (one pass over it); and a one-token decode layer call (write, "
+              "then attention) between two compiled pieces, in Strict mode (two programs) and in "
+              "DeferAndFuse (one program that writes the cache and reads it):", "",
+              "| cache blocks | cache MB | write (ms) | clone (ms) | 1-token layer, Strict (ms) | "
+              "same, DeferAndFuse (ms) |", "|---|---|---|---|---|---|"]
+    for nb, mb, t, tc, ts, tf in write_rows:
+        lines.append(f"| {nb} | {mb:.0f} | {t:.3f} | {tc:.3f} | {ts:.3f} | {tf:.3f} |")
     lines += ["", "Command: `" + " ".join(["benchmarks/bench_paged_attention.py"] + sys.argv[1:])
               + "`", END]
     text = "\n".join(lines) + "\n"

@@ -154,6 +154,12 @@ static pj_status_t *lower_reshape_and_cache(pj_lower_t *L) {
    * is skipped (the write is all or nothing, as on CPU, which raises before writing) */
   idx = pj_check_drop_all(L, bad, SEL(pad, pj_full(H, idx.t, (double)nslots), idx), nslots);
   pj_val_t rows = put_rows(L, cache_rows(L, cache), idx, upd);
+  /* A barrier between the write and its readers: in a fused program (DeferAndFuse, a compiled
+   * graph) where paged_attention reads the written cache, XLA turned a one-token write into a
+   * dynamic-update-slice and duplicated it into each reader's fusion, each on its own copy of
+   * the whole cache (4 copies of a 128 MB cache: a one-token layer took 188 ms in
+   * DeferAndFuse against 2.3 ms in Strict mode; benchmarks/bench_paged_attention.py). */
+  rows = pj_hlo_op(H, "stablehlo.optimization_barrier", &rows, 1, NULL, rows.t);
   pj_set_result(L, 0, pj_reshape(H, rows, 4, cache.t.dims));
   return NULL;
 }
