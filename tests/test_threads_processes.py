@@ -152,14 +152,17 @@ def test_spawned_children_use_the_device(tmp_path):
 
 CTRL_C_SCRIPT = """
         import os, signal, threading, time, torch
+        # Python's Ctrl-C handler, as a terminal gives it: a process started with SIGINT ignored
+        # (a background job of a non-interactive shell, as a CI script may be) keeps it ignored
+        signal.signal(signal.SIGINT, signal.default_int_handler)
         a = torch.randn(512, 512, device="tpu")
         (a @ a).sum().item()  # compiled and warm
         x = a
         for _ in range(60):  # seconds of queued device work
             x = torch.tanh(x @ a / 512)
-        # Ctrl-C after 0.3 s, again every 3 s until seen (at most 4 times): in full suite runs
-        # on a loaded machine a first SIGINT was, rarely, never seen (cause not found; alone it
-        # always is); the count of signals sent is printed
+        # Ctrl-C after 0.3 s, again every 3 s until seen (at most 4 times; the count of signals
+        # sent is printed). Earlier "never seen" failures in full-suite runs were runs started as
+        # background jobs, SIGINT ignored (fixed by the handler above).
         seen = threading.Event()
         sent = []
         def ctrl_c():
@@ -190,12 +193,4 @@ CTRL_C_SCRIPT = """
 def test_ctrl_c_during_a_long_wait_leaves_the_process_usable():
     r = run_python(CTRL_C_SCRIPT)
     assert r.returncode == 0, r.stderr[-3000:]
-    assert "usable: True finite: True" in r.stdout, r.stdout + r.stderr[-2000:]
-    if "interrupted: False" in r.stdout:
-        # Known, rare: in full-suite runs (cold program cache, two workers) no SIGINT of the 4
-        # became a KeyboardInterrupt, the process staying usable; alone it is always seen
-        # (docs/torch-releases.md, the stop-28 closing note; cause not found). One more
-        # process then: a real loss of Ctrl-C fails both.
-        r = run_python(CTRL_C_SCRIPT)
-        assert r.returncode == 0, r.stderr[-3000:]
     assert "interrupted: True usable: True finite: True" in r.stdout, r.stdout + r.stderr[-2000:]
