@@ -271,13 +271,20 @@ def build_metadata(query_start_loc, seq_lens, block_table, block_size: int, requ
     bt = np.asarray(block_table, dtype=np.int64)
     sel = np.arange(len(bt)) if requests is None else np.asarray(requests, dtype=np.int64)
     cs = context_slots(bt[sel], qi.shape[0], S, block_size)
+    return cs, qi, qp, oi, slot_mapping(query_start_loc, seq_lens, bt, block_size)
+
+
+def slot_mapping(query_start_loc, seq_lens, block_table, block_size: int) -> np.ndarray:
+    """The cache slot of every token of the step (numpy int64 [T]): token t of request r, at
+    position p (its request's new tokens are the last of its seq_lens[r] positions), goes to
+    block_table[r, p // block_size] * block_size + p % block_size."""
     qsl = np.asarray(query_start_loc, dtype=np.int64)
     seq = np.asarray(seq_lens, dtype=np.int64)
     tok = np.arange(int(qsl[-1]))
     req = np.searchsorted(qsl[1:], tok, side="right")
     pos = seq[req] - (qsl[req + 1] - qsl[req]) + (tok - qsl[req])
-    slot_mapping = bt[req, pos // block_size] * block_size + pos % block_size
-    return cs, qi, qp, oi, slot_mapping
+    bt = np.asarray(block_table)
+    return bt[req, pos // block_size].astype(np.int64) * block_size + pos % block_size
 
 
 def register() -> None:

@@ -115,9 +115,8 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
             qi, qp, oi, S = pa.query_metadata(qsl, seq_lens, bs, sel)
             if host_blocks is not None:
                 rows = host_blocks if sel is None else host_blocks[sel]
-                cs = pa.context_slots(rows, qi.shape[0], S, bs)
-                host.append(cs.ravel())
-                parts.append((None, cs.shape, qi.shape, oi.size))
+                host.append(pa.context_slots(rows, qi.shape[0], S, bs).ravel())
+                parts.append((None, S, qi.shape, oi.size))
             else:
                 if sel is not None:  # this group's rows of the block table
                     first, n = int(sel[0]), len(sel)
@@ -125,8 +124,7 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
                             else blocks[torch.from_numpy(sel).to(blocks.device)])
                 else:
                     rows = blocks
-                parts.append((pa.context_slots(rows, qi.shape[0], S, bs), None, qi.shape,
-                              oi.size))
+                parts.append((pa.context_slots(rows, qi.shape[0], S, bs), S, qi.shape, oi.size))
             host += [qi.ravel(), qp.ravel(), oi]
         # the host-computed metadata of every grid in one host-to-device copy
         packed = torch.from_numpy(np.concatenate(host)).to(self.device)
@@ -137,9 +135,9 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
             at += n
             return packed[at - n:at]
 
-        for cs, cs_shape, shape, t in parts:
-            if cs is None:
-                cs = take(cs_shape[0] * cs_shape[1]).view(cs_shape)
+        for cs, S, shape, t in parts:
+            if cs is None:  # computed on the host: [R', S] (R' = the grid's rows)
+                cs = take(shape[0] * S).view(shape[0], S)
             n = shape[0] * shape[1]
             grids.append(PagedGrid(cs, take(n).view(shape), take(n).view(shape), take(t)))
         return TpuPagedAttentionMetadata(num_actual_tokens=T, slot_mapping=cm.slot_mapping[:T],

@@ -54,13 +54,15 @@ def compute_slot_mapping(block_table, num_reqs: int, query_start_loc: torch.Tens
 
     if block_table.slot_mapping_mode == SlotMappingMode.NONE:
         return
-    n, bs = positions.shape[0], block_table.block_size
+    from torch_pjrt.paged_attention_ops import slot_mapping
+
+    n = positions.shape[0]
     qsl = runner.query_start_loc.np[: num_reqs + 1]
-    req = np.repeat(np.arange(num_reqs), np.diff(qsl))
-    # the device's positions: computed tokens of the request + position in its query
-    pos = runner.input_batch.num_computed_tokens_cpu[req] + runner.query_pos.np[:n]
+    # context lengths after the step: the device's positions end there
+    seq_lens = runner.input_batch.num_computed_tokens_cpu[:num_reqs] + np.diff(qsl)
     sm = block_table.slot_mapping
-    sm.np[:n] = block_table.block_table.np[req, pos // bs].astype(np.int64) * bs + pos % bs
+    sm.np[:n] = slot_mapping(qsl, seq_lens, block_table.block_table.np[:num_reqs],
+                             block_table.block_size)
     sm.np[n:] = PAD_SLOT_ID
     sm.copy_to_gpu()
 
