@@ -12,16 +12,19 @@ if [ "${1:-}" = "--torch" ]; then
 fi
 # setup.sh's venv for that release (its default for --torch without --venv)
 if [ "$TORCH" = 2.13.0 ]; then VENV=.venv; else VENV=.venv-torch$TORCH; fi
-# `--serving`: vLLM installed beside (scripts/setup.sh --serving) and only the serving tests run
-# (tests/test_serving_vllm*.py: the vLLM plugin on tpu, docs/serving.md). They take several
-# minutes more than CI's 20-minute budget leaves, so CI runs the rest and this is its own
-# command; its results are recorded in docs/serving.md.
+# `--serving`: only the serving tests (tests/test_serving_vllm*.py: the vLLM plugin on tpu,
+# docs/serving.md), all of them, the `long` ones included (tensor parallelism, restarts,
+# windowed models, speculative decoding, a second `vllm serve`).
 if [ "${1:-}" = "--serving" ]; then
   shift
   bash scripts/setup.sh --torch "$TORCH" --serving
   exec "$VENV/bin/python" -m pytest -q tests/test_serving_vllm.py tests/test_serving_vllm_*.py "$@"
 fi
-bash scripts/setup.sh --torch "$TORCH"
+# The default release also gets vLLM (setup.sh --serving), so that the suite below runs the
+# serving tests that are not `long`; other releases run without it (those tests skip).
+SERVING=()
+if [ "$TORCH" = 2.13.0 ]; then SERVING=(--serving); fi
+bash scripts/setup.sh --torch "$TORCH" "${SERVING[@]}"
 VPY=$VENV/bin/python
 # test-only dependencies; torch stays the one setup.sh pinned (--constraint makes that explicit)
 "$VPY" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt \
@@ -33,7 +36,10 @@ make -j2 PYTHON="$VPY" ctest-asan
 # outside CI's 20-minute budget, and the TorchTitan run, which needs torchtitan installed aside:
 # docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 # The suite runs on PYTEST_WORKERS worker processes (pytest-xdist; default 2, 0 = in this one).
+# --dist loadgroup: tests marked xdist_group(name) share one worker (the serving tests: their
+# module-scoped engines are built once); every other test is scheduled on its own.
 WORKERS=(-n "${PYTEST_WORKERS:-2}")
+if [ "${PYTEST_WORKERS:-2}" != 0 ]; then WORKERS+=(--dist loadgroup); fi
 if [ "${1:-}" = "--long" ]; then
   shift
   "$VPY" -m pytest -q tests -m long "${WORKERS[@]}" "$@"

@@ -18,6 +18,10 @@ from torch_pjrt._models import save_word_tokenizer
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
+# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
+# process: module-scoped engines are built once, and two engines never share the two cores.
+pytestmark = pytest.mark.xdist_group("vllm")
+
 NEW_TOKENS = 8
 PROMPTS = [  # token ids; 1 is BOS
     [1, 5, 9, 33, 7],
@@ -55,6 +59,13 @@ def _hf_greedy(model, prompt, new_tokens=NEW_TOKENS):
     return out.sequences[0, len(prompt):].tolist(), float((top2[:, 0] - top2[:, 1]).min())
 
 
+def new_fallbacks(before):
+    """aten ops that fell back to the CPU since `before` (an earlier torch.tpu.fallback_ops()):
+    the counts are per process, and other tests may have run in this one (pytest-xdist)."""
+    now = torch.tpu.fallback_ops()
+    return {op: n - before.get(op, 0) for op, n in now.items() if n != before.get(op, 0)}
+
+
 def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path)
@@ -82,12 +93,16 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
     from vllm import LLM, SamplingParams
 
+    fallbacks_before = torch.tpu.fallback_ops()
     llm = LLM(model=str(tmp_path), dtype="float32", max_model_len=128, block_size=16,
               kv_cache_memory_bytes=8 << 20, max_num_seqs=8, max_num_batched_tokens=16,
               enable_prefix_caching=False, seed=0)
-    assert llm.llm_engine.vllm_config.device_config.device.type == "tpu"
-    params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
-    outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    try:
+        assert llm.llm_engine.vllm_config.device_config.device.type == "tpu"
+        params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
+        outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
+    finally:  # a failed test's engine must not outlive it (the next engine's groups are global)
+        llm.llm_engine.engine_core.shutdown()
     got = [list(o.outputs[0].token_ids) for o in outs]
     assert got == expected
 
@@ -96,7 +111,7 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
     chunked = any(q > 1 and s - q > 0 for qs, ss in steps for q, s in zip(qs, ss))
     mixed = any(1 in qs and max(qs) > 1 for qs, _ in steps)
     assert chunked and mixed, steps
-    assert torch.tpu.fallback_ops() == {}, torch.tpu.fallback_ops()
+    assert new_fallbacks(fallbacks_before) == {}
 
 
 def _free_port():
@@ -107,6 +122,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
 def test_vllm_serve_completions_match_hf(tmp_path):
     """`vllm serve` (its own API-server and engine-core processes) on tpu: greedy completions
     of the OpenAI-compatible endpoint, sent concurrently, equal Hugging Face's on CPU."""

@@ -20,7 +20,12 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 pytest.importorskip("transformers")
 
-from test_serving_vllm import NEW_TOKENS, PROMPTS, _hf_greedy, _tiny_llama  # noqa: E402
+# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
+# process: module-scoped engines are built once, and two engines never share the two cores.
+pytestmark = pytest.mark.xdist_group("vllm")
+
+from test_serving_vllm import (NEW_TOKENS, PROMPTS, _hf_greedy, _tiny_llama,  # noqa: E402
+                               new_fallbacks)
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = 16  # max_num_batched_tokens: buckets 1, 2, 4, 8, 16
@@ -35,7 +40,7 @@ def _llm(path, enforce_eager):
 
 
 @pytest.mark.parametrize("mode", ["compiled", "eager"])
-def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, mode):
+def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, mode):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path / "model")
     expected = []
@@ -87,7 +92,9 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, mode):
 
     monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy_build)
 
+    fallbacks_before = torch.tpu.fallback_ops()
     llm = _llm(tmp_path / "model", enforce_eager=(mode == "eager"))
+    request.addfinalizer(llm.llm_engine.engine_core.shutdown)  # even when the test fails
     cfg = llm.llm_engine.vllm_config
     assert cfg.device_config.device.type == "tpu"
     compiled = cfg.compilation_config.mode == CompilationMode.VLLM_COMPILE
@@ -105,7 +112,7 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, mode):
     chunked = any(q > 1 and s - q > 0 for qs, ss in steps for q, s in zip(qs, ss))
     mixed = any(1 in qs and max(qs) > 1 for qs, _ in steps)
     assert chunked and mixed, steps
-    assert torch.tpu.fallback_ops() == {}, torch.tpu.fallback_ops()
+    assert new_fallbacks(fallbacks_before) == {}
 
     if mode == "eager":
         assert calls["run"] == 0 and captured_at_start == 0  # no compiled graph at all
@@ -158,6 +165,7 @@ def _start_and_generate(tmp_path, model):
     raise AssertionError(f"child failed ({p.returncode}):\n{p.stderr[-4000:]}")
 
 
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
 def test_restarted_engine_compiles_nothing(tmp_path):
     """Two engine starts on empty caches (vLLM's and torch_pjrt's, in tmp_path): the first
     compiles every bucket's programs at start; the second finds all of them on disk and

@@ -27,6 +27,12 @@ from torch_pjrt._models import save_word_tokenizer, word_list
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
+# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
+# process: module-scoped engines are built once, and two engines never share the two cores.
+pytestmark = pytest.mark.xdist_group("vllm")
+
+from test_serving_vllm import new_fallbacks  # noqa: E402
+
 VOCAB = 128
 WORDS = word_list(VOCAB)
 MAX_LEN = 128
@@ -108,7 +114,13 @@ def _llm(path, **kw):
 
 
 @pytest.fixture(scope="module")
-def llm(qwen3, in_process):
+def fallbacks_before():
+    """torch.tpu.fallback_ops() before this module's engine started (counts are per process)."""
+    return torch.tpu.fallback_ops()
+
+
+@pytest.fixture(scope="module")
+def llm(qwen3, in_process, fallbacks_before):
     """One engine for most in-process tests: prefix caching on, 16 tokens per step."""
     engine = _llm(qwen3[0], enable_prefix_caching=True)
     assert engine.llm_engine.vllm_config.device_config.device.type == "tpu"
@@ -126,7 +138,7 @@ def _ids(outs):
 
 # ---------------------------------------------------------------- LLM.generate
 
-def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm, monkeypatch):
+def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm, fallbacks_before, monkeypatch):
     from vllm import SamplingParams
 
     from torch_pjrt.serving.vllm import attention
@@ -151,7 +163,7 @@ def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm, monkeypatch):
     order = [3, 0, 4]
     got = _ids(llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in order], params))
     assert got == [expected[i] for i in order]
-    assert torch.tpu.fallback_ops() == {}, torch.tpu.fallback_ops()
+    assert new_fallbacks(fallbacks_before) == {}
 
 
 def test_seeded_sampling_reproducible(qwen3, llm):
@@ -265,6 +277,7 @@ def test_prompt_longer_than_max_model_len(llm):
     assert len(_ids(llm.generate([{"prompt_token_ids": PROMPTS[2]}], params))[0]) == 2
 
 
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
 def test_ngram_speculative_decoding_matches_hf(qwen3, in_process):
     """vLLM's n-gram drafter (numba, on the host) with its rejection sampler, whose Triton
     kernels the plugin replaces with torch ops (rejection.py): greedy output equals HF's, drafts

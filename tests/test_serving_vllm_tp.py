@@ -15,6 +15,10 @@ import torch
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
+# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
+# process: module-scoped engines are built once, and two engines never share the two cores.
+pytestmark = pytest.mark.xdist_group("vllm")
+
 import test_serving_vllm as serving_test  # noqa: E402  (its tiny Llama and HF greedy helper)
 
 NEW_TOKENS = 6
@@ -34,6 +38,7 @@ def _hf_greedy(model, prompt):
     return serving_test._hf_greedy(model, prompt, NEW_TOKENS)
 
 
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
 def test_llm_generate_tp2_greedy_matches_hf(tmp_path, monkeypatch):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path)

@@ -17,6 +17,10 @@ from torch_pjrt._models import save_word_tokenizer
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
+# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
+# process: module-scoped engines are built once, and two engines never share the two cores.
+pytestmark = pytest.mark.xdist_group("vllm")
+
 from test_serving_vllm import _hf_greedy  # noqa: E402
 
 VOCAB = 128
@@ -74,6 +78,7 @@ WITHOUT = {"mistral": [dict(sliding_window=None)],
                       dict(attn_logit_softcapping=None, final_logit_softcapping=None)]}
 
 
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
 @pytest.mark.parametrize("kind", ["mistral", "gemma2"])
 def test_windowed_and_capped_greedy_matches_hf(kind, tmp_path, monkeypatch):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
