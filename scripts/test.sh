@@ -36,13 +36,18 @@ make -j2 PYTHON="$VPY" ctest-asan
 # outside CI's 20-minute budget, and the TorchTitan run, which needs torchtitan installed aside:
 # docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 # The suite runs on PYTEST_WORKERS worker processes (pytest-xdist; default 2, 0 = in this one).
-# --dist loadgroup: tests marked xdist_group(name) share one worker (the serving tests: their
-# module-scoped engines are built once); every other test is scheduled on its own.
 WORKERS=(-n "${PYTEST_WORKERS:-2}")
-if [ "${PYTEST_WORKERS:-2}" != 0 ]; then WORKERS+=(--dist loadgroup); fi
 if [ "${1:-}" = "--long" ]; then
   shift
-  "$VPY" -m pytest -q tests -m long "${WORKERS[@]}" "$@"
-else
-  "$VPY" -m pytest -q tests -m "not long" "${WORKERS[@]}" "$@"
+  exec "$VPY" -m pytest -q tests -m long "${WORKERS[@]}" "$@"
 fi
+# The serving tests (vLLM engines and `vllm serve` processes; they skip without vLLM) run first,
+# in one process of their own: their module-scoped engines are built once, and they do not
+# compete with the rest for the two cores (in the worker pool they cost about twice their time).
+# Both runs always happen; the script fails when either failed.
+SERVING_TESTS=(tests/test_serving_vllm.py tests/test_serving_vllm_*.py)
+status=0
+"$VPY" -m pytest -q "${SERVING_TESTS[@]}" -m "not long" "$@" || status=$?
+"$VPY" -m pytest -q tests -m "not long" --ignore-glob='tests/test_serving_vllm*.py' \
+  "${WORKERS[@]}" "$@" || status=$?
+exit "$status"

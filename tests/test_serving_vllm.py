@@ -18,10 +18,6 @@ from torch_pjrt._models import save_word_tokenizer
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
-# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
-# process: module-scoped engines are built once, and two engines never share the two cores.
-pytestmark = pytest.mark.xdist_group("vllm")
-
 NEW_TOKENS = 8
 PROMPTS = [  # token ids; 1 is BOS
     [1, 5, 9, 33, 7],
@@ -66,6 +62,7 @@ def new_fallbacks(before):
     return {op: n - before.get(op, 0) for op, n in now.items() if n != before.get(op, 0)}
 
 
+@pytest.mark.long  # CI runs its superset, test_serving_vllm_compiled.py's [compiled] case
 def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path)

@@ -20,10 +20,6 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 pytest.importorskip("transformers")
 
-# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
-# process: module-scoped engines are built once, and two engines never share the two cores.
-pytestmark = pytest.mark.xdist_group("vllm")
-
 from test_serving_vllm import (NEW_TOKENS, PROMPTS, _hf_greedy, _tiny_llama,  # noqa: E402
                                new_fallbacks)
 
@@ -87,7 +83,10 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, mode):
     def spy_build(self, common_prefix_len, cm, fast_build=False):
         R = cm.num_reqs
         qsl = cm.query_start_loc_cpu[: R + 1]
-        steps.append(((qsl[1:] - qsl[:-1]).tolist(), cm.seq_lens[:R].cpu().tolist()))
+        seq_lens = cm.seq_lens[:R].cpu().tolist()
+        # the builder reads the host's context lengths: they must be the device's
+        assert cm.seq_lens_cpu_upper_bound[:R].tolist() == seq_lens
+        steps.append(((qsl[1:] - qsl[:-1]).tolist(), seq_lens))
         return build(self, common_prefix_len, cm, fast_build)
 
     monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy_build)

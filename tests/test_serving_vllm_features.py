@@ -27,10 +27,6 @@ from torch_pjrt._models import save_word_tokenizer, word_list
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
-# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
-# process: module-scoped engines are built once, and two engines never share the two cores.
-pytestmark = pytest.mark.xdist_group("vllm")
-
 from test_serving_vllm import new_fallbacks  # noqa: E402
 
 VOCAB = 128
@@ -512,6 +508,7 @@ def _stream(client, url, **body):
     return pieces, finish
 
 
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
 def test_serve_unknown_model_path_fails_cleanly(tmp_path):
     """`vllm serve` on a path that does not exist ends at once with exit code 1 and vLLM's own
     error naming the path (a Python exception from Hugging Face's repo-id check: vLLM takes a

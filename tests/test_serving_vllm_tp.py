@@ -15,10 +15,6 @@ import torch
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
-# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
-# process: module-scoped engines are built once, and two engines never share the two cores.
-pytestmark = pytest.mark.xdist_group("vllm")
-
 import test_serving_vllm as serving_test  # noqa: E402  (its tiny Llama and HF greedy helper)
 
 NEW_TOKENS = 6

@@ -17,10 +17,6 @@ from torch_pjrt._models import save_word_tokenizer
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
-# CI (scripts/test.sh, --dist loadgroup) runs the serving tests one after another in one worker
-# process: module-scoped engines are built once, and two engines never share the two cores.
-pytestmark = pytest.mark.xdist_group("vllm")
-
 from test_serving_vllm import _hf_greedy  # noqa: E402
 
 VOCAB = 128
