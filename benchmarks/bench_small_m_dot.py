@@ -8,8 +8,8 @@ layers of that model's 12 decoder layers (768->1280, 768->768, 768->4096, 2048->
 stored column-major, as the vLLM plugin stores them) and one holding its LM head (768->32000),
 each call followed by a read-back (median of 15 calls after 3 warm-ups), beside CPU torch's
 `F.linear` with [out, in] contiguous weights (median of 10). Run it with XLA_FLAGS to compare the
-plugin's dot back ends (each flag set on its own TORCH_PJRT_CACHE_DIR: the program cache's key
-does not include XLA_FLAGS). It also prints the largest relative difference from CPU.
+plugin's dot back ends (the program cache's key includes XLA_FLAGS, so each flag set compiles its
+own programs). It also prints the largest relative difference from CPU.
 """
 
 import argparse
