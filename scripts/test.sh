@@ -37,15 +37,17 @@ make -j2 PYTHON="$VPY" ctest-asan
 # docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 # The suite runs on PYTEST_WORKERS worker processes (pytest-xdist; default 2, 0 = in this one).
 WORKERS=(-n "${PYTEST_WORKERS:-2}")
+# The serving tests (vLLM engines and `vllm serve` processes; they skip without vLLM) never run
+# in the worker pool: in one process of their own their module-scoped engines are built once,
+# and they do not compete with the rest for the two cores (in the pool they cost about twice
+# their time). Their `long` ones run with `--serving`.
+SERVING_TESTS=(tests/test_serving_vllm.py tests/test_serving_vllm_*.py)
 if [ "${1:-}" = "--long" ]; then
   shift
-  exec "$VPY" -m pytest -q tests -m long "${WORKERS[@]}" "$@"
+  exec "$VPY" -m pytest -q tests -m long --ignore-glob='tests/test_serving_vllm*.py' \
+    "${WORKERS[@]}" "$@"
 fi
-# The serving tests (vLLM engines and `vllm serve` processes; they skip without vLLM) run first,
-# in one process of their own: their module-scoped engines are built once, and they do not
-# compete with the rest for the two cores (in the worker pool they cost about twice their time).
-# Both runs always happen; the script fails when either failed.
-SERVING_TESTS=(tests/test_serving_vllm.py tests/test_serving_vllm_*.py)
+# The serving tests first; both runs always happen, and the script fails when either failed.
 status=0
 "$VPY" -m pytest -q "${SERVING_TESTS[@]}" -m "not long" "$@" || status=$?
 "$VPY" -m pytest -q tests -m "not long" --ignore-glob='tests/test_serving_vllm*.py' \

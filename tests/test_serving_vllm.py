@@ -55,15 +55,8 @@ def _hf_greedy(model, prompt, new_tokens=NEW_TOKENS):
     return out.sequences[0, len(prompt):].tolist(), float((top2[:, 0] - top2[:, 1]).min())
 
 
-def new_fallbacks(before):
-    """aten ops that fell back to the CPU since `before` (an earlier torch.tpu.fallback_ops()):
-    the counts are per process, and other tests may have run in this one (pytest-xdist)."""
-    now = torch.tpu.fallback_ops()
-    return {op: n - before.get(op, 0) for op, n in now.items() if n != before.get(op, 0)}
-
-
 @pytest.mark.long  # CI runs its superset, test_serving_vllm_compiled.py's [compiled] case
-def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
+def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, fallbacks):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path)
     expected = []
@@ -90,7 +83,6 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
     monkeypatch.setenv("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine in this process
     from vllm import LLM, SamplingParams
 
-    fallbacks_before = torch.tpu.fallback_ops()
     llm = LLM(model=str(tmp_path), dtype="float32", max_model_len=128, block_size=16,
               kv_cache_memory_bytes=8 << 20, max_num_seqs=8, max_num_batched_tokens=16,
               enable_prefix_caching=False, seed=0)
@@ -108,7 +100,7 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch):
     chunked = any(q > 1 and s - q > 0 for qs, ss in steps for q, s in zip(qs, ss))
     mixed = any(1 in qs and max(qs) > 1 for qs, _ in steps)
     assert chunked and mixed, steps
-    assert new_fallbacks(fallbacks_before) == {}
+    fallbacks.assert_none("the engine's start and generation")
 
 
 def _free_port():
@@ -119,7 +111,7 @@ def _free_port():
         return s.getsockname()[1]
 
 
-@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving runs it
 def test_vllm_serve_completions_match_hf(tmp_path):
     """`vllm serve` (its own API-server and engine-core processes) on tpu: greedy completions
     of the OpenAI-compatible endpoint, sent concurrently, equal Hugging Face's on CPU."""

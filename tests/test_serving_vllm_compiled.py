@@ -20,8 +20,7 @@ import torch
 pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 pytest.importorskip("transformers")
 
-from test_serving_vllm import (NEW_TOKENS, PROMPTS, _hf_greedy, _tiny_llama,  # noqa: E402
-                               new_fallbacks)
+from test_serving_vllm import NEW_TOKENS, PROMPTS, _hf_greedy, _tiny_llama  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 BUDGET = 16  # max_num_batched_tokens: buckets 1, 2, 4, 8, 16
@@ -36,7 +35,7 @@ def _llm(path, enforce_eager):
 
 
 @pytest.mark.parametrize("mode", ["compiled", "eager"])
-def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, mode):
+def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallbacks, mode):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path / "model")
     expected = []
@@ -91,7 +90,6 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, mode):
 
     monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy_build)
 
-    fallbacks_before = torch.tpu.fallback_ops()
     llm = _llm(tmp_path / "model", enforce_eager=(mode == "eager"))
     request.addfinalizer(llm.llm_engine.engine_core.shutdown)  # even when the test fails
     cfg = llm.llm_engine.vllm_config
@@ -111,7 +109,7 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, mode):
     chunked = any(q > 1 and s - q > 0 for qs, ss in steps for q, s in zip(qs, ss))
     mixed = any(1 in qs and max(qs) > 1 for qs, _ in steps)
     assert chunked and mixed, steps
-    assert new_fallbacks(fallbacks_before) == {}
+    fallbacks.assert_none("the engine's start and generation")
 
     if mode == "eager":
         assert calls["run"] == 0 and captured_at_start == 0  # no compiled graph at all
@@ -164,7 +162,7 @@ def _start_and_generate(tmp_path, model):
     raise AssertionError(f"child failed ({p.returncode}):\n{p.stderr[-4000:]}")
 
 
-@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving runs it
 def test_restarted_engine_compiles_nothing(tmp_path):
     """Two engine starts on empty caches (vLLM's and torch_pjrt's, in tmp_path): the first
     compiles every bucket's programs at start; the second finds all of them on disk and

@@ -27,7 +27,7 @@ from torch_pjrt._models import save_word_tokenizer, word_list
 vllm = pytest.importorskip("vllm", reason="vLLM is not installed (bash scripts/setup.sh --serving)")
 transformers = pytest.importorskip("transformers")
 
-from test_serving_vllm import new_fallbacks  # noqa: E402
+from conftest import FallbackCounter  # noqa: E402
 
 VOCAB = 128
 WORDS = word_list(VOCAB)
@@ -110,13 +110,13 @@ def _llm(path, **kw):
 
 
 @pytest.fixture(scope="module")
-def fallbacks_before():
-    """torch.tpu.fallback_ops() before this module's engine started (counts are per process)."""
-    return torch.tpu.fallback_ops()
+def engine_fallbacks():
+    """CPU fallbacks counted from before this module's engine started on."""
+    return FallbackCounter()
 
 
 @pytest.fixture(scope="module")
-def llm(qwen3, in_process, fallbacks_before):
+def llm(qwen3, in_process, engine_fallbacks):
     """One engine for most in-process tests: prefix caching on, 16 tokens per step."""
     engine = _llm(qwen3[0], enable_prefix_caching=True)
     assert engine.llm_engine.vllm_config.device_config.device.type == "tpu"
@@ -134,7 +134,7 @@ def _ids(outs):
 
 # ---------------------------------------------------------------- LLM.generate
 
-def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm, fallbacks_before, monkeypatch):
+def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm, engine_fallbacks, monkeypatch):
     from vllm import SamplingParams
 
     from torch_pjrt.serving.vllm import attention
@@ -159,7 +159,7 @@ def test_qwen3_greedy_mixed_batch_matches_hf(qwen3, llm, fallbacks_before, monke
     order = [3, 0, 4]
     got = _ids(llm.generate([{"prompt_token_ids": PROMPTS[i]} for i in order], params))
     assert got == [expected[i] for i in order]
-    assert new_fallbacks(fallbacks_before) == {}
+    engine_fallbacks.assert_none("the engine's start and these generations")
 
 
 def test_seeded_sampling_reproducible(qwen3, llm):
@@ -273,7 +273,7 @@ def test_prompt_longer_than_max_model_len(llm):
     assert len(_ids(llm.generate([{"prompt_token_ids": PROMPTS[2]}], params))[0]) == 2
 
 
-@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving runs it
 def test_ngram_speculative_decoding_matches_hf(qwen3, in_process):
     """vLLM's n-gram drafter (numba, on the host) with its rejection sampler, whose Triton
     kernels the plugin replaces with torch ops (rejection.py): greedy output equals HF's, drafts
@@ -508,7 +508,7 @@ def _stream(client, url, **body):
     return pieces, finish
 
 
-@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving runs it
 def test_serve_unknown_model_path_fails_cleanly(tmp_path):
     """`vllm serve` on a path that does not exist ends at once with exit code 1 and vLLM's own
     error naming the path (a Python exception from Hugging Face's repo-id check: vLLM takes a

@@ -34,7 +34,7 @@ def _hf_greedy(model, prompt):
     return serving_test._hf_greedy(model, prompt, NEW_TOKENS)
 
 
-@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving runs it
 def test_llm_generate_tp2_greedy_matches_hf(tmp_path, monkeypatch):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path)

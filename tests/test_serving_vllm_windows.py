@@ -74,7 +74,7 @@ WITHOUT = {"mistral": [dict(sliding_window=None)],
                       dict(attn_logit_softcapping=None, final_logit_softcapping=None)]}
 
 
-@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving (or --long) runs it
+@pytest.mark.long  # outside CI's time budget: bash scripts/test.sh --serving runs it
 @pytest.mark.parametrize("kind", ["mistral", "gemma2"])
 def test_windowed_and_capped_greedy_matches_hf(kind, tmp_path, monkeypatch):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
