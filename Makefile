@@ -12,7 +12,7 @@ TORCH_VER := $(word 3,$(TORCH_INFO))
 CXX_STD := $(word 4,$(TORCH_INFO))
 EXT := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_config_var('EXT_SUFFIX'))")
 PYINC := $(shell $(PYTHON) -c "import sysconfig;print(sysconfig.get_paths()['include'])")
-HDR := build/include/pjrt_c_api.h
+HDR := build/include/.pjrt-headers
 # A digest of our own sources, part of every program cache key (runtime.c's identity): a
 # changed lowering must never be served a program compiled from the old one, in memory or
 # from the persistent cache.

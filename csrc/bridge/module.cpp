@@ -66,6 +66,12 @@ void bind_runtime(py::module_& m) {
         py::arg("device") = -1, "(free, total) bytes of the device's memory.");
   m.def("platform_name",
         wrap_pybind_function([] { return std::string(pj_runtime_platform_name(runtime())); }));
+  // whether programs may call the native few-row matrix product (csrc/runtime/ffi_kernels.c)
+  m.def("native_kernels_status", wrap_pybind_function([] {
+    runtime();
+    return std::string(pj_ffi_kernels_status());
+  }));
+  m.def("native_small_gemm_calls", [] { return pj_ffi_small_gemm_calls(); });
   m.def("platform_version", wrap_pybind_function([] {
           return std::string(pj_runtime_platform_version(runtime()));
         }));

@@ -10,10 +10,12 @@
  * (dot_general with an f32 result, as CPU's kernels accumulate in float) and the add-variant's
  * arithmetic stays in float32 until the single final rounding. Bool products are rejected as
  * on CPU; integer products wrap like CPU's. */
+#include <stdio.h>
 #include <string.h>
 
 #include "table.h"
 #include "emit.h"
+#include "torch_pjrt/runtime.h"
 
 
 /* Dimension numbers of one product op, for the operand ranks the schema guarantees (the Meta
@@ -58,6 +60,33 @@ static pj_val_t scalar_like(pj_lower_t *L, const char *name, pj_type_t t) {
   return pj_broadcast_to(H, s, t.rank, t.dims);
 }
 
+/* A float32 product of a few rows by a large matrix (mm / addmm: [m, k] x [k, n], m <= 8):
+ * decode-time linear layers. XLA's CPU dot runs these well below memory bandwidth (8 rows cost
+ * about twice one row: it packs the whole right-hand matrix per call), so where this process has
+ * the native kernel registered (CPU plugin; csrc/runtime/ffi_kernels.c) the product is a custom
+ * call to it, which reads b once. Returns an invalid value (id < 0) to leave it to dot_general:
+ * other shapes, dtypes and plugins, and products too small to be worth leaving XLA's fusions. */
+static pj_val_t few_row_product(pj_lower_t *L, const product_row_t *row, pj_val_t a, pj_val_t b,
+                                pj_dtype_t ct) {
+  const pj_val_t none = {.id = -1, .sub = -1};
+  const char *target = pj_ffi_small_gemm_target();
+  if (!target || row->nb != 0 || row->nc != 1 || a.t.rank != 2 || b.t.rank != 2 ||
+      ct != PJ_F32 || a.t.dtype != PJ_F32 || b.t.dtype != PJ_F32 || row->lc[0] != 1 ||
+      row->rc[0] != 0)
+    return none;
+  int64_t m = a.t.dims[0], k = a.t.dims[1], n = b.t.dims[1];
+  if (m < 2 || m > 8 || k * n < (1 << 16)) return none;
+  char attrs[400];
+  snprintf(attrs, sizeof attrs,
+           "call_target_name = \"%s\", api_version = 4 : i32, "
+           "operand_layouts = [dense<[1, 0]> : tensor<2xindex>, dense<[1, 0]> : tensor<2xindex>], "
+           "result_layouts = [dense<[1, 0]> : tensor<2xindex>]",
+           target);
+  int64_t od[2] = {m, n};
+  pj_val_t ins[2] = {a, b};
+  return pj_hlo_op(H, "stablehlo.custom_call", ins, 2, attrs, pj_type(PJ_F32, 2, od));
+}
+
 static pj_status_t *lower_product(pj_lower_t *L) {
   const product_row_t *row = find_row(L->c->op);
   pj_type_t ot = pj_out_type(L, 0);
@@ -91,7 +120,9 @@ static pj_status_t *lower_product(pj_lower_t *L) {
     a = pj_convert(H, a, ct);
     b = pj_convert(H, b, ct);
   }
-  pj_val_t p = pj_dot_general(H, a, b, row->lb, row->rb, row->nb, row->lc, row->rc, row->nc, ct);
+  pj_val_t p = few_row_product(L, row, a, b, ct);
+  if (p.id < 0)
+    p = pj_dot_general(H, a, b, row->lb, row->rb, row->nb, row->lc, row->rc, row->nc, ct);
   pj_type_t pt = pj_type_with_dtype(ot, ct);
   if (!row->add) {
     /* A zero sum is +0 on CPU (its kernels add the products to a +0 accumulator); XLA's CPU

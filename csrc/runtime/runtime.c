@@ -13,6 +13,7 @@
 #include <sys/stat.h>
 
 #include "api_check.h"
+#include "ffi_kernels.h"
 #include "torch_pjrt_code_id.h" /* generated: build/include, see the Makefile */
 
 #define PJ_MAX_DEVICES 64
@@ -172,6 +173,7 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
   PJ_TRY(pj_runtime_take_error(rt, pver(&va), "PJRT_Client_PlatformVersion"));
   snprintf(rt->platform_version, sizeof rt->platform_version, "%.*s",
            (int)va.platform_version_size, va.platform_version);
+  pj_ffi_kernels_register(api, rt->platform);
 
   PJ_API_SLOT(adev, api, PJRT_Client_AddressableDevices);
   PJRT_Client_AddressableDevices_Args da = {
@@ -223,10 +225,12 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
   long long plugin_size = stat(rt->path, &sb) == 0 ? (long long)sb.st_size : -1;
   const char *base = strrchr(rt->path, '/');
   snprintf(rt->identity, sizeof rt->identity,
-           "%s|%s|api%d.%d|xla%s|shlo%s|%s|%lld|code%s|flags%016llx", rt->platform,
+           "%s|%s|api%d.%d|xla%s|shlo%s|%s|%lld|code%s|flags%016llx|native%d", rt->platform,
            rt->platform_version, api->pjrt_api_version.major_version,
            api->pjrt_api_version.minor_version, xla, shlo, base ? base + 1 : rt->path,
-           plugin_size, PJ_CODE_ID, (unsigned long long)flags);
+           plugin_size, PJ_CODE_ID, (unsigned long long)flags,
+           /* programs name the native kernels' custom calls only where they are registered */
+           pj_ffi_small_gemm_target() != NULL);
   snprintf(rt->key_identity, sizeof rt->key_identity, "%016llx",
            (unsigned long long)pj_hash_bytes(rt->identity, strlen(rt->identity), 0));
   return NULL;

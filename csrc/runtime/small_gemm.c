@@ -1,0 +1,485 @@
+/* Small-m float32 matrix product: out[m, n] = x[m, k] @ b[k, n] (see small_gemm.h).
+ *
+ * Shape of the work. m is tiny (1..8 rows of activations) and b is a weight matrix of megabytes,
+ * so every element of b is used m times only: the product is bound by the speed at which b comes
+ * from memory (and, at m = 8 on a core with one 512-bit FMA per cycle, by the 8 FMAs per element
+ * about as much), and the one rule that matters is "read b once". The kernels keep a tile of out
+ * (up to 8 rows x W columns) in vector registers while they run down a block of KB_ROWS rows of
+ * b: for each p they load one W-wide piece of b's row p, broadcast x[i, p] and do one FMA per row
+ * and vector. Between blocks the tile goes back to out, which stays in L1 (see range_blocked).
+ *
+ * Threads split the columns: chunks of a multiple of 64 columns are claimed dynamically from a
+ * shared counter by the caller and the pool's workers, so each thread streams its own part of b
+ * and a worker that wakes late simply finds less (or nothing) left to do. */
+#include "small_gemm.h"
+
+#include <pthread.h>
+#include <signal.h>
+#include <stdatomic.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <unistd.h>
+
+#if defined(__x86_64__)
+#include <immintrin.h>
+#define PJ_X86 1
+#else
+#define PJ_X86 0
+#endif
+
+#define PJ_INLINE static inline __attribute__((always_inline))
+
+/* Columns [j0, j1) of out, all m rows. Every variant has this signature. */
+typedef void (*range_fn)(const float *x, const float *b, float *out, int64_t m, int64_t k,
+                         int64_t n, int64_t j0, int64_t j1);
+
+/* Blocking of the vector variants (see range_blocked): rows of b per p-block, and the size of the
+ * block of out accumulated across p-blocks (kept in L1; it fixes the panel width). Tuned on Zen 4
+ * (32 KiB L1d): 16 rows balance the out reload per block (M * NV loads and stores per tile)
+ * against the number of row streams in flight. */
+#define KB_ROWS 16
+#define ACC_BYTES 16384
+
+/* ------------------------------------------------------------------------------------------ */
+/* Portable fallback (non-x86, or no AVX2): b read once per group of 8 rows, plain C on a
+ * 64-column accumulator block that lives in L1; the compiler vectorizes the inner loop as it can.
+ * Correct everywhere, not tuned. */
+static void range_scalar(const float *x, const float *b, float *out, int64_t m, int64_t k,
+                         int64_t n, int64_t j0, int64_t j1) {
+  enum { BW = 64 };
+  float acc[8][BW];
+  for (int64_t j = j0; j < j1; j += BW) {
+    const int64_t w = j1 - j < BW ? j1 - j : BW;
+    for (int64_t i0 = 0; i0 < m; i0 += 8) {
+      const int64_t mr = m - i0 < 8 ? m - i0 : 8;
+      for (int64_t i = 0; i < mr; i++) memset(acc[i], 0, sizeof acc[i]);
+      for (int64_t p = 0; p < k; p++) {
+        const float *bp = b + p * n + j;
+        for (int64_t i = 0; i < mr; i++) {
+          const float xi = x[(i0 + i) * k + p];
+          for (int64_t c = 0; c < w; c++) acc[i][c] += xi * bp[c];
+        }
+      }
+      for (int64_t i = 0; i < mr; i++) memcpy(out + (i0 + i) * n + j, acc[i], (size_t)w * sizeof(float));
+    }
+  }
+}
+
+#if PJ_X86
+/* ------------------------------------------------------------------------------------------ */
+/* AVX-512F. 32 zmm registers: a tile of M rows x NV vectors takes M * NV accumulators plus NV
+ * for b's row piece and one broadcast; M * NV <= 16 leaves room and keeps enough independent
+ * FMA chains (>= 4) to hide the FMA latency even at M = 1. */
+#define AVX512 __attribute__((target("avx512f")))
+
+/* One register tile, one p-block: rows [0, M) of x (row stride k, already offset to the block's
+ * first p) against rows [0, kb) and columns [0, 16 * NV) of b (row stride n); out (row stride n)
+ * is set (first block) or accumulated into. MASKED (then NV == 1): only the lanes set in `mask`
+ * exist; loads and stores are masked, so memory past the end of a row is never touched.
+ * If PF, also prefetch the same columns of the next p-block (PF rows below). */
+PJ_INLINE AVX512 void tile_avx512(const float *x, const float *b, float *out, int64_t k, int64_t n,
+                                  int64_t kb, int first, int64_t pf, const int M, const int NV,
+                                  const int MASKED, __mmask16 mask) {
+  __m512 acc[8][4];
+#pragma GCC unroll 8
+  for (int i = 0; i < M; i++) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+      if (first) acc[i][v] = _mm512_setzero_ps();
+      else if (MASKED) acc[i][v] = _mm512_maskz_loadu_ps(mask, out + i * n + 16 * v);
+      else acc[i][v] = _mm512_loadu_ps(out + i * n + 16 * v);
+    }
+  }
+  for (int64_t p = 0; p < kb; p++) {
+    const float *bp = b + p * n;
+    if (pf) { /* into L2: the block is needed only after a sweep across the panel */
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) _mm_prefetch((const char *)(bp + pf * n + 16 * v), _MM_HINT_T1);
+    }
+    __m512 bv[4];
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++)
+      bv[v] = MASKED ? _mm512_maskz_loadu_ps(mask, bp + 16 * v) : _mm512_loadu_ps(bp + 16 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < M; i++) {
+      const __m512 xi = _mm512_set1_ps(x[i * k + p]);
+#pragma GCC unroll 4
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm512_fmadd_ps(xi, bv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < M; i++) {
+#pragma GCC unroll 4
+    for (int v = 0; v < NV; v++) {
+      if (MASKED) _mm512_mask_storeu_ps(out + i * n + 16 * v, mask, acc[i][v]);
+      else _mm512_storeu_ps(out + i * n + 16 * v, acc[i][v]);
+    }
+  }
+}
+
+/* Columns [0, cols) of one p-block for M rows: 64-column tiles up to 4 rows, 32 beyond, then
+ * whole vectors, then one masked vector. */
+PJ_INLINE AVX512 void strip_avx512_m(const float *x, const float *b, float *out, int64_t k,
+                                     int64_t n, int64_t kb, int first, int64_t pf, int64_t cols,
+                                     const int M) {
+  const int NV = M <= 4 ? 4 : 2;
+  int64_t j = 0;
+  for (; j + 16 * NV <= cols; j += 16 * NV)
+    tile_avx512(x, b + j, out + j, k, n, kb, first, pf, M, NV, 0, 0);
+  for (; j + 16 <= cols; j += 16) tile_avx512(x, b + j, out + j, k, n, kb, first, pf, M, 1, 0, 0);
+  if (j < cols)
+    tile_avx512(x, b + j, out + j, k, n, kb, first, pf, M, 1, 1,
+                (__mmask16)((1u << (cols - j)) - 1));
+}
+
+/* Each case is its own fully unrolled instance (constant M, NV): accumulators stay in registers. */
+static AVX512 void strip_avx512(const float *x, const float *b, float *out, int64_t k, int64_t n,
+                                int64_t kb, int first, int64_t pf, int64_t mr, int64_t cols) {
+  switch (mr) {
+  case 1: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 1); break;
+  case 2: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 2); break;
+  case 3: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 3); break;
+  case 4: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 4); break;
+  case 5: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 5); break;
+  case 6: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 6); break;
+  case 7: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 7); break;
+  default: strip_avx512_m(x, b, out, k, n, kb, first, pf, cols, 8); break;
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* AVX2 + FMA. 16 ymm registers: M * NV accumulators + NV + 1 <= 16, so 16 columns (NV = 2) up
+ * to 6 rows and 8 columns (NV = 1) for 7 or 8 rows. Same contract as tile_avx512. */
+#define AVX2 __attribute__((target("avx2,fma")))
+
+PJ_INLINE AVX2 void tile_avx2(const float *x, const float *b, float *out, int64_t k, int64_t n,
+                              int64_t kb, int first, int64_t pf, const int M, const int NV,
+                              const int MASKED, __m256i mask) {
+  __m256 acc[8][2];
+#pragma GCC unroll 8
+  for (int i = 0; i < M; i++) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; v++) {
+      if (first) acc[i][v] = _mm256_setzero_ps();
+      else if (MASKED) acc[i][v] = _mm256_maskload_ps(out + i * n + 8 * v, mask);
+      else acc[i][v] = _mm256_loadu_ps(out + i * n + 8 * v);
+    }
+  }
+  for (int64_t p = 0; p < kb; p++) {
+    const float *bp = b + p * n;
+    if (pf) _mm_prefetch((const char *)(bp + pf * n), _MM_HINT_T1);
+    __m256 bv[2];
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; v++)
+      bv[v] = MASKED ? _mm256_maskload_ps(bp + 8 * v, mask) : _mm256_loadu_ps(bp + 8 * v);
+#pragma GCC unroll 8
+    for (int i = 0; i < M; i++) {
+      const __m256 xi = _mm256_broadcast_ss(x + i * k + p);
+#pragma GCC unroll 2
+      for (int v = 0; v < NV; v++) acc[i][v] = _mm256_fmadd_ps(xi, bv[v], acc[i][v]);
+    }
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < M; i++) {
+#pragma GCC unroll 2
+    for (int v = 0; v < NV; v++) {
+      if (MASKED) _mm256_maskstore_ps(out + i * n + 8 * v, mask, acc[i][v]);
+      else _mm256_storeu_ps(out + i * n + 8 * v, acc[i][v]);
+    }
+  }
+}
+
+PJ_INLINE AVX2 void strip_avx2_m(const float *x, const float *b, float *out, int64_t k, int64_t n,
+                                 int64_t kb, int first, int64_t pf, int64_t cols, const int M) {
+  const int NV = M <= 6 ? 2 : 1;
+  const __m256i all = _mm256_set1_epi32(-1);
+  int64_t j = 0;
+  for (; j + 8 * NV <= cols; j += 8 * NV)
+    tile_avx2(x, b + j, out + j, k, n, kb, first, pf, M, NV, 0, all);
+  for (; j + 8 <= cols; j += 8) tile_avx2(x, b + j, out + j, k, n, kb, first, pf, M, 1, 0, all);
+  if (j < cols) { /* lanes below the count get the sign bit: the ones that exist */
+    const __m256i mask = _mm256_cmpgt_epi32(_mm256_set1_epi32((int)(cols - j)),
+                                            _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7));
+    tile_avx2(x, b + j, out + j, k, n, kb, first, pf, M, 1, 1, mask);
+  }
+}
+
+static AVX2 void strip_avx2(const float *x, const float *b, float *out, int64_t k, int64_t n,
+                            int64_t kb, int first, int64_t pf, int64_t mr, int64_t cols) {
+  switch (mr) {
+  case 1: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 1); break;
+  case 2: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 2); break;
+  case 3: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 3); break;
+  case 4: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 4); break;
+  case 5: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 5); break;
+  case 6: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 6); break;
+  case 7: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 7); break;
+  default: strip_avx2_m(x, b, out, k, n, kb, first, pf, cols, 8); break;
+  }
+}
+
+/* ------------------------------------------------------------------------------------------ */
+/* Traversal shared by both vector variants, for columns [j0, j1):
+ *   panels of pw columns (out's m x pw block, about ACC_BYTES, stays in L1 across p-blocks)
+ *     p-blocks of KB_ROWS rows of b
+ *       row groups of <= 8 rows: one strip call across the panel's columns.
+ * Within a p-block b is read as KB_ROWS sequential row streams across the panel, each element
+ * once; later row groups (m > 8) find the block (KB_ROWS x pw floats) in L1. Each tile also
+ * prefetches the next p-block's rows of its columns into L2, one panel sweep ahead. Measured
+ * on Zen 4: walking a column tile down all k rows instead (a new 4 KiB page per row when
+ * n >= 1024) reached under half the memory bandwidth; without the prefetch, m = 8 lost ~30%. */
+typedef void (*strip_fn)(const float *x, const float *b, float *out, int64_t k, int64_t n,
+                         int64_t kb, int first, int64_t pf, int64_t mr, int64_t cols);
+
+static inline void range_blocked(strip_fn strip, const float *x, const float *b, float *out,
+                                 int64_t m, int64_t k, int64_t n, int64_t j0, int64_t j1) {
+  int64_t pw = ACC_BYTES / (4 * m) / 64 * 64; /* panel: out block of about ACC_BYTES */
+  if (pw < 64) pw = 64;
+  for (int64_t pj = j0; pj < j1; pj += pw) {
+    const int64_t cols = j1 - pj < pw ? j1 - pj : pw;
+    for (int64_t p0 = 0; p0 < k; p0 += KB_ROWS) {
+      const int64_t kb = k - p0 < KB_ROWS ? k - p0 : KB_ROWS;
+      /* prefetch the next block's rows (same columns) while this one runs, if they exist */
+      const int64_t pf = p0 + KB_ROWS + kb <= k ? KB_ROWS : 0;
+      for (int64_t i0 = 0; i0 < m; i0 += 8)
+        strip(x + i0 * k + p0, b + p0 * n + pj, out + i0 * n + pj, k, n, kb, p0 == 0, pf,
+              m - i0 < 8 ? m - i0 : 8, cols);
+    }
+  }
+}
+
+static void range_avx512(const float *x, const float *b, float *out, int64_t m, int64_t k,
+                         int64_t n, int64_t j0, int64_t j1) {
+  range_blocked(strip_avx512, x, b, out, m, k, n, j0, j1);
+}
+
+static void range_avx2(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n,
+                       int64_t j0, int64_t j1) {
+  range_blocked(strip_avx2, x, b, out, m, k, n, j0, j1);
+}
+#endif /* PJ_X86 */
+
+/* ------------------------------------------------------------------------------------------ */
+/* Thread pool.
+ *
+ * Job protocol (one job in flight at a time, owned by the caller holding `busy`):
+ *  - the owner writes the job fields, resets `done` and then publishes the job with one release
+ *    store of `next` = (generation << 32) | nchunks;
+ *  - any thread claims a chunk by a CAS that decrements the low half while the high half still
+ *    names its generation (chunks are handed out from the last one down); a successful claim
+ *    means the job is not finished, so its fields are stable while the chunk runs;
+ *  - after a chunk, the thread adds 1 to `done`; the owner returns once done == nchunks.
+ * Workers spin WORKER_SPIN_NS for the next generation (consecutive products of a decode step
+ * come tens of microseconds apart; a futex wake-up costs several) and then sleep on `work_cv`;
+ * the owner spins for `done` and then sleeps on `done_cv`. The sleeper counts and the published
+ * values are seq_cst on both sides, so either the waker sees the sleeper or the sleeper sees the
+ * new value before it waits (no lost wake-up). A generation counter wrapping after 2^32 calls can
+ * at worst make a stalled worker skip one job, which its owner then does alone. */
+#define MAX_THREADS 64
+#define DEFAULT_MAX_THREADS 16
+#define CHUNK_COLS 64         /* chunk widths are multiples of this */
+#define CHUNKS_PER_THREAD 4   /* dynamic claiming evens out late or slow threads */
+#define MT_MIN_WORK (1 << 16) /* m * k * n below this runs on the caller alone */
+#define WORKER_SPIN_NS 20000  /* worker: busy-wait for the next job before sleeping */
+#define OWNER_SPIN_NS 200000  /* owner: busy-wait for the last chunks before sleeping */
+
+static struct {
+  _Alignas(64) _Atomic uint64_t next; /* (generation << 32) | chunks not yet claimed */
+  _Alignas(64) _Atomic int64_t done;  /* chunks finished in the current job */
+  _Alignas(64) atomic_flag busy;      /* a caller owns the pool */
+  uint32_t gen;                       /* last generation published (owner only) */
+  /* the job: written by the owner only while no chunk is claimable */
+  const float *x, *b;
+  float *out;
+  int64_t m, k, n, cw, nchunks;
+  /* set once in init */
+  range_fn fn;
+  int threads;     /* caller included */
+  int use_workers; /* 0 in a forked child (the workers did not survive the fork) */
+  pthread_mutex_t mu;
+  pthread_cond_t work_cv, done_cv;
+  _Atomic int sleepers;     /* workers blocked (or about to block) on work_cv */
+  _Atomic int owner_asleep; /* the owner blocked (or about to block) on done_cv */
+} pool = {.busy = ATOMIC_FLAG_INIT,
+          .mu = PTHREAD_MUTEX_INITIALIZER,
+          .work_cv = PTHREAD_COND_INITIALIZER,
+          .done_cv = PTHREAD_COND_INITIALIZER};
+
+static pthread_once_t pool_once = PTHREAD_ONCE_INIT;
+
+static inline void cpu_relax(void) {
+#if PJ_X86
+  _mm_pause();
+#elif defined(__aarch64__)
+  __asm__ __volatile__("yield");
+#endif
+}
+
+static inline int64_t now_ns(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+/* Claim and run chunks of generation g until none is left. */
+static void run_chunks(uint32_t g) {
+  for (;;) {
+    uint64_t v = atomic_load_explicit(&pool.next, memory_order_acquire);
+    do {
+      if ((uint32_t)(v >> 32) != g || (uint32_t)v == 0) return;
+    } while (!atomic_compare_exchange_weak_explicit(&pool.next, &v, v - 1, memory_order_acquire,
+                                                    memory_order_acquire));
+    /* chunk (uint32_t)v - 1 is ours: the job cannot finish before we report it */
+    const int64_t nchunks = pool.nchunks, n = pool.n;
+    const int64_t j0 = ((int64_t)(uint32_t)v - 1) * pool.cw;
+    const int64_t j1 = j0 + pool.cw < n ? j0 + pool.cw : n;
+    pool.fn(pool.x, pool.b, pool.out, pool.m, pool.k, n, j0, j1);
+    /* no job field may be read after this increment (the owner may start the next job) */
+    if (atomic_fetch_add_explicit(&pool.done, 1, memory_order_acq_rel) + 1 == nchunks &&
+        atomic_load(&pool.owner_asleep)) {
+      pthread_mutex_lock(&pool.mu);
+      pthread_cond_signal(&pool.done_cv);
+      pthread_mutex_unlock(&pool.mu);
+    }
+  }
+}
+
+static void *worker_main(void *arg) {
+  uint32_t seen = 0; /* created before the first job (generation 1) */
+  for (;;) {
+    uint32_t g = (uint32_t)(atomic_load_explicit(&pool.next, memory_order_acquire) >> 32);
+    if (g == seen) {
+      const int64_t t0 = now_ns();
+      for (int it = 1; g == seen; it++) {
+        cpu_relax();
+        if ((it & 63) == 0 && now_ns() - t0 > WORKER_SPIN_NS) break;
+        g = (uint32_t)(atomic_load_explicit(&pool.next, memory_order_acquire) >> 32);
+      }
+    }
+    if (g == seen) {
+      pthread_mutex_lock(&pool.mu);
+      atomic_fetch_add(&pool.sleepers, 1);
+      while ((g = (uint32_t)(atomic_load(&pool.next) >> 32)) == seen)
+        pthread_cond_wait(&pool.work_cv, &pool.mu);
+      atomic_fetch_sub(&pool.sleepers, 1);
+      pthread_mutex_unlock(&pool.mu);
+    }
+    seen = g;
+    run_chunks(g);
+  }
+  return NULL;
+}
+
+/* After fork() only the forking thread exists: the child runs everything on its caller. */
+static void pool_after_fork_child(void) {
+  pool.use_workers = 0;
+  pthread_mutex_init(&pool.mu, NULL);
+  pthread_cond_init(&pool.work_cv, NULL);
+  pthread_cond_init(&pool.done_cv, NULL);
+  atomic_flag_clear(&pool.busy);
+}
+
+static range_fn pick_kernel(void) {
+  const char *isa = getenv("TORCH_PJRT_GEMM_ISA");
+  int cap = 2; /* 0 scalar, 1 avx2, 2 avx512 */
+  if (isa && strcmp(isa, "scalar") == 0) cap = 0;
+  else if (isa && strcmp(isa, "avx2") == 0) cap = 1;
+#if PJ_X86
+  __builtin_cpu_init();
+  if (cap >= 2 && __builtin_cpu_supports("avx512f")) return range_avx512;
+  if (cap >= 1 && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma")) return range_avx2;
+#endif
+  (void)cap;
+  return range_scalar;
+}
+
+static void pool_init(void) {
+  pool.fn = pick_kernel();
+  long t = sysconf(_SC_NPROCESSORS_ONLN);
+  if (t < 1) t = 1;
+  if (t > DEFAULT_MAX_THREADS) t = DEFAULT_MAX_THREADS;
+  const char *env = getenv("TORCH_PJRT_GEMM_THREADS");
+  if (env && *env) {
+    char *end;
+    long v = strtol(env, &end, 10);
+    if (*end == '\0' && v >= 1) t = v > MAX_THREADS ? MAX_THREADS : v;
+  }
+  /* Workers: detached (nothing joins them; at exit they are simply blocked) and with every
+   * signal blocked, so signals keep going to the application's own threads. */
+  int made = 0;
+  pthread_attr_t attr;
+  if (t > 1 && pthread_attr_init(&attr) == 0) {
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+    sigset_t all, old;
+    sigfillset(&all);
+    pthread_sigmask(SIG_SETMASK, &all, &old);
+    for (long i = 0; i < t - 1; i++) {
+      pthread_t th;
+      if (pthread_create(&th, &attr, worker_main, NULL) != 0) break; /* fewer threads, not an error */
+      made++;
+    }
+    pthread_sigmask(SIG_SETMASK, &old, NULL);
+    pthread_attr_destroy(&attr);
+  }
+  pool.threads = 1 + made;
+  pool.use_workers = made > 0;
+  if (made) pthread_atfork(NULL, NULL, pool_after_fork_child);
+}
+
+int pj_small_gemm_threads(void) {
+  pthread_once(&pool_once, pool_init);
+  return pool.use_workers ? pool.threads : 1;
+}
+
+/* Run columns [0, n) on the pool, the caller included. The caller owns `busy`. */
+static void pool_run(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n,
+                     int64_t cw, int64_t nchunks) {
+  pool.x = x, pool.b = b, pool.out = out;
+  pool.m = m, pool.k = k, pool.n = n, pool.cw = cw, pool.nchunks = nchunks;
+  atomic_store_explicit(&pool.done, 0, memory_order_relaxed); /* ordered by the store below */
+  const uint32_t g = ++pool.gen;
+  atomic_store(&pool.next, ((uint64_t)g << 32) | (uint64_t)nchunks); /* publish (seq_cst) */
+  if (atomic_load(&pool.sleepers) > 0) {
+    pthread_mutex_lock(&pool.mu);
+    pthread_cond_broadcast(&pool.work_cv);
+    pthread_mutex_unlock(&pool.mu);
+  }
+  run_chunks(g);
+  if (atomic_load_explicit(&pool.done, memory_order_acquire) != nchunks) {
+    const int64_t t0 = now_ns();
+    for (int it = 1; atomic_load_explicit(&pool.done, memory_order_acquire) != nchunks; it++) {
+      cpu_relax();
+      if ((it & 63) == 0 && now_ns() - t0 > OWNER_SPIN_NS) {
+        pthread_mutex_lock(&pool.mu);
+        atomic_store(&pool.owner_asleep, 1);
+        while (atomic_load(&pool.done) != nchunks) pthread_cond_wait(&pool.done_cv, &pool.mu);
+        atomic_store(&pool.owner_asleep, 0);
+        pthread_mutex_unlock(&pool.mu);
+        break;
+      }
+    }
+  }
+}
+
+void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n) {
+  if (m <= 0 || n <= 0) return;
+  if (k <= 0) {
+    memset(out, 0, (size_t)m * (size_t)n * sizeof(float));
+    return;
+  }
+  pthread_once(&pool_once, pool_init);
+  const int t = pool.use_workers ? pool.threads : 1;
+  if (t > 1 && (double)m * (double)k * (double)n >= MT_MIN_WORK) {
+    /* chunk width: a multiple of CHUNK_COLS, about CHUNKS_PER_THREAD chunks per thread */
+    int64_t cw = (n + (int64_t)t * CHUNKS_PER_THREAD - 1) / ((int64_t)t * CHUNKS_PER_THREAD);
+    cw = (cw + CHUNK_COLS - 1) / CHUNK_COLS * CHUNK_COLS;
+    const int64_t nchunks = (n + cw - 1) / cw; /* <= t * CHUNKS_PER_THREAD: fits the counter */
+    if (nchunks > 1 && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
+      pool_run(x, b, out, m, k, n, cw, nchunks);
+      atomic_flag_clear_explicit(&pool.busy, memory_order_release);
+      return;
+    }
+  }
+  pool.fn(x, b, out, m, k, n, 0, n);
+}

@@ -1,0 +1,23 @@
+/* A float32 matrix product for few rows (decode-time linear layers): out = x @ b with x [m, k]
+ * small (m <= 8 is the fast case) and b [k, n] large, so the cost is reading b once from memory.
+ * Register-blocked AVX-512 / AVX2+FMA kernels picked at run time (portable scalar code
+ * elsewhere); the columns are split across a small persistent thread pool.
+ *
+ * Environment, read once on first use:
+ *   TORCH_PJRT_GEMM_THREADS=N   threads to use, caller included (default: online CPUs, at most 16)
+ *   TORCH_PJRT_GEMM_ISA=scalar|avx2|avx512   cap the instruction set (testing; never raises it
+ *                                            above what the CPU supports) */
+#ifndef TORCH_PJRT_SMALL_GEMM_H
+#define TORCH_PJRT_SMALL_GEMM_H
+#include <stdint.h>
+
+/* out[i, j] = sum_p x[i, p] * b[p, j] for i < m, j < n, p < k. x is row-major [m, k] (row stride k),
+ * b row-major [k, n] (row stride n), out row-major [m, n] (row stride n), all float32, no aliasing
+ * between out and the inputs. Any m, k, n >= 0 (k == 0: out is zeros). Fast for m <= 8.
+ * Safe to call from several threads at once (a call that finds the pool busy runs on its own
+ * thread alone). */
+void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n);
+/* threads the kernel uses (the caller's included) */
+int pj_small_gemm_threads(void);
+
+#endif

@@ -1,0 +1,121 @@
+"""The native few-row matrix product (csrc/runtime/small_gemm.c, called from programs as an XLA
+FFI custom call: csrc/runtime/ffi_kernels.c, csrc/ops/linalg.c): float32 mm / addmm / linear
+with 2 to 8 rows and a large right-hand matrix, on the CPU plugin (one row stays with XLA's
+matrix-vector product, which reads the matrix as fast). Results against CPU's, in
+eager mode and compiled, and the handler's call count to show which products used it."""
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import torch_pjrt
+
+TPU = torch.device("tpu")
+C = torch_pjrt._C
+
+pytestmark = pytest.mark.skipif(
+    C.platform_name() != "cpu", reason="the native kernels are registered on the CPU plugin only")
+
+
+def calls():
+    torch.tpu.synchronize()
+    return C.native_small_gemm_calls()
+
+
+def close(got, want, k):
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=2e-6 * k ** 0.5)
+
+
+def test_registered_on_the_cpu_plugin():
+    assert C.native_kernels_status().startswith("registered"), C.native_kernels_status()
+
+
+@pytest.mark.parametrize("m", [1, 2, 3, 5, 8])
+@pytest.mark.parametrize("k,n", [(768, 2048), (300, 1000), (64, 4099), (2048, 768)])
+def test_linear_matches_cpu_and_runs_natively(m, k, n):
+    torch.manual_seed(m * 7 + n)
+    x, w, bias = torch.randn(m, k), torch.randn(n, k), torch.randn(n)
+    before = calls()
+    close(F.linear(x.to(TPU), w.to(TPU)), F.linear(x, w), k)
+    close(F.linear(x.to(TPU), w.to(TPU), bias.to(TPU)), F.linear(x, w, bias), k)
+    # a column-major weight (the serving runner stores linear weights that way): same result
+    wt = w.t().contiguous().t()
+    close(F.linear(x.to(TPU), wt.to(TPU)), F.linear(x, w), k)
+    assert calls() - before == (3 if m >= 2 else 0)
+
+
+def test_mm_addmm_and_out_variants():
+    torch.manual_seed(0)
+    a, b, c = torch.randn(4, 512), torch.randn(512, 700), torch.randn(4, 700)
+    before = calls()
+    close(torch.mm(a.to(TPU), b.to(TPU)), a @ b, 512)
+    close(torch.addmm(c.to(TPU), a.to(TPU), b.to(TPU), beta=0.5, alpha=2.0),
+          torch.addmm(c, a, b, beta=0.5, alpha=2.0), 512)
+    out = torch.empty(4, 700, device=TPU)
+    torch.mm(a.to(TPU), b.to(TPU), out=out)
+    close(out, a @ b, 512)
+    assert calls() - before == 3
+
+
+def test_products_left_to_xla():
+    """More than 8 rows, small matrices, other dtypes and batched products keep dot_general."""
+    torch.manual_seed(1)
+    before = calls()
+    a, b = torch.randn(9, 512), torch.randn(512, 512)
+    close(a.to(TPU) @ b.to(TPU), a @ b, 512)
+    s, t = torch.randn(4, 16), torch.randn(16, 16)
+    close(s.to(TPU) @ t.to(TPU), s @ t, 16)
+    d, e = torch.randn(4, 512, dtype=torch.float64), torch.randn(512, 512, dtype=torch.float64)
+    torch.testing.assert_close((d.to(TPU) @ e.to(TPU)).cpu(), d @ e)
+    bb, cc = torch.randn(2, 4, 512), torch.randn(2, 512, 512)
+    close(torch.bmm(bb.to(TPU), cc.to(TPU)), torch.bmm(bb, cc), 512)
+    assert calls() == before
+
+
+def test_special_values_as_on_cpu():
+    """Zero sums are +0, NaN and infinities propagate to the rows and columns they reach."""
+    a = torch.zeros(3, 512)
+    b = -torch.rand(512, 600)
+    got = (a.to(TPU) @ b.to(TPU)).cpu()
+    want = a @ b
+    assert torch.equal(got, want) and not torch.signbit(got).any()
+    a = torch.randn(3, 512)
+    a[1, 7] = float("nan")
+    a[2, 3] = float("inf")
+    b = torch.randn(512, 600)
+    got, want = (a.to(TPU) @ b.to(TPU)).cpu(), a @ b
+    assert torch.equal(got.isnan(), want.isnan()) and torch.equal(got.isinf(), want.isinf())
+    fin = want.isfinite()
+    torch.testing.assert_close(got[fin], want[fin], rtol=1e-5, atol=1e-4)
+
+
+def test_compiled_linear_and_gradients():
+    torch.manual_seed(2)
+    lin = torch.nn.Linear(640, 1200)
+    x = torch.randn(6, 640, requires_grad=True)
+    dev = torch.nn.Linear(640, 1200).to(TPU)
+    dev.load_state_dict(lin.state_dict())
+    xd = x.detach().to(TPU).requires_grad_()
+    before = calls()
+    fn = torch.compile(lambda m, v: m(v).square().sum(), backend="tpu")
+    fn(dev, xd).backward()
+    lin(x).square().sum().backward()
+    assert calls() > before  # the forward product at 6 rows
+    torch.testing.assert_close(xd.grad.cpu(), x.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dev.weight.grad.cpu(), lin.weight.grad, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(dev.bias.grad.cpu(), lin.bias.grad, rtol=1e-4, atol=1e-4)
+
+
+def test_off_switch_leaves_every_product_to_xla():
+    code = ("import torch, torch_pjrt; C = torch_pjrt._C; "
+            "x = torch.randn(4, 768, device='tpu') @ torch.randn(768, 2048, device='tpu'); "
+            "torch.tpu.synchronize(); print(C.native_kernels_status(), C.native_small_gemm_calls())")
+    env = dict(os.environ, TORCH_PJRT_SMALL_GEMM="0")
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split()[-1] == "0" and "TORCH_PJRT_SMALL_GEMM=0" in out.stdout
