@@ -119,3 +119,39 @@ def test_off_switch_leaves_every_product_to_xla():
                          timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split()[-1] == "0" and "TORCH_PJRT_SMALL_GEMM=0" in out.stdout
+
+
+def _attention_inputs(dtype):
+    """Two requests (a 3-token prefill at positions 2..4, a decode at position 6) in a cache of
+    4 blocks of 4 slots, 4 query heads over 2 kv heads; one padding row."""
+    torch.manual_seed(3)
+    D = 8
+    cache = torch.randn(4, 4, 2, 2 * D).to(dtype)
+    query = torch.randn(4, 4, D).to(dtype)
+    context_slots = torch.tensor([[4, 5, 6, 7, 8, 9, 10, 11], [0, 1, 2, 3, 12, 13, 14, 15]])
+    query_index = torch.tensor([[0, 1, 2], [3, 0, 0]])
+    query_pos = torch.tensor([[2, 3, 4], [6, -1, -1]])
+    output_index = torch.tensor([0, 1, 2, 3])
+    return cache, query, context_slots, query_index, query_pos, output_index
+
+
+@pytest.mark.parametrize("soft_cap,window", [(0.0, -1), (5.0, 2)])
+def test_paged_attention_runs_natively_for_float32(soft_cap, window):
+    args = _attention_inputs(torch.float32)
+    cache, query, cs, qi, qp, oi = args
+    want = torch.ops.tpu.paged_attention(query, cache, cs, qi, qp, oi, 0.35, soft_cap, window)
+    before = C.native_attention_calls()
+    got = torch.ops.tpu.paged_attention(query.to(TPU), cache.to(TPU), cs.to(TPU), qi.to(TPU),
+                                        qp.to(TPU), oi.to(TPU), 0.35, soft_cap, window)
+    torch.tpu.synchronize()
+    assert C.native_attention_calls() == before + 1
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+
+
+def test_paged_attention_of_other_dtypes_stays_with_xla():
+    cache, query, cs, qi, qp, oi = _attention_inputs(torch.bfloat16)
+    before = C.native_attention_calls()
+    torch.ops.tpu.paged_attention(query.to(TPU), cache.to(TPU), cs.to(TPU), qi.to(TPU),
+                                  qp.to(TPU), oi.to(TPU), 0.35, 0.0, -1)
+    torch.tpu.synchronize()
+    assert C.native_attention_calls() == before

@@ -72,6 +72,7 @@ void bind_runtime(py::module_& m) {
     return std::string(pj_ffi_kernels_status());
   }));
   m.def("native_small_gemm_calls", [] { return pj_ffi_small_gemm_calls(); });
+  m.def("native_attention_calls", [] { return pj_ffi_paged_attention_calls(); });
   m.def("platform_version", wrap_pybind_function([] {
           return std::string(pj_runtime_platform_version(runtime()));
         }));

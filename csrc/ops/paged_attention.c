@@ -44,6 +44,7 @@
 #include "table.h"
 #include "emit.h"
 #include "linalg_util.h"
+#include "torch_pjrt/runtime.h"
 
 static const pj_val_t kNone = {.id = -1, .sub = -1};
 
@@ -209,6 +210,28 @@ static pj_status_t *lower_paged_attention(pj_lower_t *L) {
   for (int i = 0; i < 3; i++)
     if (bad[i].id >= 0) any_bad = any_bad.id < 0 ? bad[i] : OR(any_bad, bad[i]);
   oidx = pj_check_drop_all(L, any_bad, oi, -1);
+
+  /* float32 data on the CPU plugin: the host kernel (csrc/runtime/attention_kernel.c) as a
+   * custom call, the same contract; XLA's code for it below costs several times more there */
+  const char *target = pj_ffi_paged_attention_target();
+  if (target && q.t.dtype == PJ_F32 && cache.t.dtype == PJ_F32) {
+    int64_t one1 = 1, od[2] = {R * Q, Hq * D};
+    pj_type_t s1 = pj_type(PJ_F32, 1, &one1);
+    pj_val_t params[3] = {pj_full(H, s1, scale), pj_full(H, s1, cap),
+                          pj_full(H, s1, (double)window)};
+    pj_val_t ins[6] = {q, cache, pj_convert(H, cslots, PJ_I64), pj_convert(H, qidx, PJ_I64),
+                       pj_convert(H, qpos, PJ_I64), pj_concat(H, params, 3, 0)};
+    char attrs[512];
+    snprintf(attrs, sizeof attrs,
+             "call_target_name = \"%s\", api_version = 4 : i32, operand_layouts = ["
+             "dense<[2, 1, 0]> : tensor<3xindex>, dense<[3, 2, 1, 0]> : tensor<4xindex>, "
+             "dense<[1, 0]> : tensor<2xindex>, dense<[1, 0]> : tensor<2xindex>, "
+             "dense<[1, 0]> : tensor<2xindex>, dense<[0]> : tensor<1xindex>], "
+             "result_layouts = [dense<[1, 0]> : tensor<2xindex>]",
+             target);
+    set_output(L, pj_hlo_op(H, "stablehlo.custom_call", ins, 6, attrs, pj_type(f, 2, od)), oidx);
+    return NULL;
+  }
 
   /* queries [R, Q, KVH, G, D] (float32) */
   int64_t td[2] = {T, Hq * D}, rq = R * Q;

@@ -26,10 +26,13 @@ const char *pj_runtime_platform_name(const pj_runtime_t *rt);   /* e.g. "cpu", "
  * or NULL where this process has none registered (not the CPU plugin, no FFI extension,
  * TORCH_PJRT_SMALL_GEMM=0). Known once the runtime exists. */
 const char *pj_ffi_small_gemm_target(void);
+/* The same for the float32 paged-attention kernel (tpu::paged_attention's core). */
+const char *pj_ffi_paged_attention_target(void);
 /* Why it is or is not there, in words (tests and bug reports). */
 const char *pj_ffi_kernels_status(void);
 /* How many times programs have run that product so far in this process. */
 long long pj_ffi_small_gemm_calls(void);
+long long pj_ffi_paged_attention_calls(void);
 const char *pj_runtime_platform_version(const pj_runtime_t *rt);
 const char *pj_runtime_device_kind(const pj_runtime_t *rt, int device);
 const char *pj_runtime_plugin_path(const pj_runtime_t *rt);
