@@ -10,6 +10,9 @@
  * torch_pjrt_small_gemm_f32(x f32[m, k], b f32[k, n]) -> f32[m, n]: x @ b for the few-row
  *   products of decoding (csrc/ops/linalg.c: mm/addmm at 2 to 8 rows). XLA's CPU dot runs them
  *   well below memory bandwidth (8 rows cost about twice one row); small_gemm.c reads b once.
+ *   torch_pjrt_small_gemm_nt_f32(x, w f32[n, k]): the same with b = w^T, for a b that is the
+ *   transposed view of a row-major matrix (nn.Linear's weight), so XLA passes w as it is stored
+ *   instead of copying it into b's layout.
  * torch_pjrt_paged_attention_f32(...): tpu::paged_attention's core for float32 query and cache
  *   (csrc/ops/paged_attention.c; attention_kernel.c): each context row read once per query row,
  *   where XLA's form gathers every context and runs batched products of a few rows.
@@ -30,6 +33,7 @@
 #include "attention_kernel.h"
 
 #define SMALL_GEMM_TARGET "torch_pjrt_small_gemm_f32"
+#define SMALL_GEMM_NT_TARGET "torch_pjrt_small_gemm_nt_f32"
 #define ATTENTION_TARGET "torch_pjrt_paged_attention_f32"
 
 static atomic_bool g_small_gemm;   /* set once every handler is registered */
@@ -64,7 +68,8 @@ static const XLA_FFI_Buffer *f32_matrix(void *p) {
   return (b && b->dtype == XLA_FFI_DataType_F32 && b->rank == 2) ? b : NULL;
 }
 
-static XLA_FFI_Error *small_gemm_handler(XLA_FFI_CallFrame *cf) {
+/* x f32[m, k] with b f32[k, n] (nt: w f32[n, k], the product x @ w^T) -> f32[m, n] */
+static XLA_FFI_Error *gemm_call(XLA_FFI_CallFrame *cf, bool nt) {
   if (answer_metadata(cf)) return NULL;
   if (cf->stage != XLA_FFI_ExecutionStage_EXECUTE) return NULL;
   if (cf->args.size != 2 || cf->rets.size != 1 ||
@@ -74,13 +79,20 @@ static XLA_FFI_Error *small_gemm_handler(XLA_FFI_CallFrame *cf) {
   const XLA_FFI_Buffer *x = f32_matrix(cf->args.args[0]);
   const XLA_FFI_Buffer *b = f32_matrix(cf->args.args[1]);
   const XLA_FFI_Buffer *o = f32_matrix(cf->rets.rets[0]);
-  if (!x || !b || !o || x->dims[1] != b->dims[0] || o->dims[0] != x->dims[0] ||
-      o->dims[1] != b->dims[1])
+  const int64_t kdim = nt ? 1 : 0, ndim = nt ? 0 : 1;
+  if (!x || !b || !o || x->dims[1] != b->dims[kdim] || o->dims[0] != x->dims[0] ||
+      o->dims[1] != b->dims[ndim])
     return ffi_error(cf, SMALL_GEMM_TARGET ": expects f32 [m, k] x [k, n] -> [m, n]");
-  pj_small_gemm_f32(x->data, b->data, o->data, x->dims[0], x->dims[1], b->dims[1]);
+  if (nt)
+    pj_small_gemm_nt_f32(x->data, b->data, o->data, x->dims[0], x->dims[1], b->dims[0]);
+  else
+    pj_small_gemm_f32(x->data, b->data, o->data, x->dims[0], x->dims[1], b->dims[1]);
   atomic_fetch_add_explicit(&g_small_gemm_calls, 1, memory_order_relaxed);
   return NULL;
 }
+
+static XLA_FFI_Error *small_gemm_handler(XLA_FFI_CallFrame *cf) { return gemm_call(cf, false); }
+static XLA_FFI_Error *small_gemm_nt_handler(XLA_FFI_CallFrame *cf) { return gemm_call(cf, true); }
 
 static const XLA_FFI_Buffer *buffer_of(void *p, XLA_FFI_DataType dt, int64_t rank) {
   const XLA_FFI_Buffer *b = p;
@@ -148,7 +160,9 @@ void pj_ffi_kernels_register(const PJRT_Api *api, const char *platform) {
   const struct {
     const char *name;
     XLA_FFI_Handler *handler;
-  } kernels[] = {{SMALL_GEMM_TARGET, small_gemm_handler}, {ATTENTION_TARGET, attention_handler}};
+  } kernels[] = {{SMALL_GEMM_TARGET, small_gemm_handler},
+                 {SMALL_GEMM_NT_TARGET, small_gemm_nt_handler},
+                 {ATTENTION_TARGET, attention_handler}};
   for (size_t i = 0; i < sizeof kernels / sizeof kernels[0]; i++) {
     PJRT_FFI_Register_Handler_Args a = {
         .struct_size = PJRT_FFI_Register_Handler_Args_STRUCT_SIZE,
@@ -173,8 +187,9 @@ void pj_ffi_kernels_register(const PJRT_Api *api, const char *platform) {
   atomic_store(&g_small_gemm, true);
 }
 
-const char *pj_ffi_small_gemm_target(void) {
-  return atomic_load(&g_small_gemm) ? SMALL_GEMM_TARGET : NULL;
+const char *pj_ffi_small_gemm_target(bool b_transposed) {
+  if (!atomic_load(&g_small_gemm)) return NULL;
+  return b_transposed ? SMALL_GEMM_NT_TARGET : SMALL_GEMM_TARGET;
 }
 
 const char *pj_ffi_paged_attention_target(void) {

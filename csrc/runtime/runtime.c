@@ -230,7 +230,7 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
            api->pjrt_api_version.minor_version, xla, shlo, base ? base + 1 : rt->path,
            plugin_size, PJ_CODE_ID, (unsigned long long)flags,
            /* programs name the native kernels' custom calls only where they are registered */
-           pj_ffi_small_gemm_target() != NULL);
+           pj_ffi_small_gemm_target(false) != NULL);
   snprintf(rt->key_identity, sizeof rt->key_identity, "%016llx",
            (unsigned long long)pj_hash_bytes(rt->identity, strlen(rt->identity), 0));
   return NULL;

@@ -293,6 +293,7 @@ static struct {
   const float *x, *b;
   float *out;
   int64_t m, k, n, cw, nchunks;
+  range_fn job_fn; /* the job's kernel: fn, or the transposed-b one */
   /* set once in init */
   range_fn fn;
   int threads;     /* caller included */
@@ -334,7 +335,7 @@ static void run_chunks(uint32_t g) {
     const int64_t nchunks = pool.nchunks, n = pool.n;
     const int64_t j0 = ((int64_t)(uint32_t)v - 1) * pool.cw;
     const int64_t j1 = j0 + pool.cw < n ? j0 + pool.cw : n;
-    pool.fn(pool.x, pool.b, pool.out, pool.m, pool.k, n, j0, j1);
+    pool.job_fn(pool.x, pool.b, pool.out, pool.m, pool.k, n, j0, j1);
     /* no job field may be read after this increment (the owner may start the next job) */
     if (atomic_fetch_add_explicit(&pool.done, 1, memory_order_acq_rel) + 1 == nchunks &&
         atomic_load(&pool.owner_asleep)) {
@@ -433,8 +434,9 @@ int pj_small_gemm_threads(void) {
 }
 
 /* Run columns [0, n) on the pool, the caller included. The caller owns `busy`. */
-static void pool_run(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n,
-                     int64_t cw, int64_t nchunks) {
+static void pool_run(range_fn fn, const float *x, const float *b, float *out, int64_t m, int64_t k,
+                     int64_t n, int64_t cw, int64_t nchunks) {
+  pool.job_fn = fn;
   pool.x = x, pool.b = b, pool.out = out;
   pool.m = m, pool.k = k, pool.n = n, pool.cw = cw, pool.nchunks = nchunks;
   atomic_store_explicit(&pool.done, 0, memory_order_relaxed); /* ordered by the store below */
@@ -462,13 +464,101 @@ static void pool_run(const float *x, const float *b, float *out, int64_t m, int6
   }
 }
 
-void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n) {
+/* Columns [j0, j1) of out = x @ w^T with w row-major [n, k]: each row of w (one output column)
+ * is read once and dotted with every row of x (m <= 8 rows of k floats stay in L1). Sixteen
+ * partial sums per row of x, advanced together: independent chains (the FMA latency hides
+ * behind the other rows) that GCC turns into one vector per row without reassociating adds. */
+#define NT_ROWS 8
+/* one output column j for R rows of x (R a constant where inlined: the accumulators then live
+ * in R vector registers) */
+static inline __attribute__((always_inline)) void nt_column(const float *x, const float *wj,
+                                                            float *out, int64_t k, int64_t n,
+                                                            int64_t j, const int R) {
+  float acc[NT_ROWS][16] = {{0}}, tail[NT_ROWS] = {0};
+  int64_t p = 0;
+  for (; p + 16 <= k; p += 16)
+    for (int i = 0; i < R; i++)
+      for (int l = 0; l < 16; l++) acc[i][l] += x[i * k + p + l] * wj[p + l];
+  for (; p < k; p++)
+    for (int i = 0; i < R; i++) tail[i] += x[i * k + p] * wj[p];
+  for (int i = 0; i < R; i++) {
+    float s = tail[i];
+    for (int l = 0; l < 16; l++) s += acc[i][l];
+    out[i * n + j] = s;
+  }
+}
+
+#if PJ_X86 && defined(__GNUC__) && !defined(__clang__) && !defined(__SANITIZE_ADDRESS__)
+__attribute__((target_clones("avx512f", "avx2", "default")))
+#endif
+__attribute__((optimize("O3")))
+static void range_nt(const float *x, const float *w, float *out, int64_t m, int64_t k, int64_t n,
+                     int64_t j0, int64_t j1) {
+  for (int64_t i0 = 0; i0 < m; i0 += NT_ROWS) {
+    const float *xr = x + i0 * k;
+    float *o = out + i0 * n;
+    switch (m - i0 < NT_ROWS ? m - i0 : NT_ROWS) {
+#define NT_CASE(R) \
+  case R:          \
+    for (int64_t j = j0; j < j1; j++) nt_column(xr, w + j * k, o, k, n, j, R); \
+    break;
+      NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
+#undef NT_CASE
+    }
+  }
+}
+
+#if PJ_X86
+/* range_nt with AVX-512 intrinsics: one accumulator register per row of x (R constant where
+ * inlined), w's row streamed 16 floats at a time; the plain form spills its accumulators. */
+static inline __attribute__((always_inline)) AVX512 void nt_column_avx512(
+    const float *x, const float *wj, float *out, int64_t k, int64_t n, int64_t j, const int R) {
+  __m512 acc[NT_ROWS];
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++) acc[i] = _mm512_setzero_ps();
+  int64_t p = 0;
+  for (; p + 16 <= k; p += 16) {
+    const __m512 wv = _mm512_loadu_ps(wj + p);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++) acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i * k + p), wv, acc[i]);
+  }
+  if (p < k) { /* the last k % 16 columns, masked: nothing past the rows is read */
+    const __mmask16 mk = (__mmask16)((1u << (k - p)) - 1);
+    const __m512 wv = _mm512_maskz_loadu_ps(mk, wj + p);
+#pragma GCC unroll 8
+    for (int i = 0; i < R; i++)
+      acc[i] = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(mk, x + i * k + p), wv, acc[i]);
+  }
+#pragma GCC unroll 8
+  for (int i = 0; i < R; i++) out[i * n + j] = _mm512_reduce_add_ps(acc[i]);
+}
+
+static AVX512 void range_nt_avx512(const float *x, const float *w, float *out, int64_t m,
+                                   int64_t k, int64_t n, int64_t j0, int64_t j1) {
+  for (int64_t i0 = 0; i0 < m; i0 += NT_ROWS) {
+    const float *xr = x + i0 * k;
+    float *o = out + i0 * n;
+    switch (m - i0 < NT_ROWS ? m - i0 : NT_ROWS) {
+#define NT_CASE(R) \
+  case R:          \
+    for (int64_t j = j0; j < j1; j++) nt_column_avx512(xr, w + j * k, o, k, n, j, R); \
+    break;
+      NT_CASE(1) NT_CASE(2) NT_CASE(3) NT_CASE(4) NT_CASE(5) NT_CASE(6) NT_CASE(7) NT_CASE(8)
+#undef NT_CASE
+    }
+  }
+}
+#endif
+
+static void gemm(range_fn fn, const float *x, const float *b, float *out, int64_t m, int64_t k,
+                 int64_t n) {
   if (m <= 0 || n <= 0) return;
   if (k <= 0) {
     memset(out, 0, (size_t)m * (size_t)n * sizeof(float));
     return;
   }
   pthread_once(&pool_once, pool_init);
+  if (!fn) fn = pool.fn;
   const int t = pool.use_workers ? pool.threads : 1;
   if (t > 1 && (double)m * (double)k * (double)n >= MT_MIN_WORK) {
     /* chunk width: a multiple of CHUNK_COLS, about CHUNKS_PER_THREAD chunks per thread */
@@ -476,10 +566,24 @@ void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, in
     cw = (cw + CHUNK_COLS - 1) / CHUNK_COLS * CHUNK_COLS;
     const int64_t nchunks = (n + cw - 1) / cw; /* <= t * CHUNKS_PER_THREAD: fits the counter */
     if (nchunks > 1 && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
-      pool_run(x, b, out, m, k, n, cw, nchunks);
+      pool_run(fn, x, b, out, m, k, n, cw, nchunks);
       atomic_flag_clear_explicit(&pool.busy, memory_order_release);
       return;
     }
   }
-  pool.fn(x, b, out, m, k, n, 0, n);
+  fn(x, b, out, m, k, n, 0, n);
+}
+
+void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n) {
+  gemm(NULL, x, b, out, m, k, n);
+}
+
+void pj_small_gemm_nt_f32(const float *x, const float *w, float *out, int64_t m, int64_t k,
+                          int64_t n) {
+  pthread_once(&pool_once, pool_init);
+  range_fn fn = range_nt; /* the AVX-512 form where the product kernel is AVX-512's */
+#if PJ_X86
+  if (pool.fn == range_avx512) fn = range_nt_avx512;
+#endif
+  gemm(fn, x, w, out, m, k, n);
 }

@@ -17,6 +17,10 @@
  * Safe to call from several threads at once (a call that finds the pool busy runs on its own
  * thread alone). */
 void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n);
+/* The same product with b given transposed: w row-major [n, k] (out = x @ w^T), as a torch
+ * Linear's weight is stored. */
+void pj_small_gemm_nt_f32(const float *x, const float *w, float *out, int64_t m, int64_t k,
+                          int64_t n);
 /* threads the kernel uses (the caller's included) */
 int pj_small_gemm_threads(void);
 

@@ -22,10 +22,11 @@ bool pj_runtime_ready(void);
 
 int pj_runtime_device_count(const pj_runtime_t *rt);
 const char *pj_runtime_platform_name(const pj_runtime_t *rt);   /* e.g. "cpu", "cuda", "tpu" */
-/* The custom-call target of the native few-row f32 matrix product (csrc/runtime/ffi_kernels.c),
+/* The custom-call target of the native few-row f32 matrix product (csrc/runtime/ffi_kernels.c;
+ * b_transposed: the form taking b as a row-major [n, k] matrix),
  * or NULL where this process has none registered (not the CPU plugin, no FFI extension,
  * TORCH_PJRT_SMALL_GEMM=0). Known once the runtime exists. */
-const char *pj_ffi_small_gemm_target(void);
+const char *pj_ffi_small_gemm_target(bool b_transposed);
 /* The same for the float32 paged-attention kernel (tpu::paged_attention's core). */
 const char *pj_ffi_paged_attention_target(void);
 /* Why it is or is not there, in words (tests and bug reports). */
