@@ -66,11 +66,18 @@ fi
 # constraints that hold this venv's torch, numpy and transformers (requirements-serving*.txt).
 PIP=("$VPY" -m pip --disable-pip-version-check)
 if [ "$("$VPY" -c "import importlib.metadata as m; print(m.version('vllm'))" 2>/dev/null)" != "0.33.0+empty" ]; then
-  "${PIP[@]}" install --quiet -r requirements-serving-build.txt
-  WHEELS=build/serving-wheels
-  rm -rf "$WHEELS" && mkdir -p "$WHEELS"
-  VLLM_TARGET_DEVICE=empty "${PIP[@]}" wheel --quiet --no-deps --no-build-isolation \
-    --require-hashes -r requirements-serving-vllm.txt -w "$WHEELS"
+  # The built wheel is kept per user, under a name holding the digest of the pinned
+  # requirement (version and sdist hash): a later setup (another checkout, CI's fresh clone)
+  # installs it instead of building it again (about a minute).
+  PIN=$(sha256sum requirements-serving-vllm.txt | cut -c1-16)
+  WHEELS=${XDG_CACHE_HOME:-$HOME/.cache}/torch_pjrt/serving-wheels/$PIN
+  "${PIP[@]}" install --quiet -r requirements-serving-build.txt  # also jinja2, packaging: run time
+  if ! ls "$WHEELS"/vllm-0.33.0+empty-*.whl >/dev/null 2>&1; then
+    rm -rf "$WHEELS.tmp" && mkdir -p "$WHEELS.tmp"
+    VLLM_TARGET_DEVICE=empty "${PIP[@]}" wheel --quiet --no-deps --no-build-isolation \
+      --require-hashes -r requirements-serving-vllm.txt -w "$WHEELS.tmp"
+    rm -rf "$WHEELS" && mv "$WHEELS.tmp" "$WHEELS"
+  fi
   "${PIP[@]}" install --quiet --no-deps "$WHEELS"/vllm-0.33.0+empty-*.whl
 fi
 CONSTRAINTS=$(mktemp)

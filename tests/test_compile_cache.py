@@ -112,11 +112,12 @@ def test_keys_name_the_plugin_and_our_own_sources():
     """Every program key starts with the runtime identity: the plugin's versions and file, a
     digest of torch_pjrt's sources, so a changed lowering never reuses a stored program, and
     one of the compiler flags (XLA_FLAGS, LIBTPU_INIT_ARGS), which change what a program
-    compiles to (test_op_boundary_rounding.py runs two flag settings over one cache)."""
+    compiles to (test_op_boundary_rounding.py runs two flag settings over one cache), and
+    whether the native kernels are registered (programs name their custom calls)."""
     import re
 
     ident = torch.tpu._C.identity()
-    assert re.search(r"\|code[0-9a-f]{16}\|flags[0-9a-f]{16}$", ident), ident
+    assert re.search(r"\|code[0-9a-f]{16}\|flags[0-9a-f]{16}\|native[01]$", ident), ident
     assert ident.startswith(torch_pjrt._C.platform_name()), ident
 
 
