@@ -724,6 +724,9 @@ def test_ddp_tiny_gpt_one_device_per_rank():
     _check_ddp(_launch("ddp", world=2, devices=2), devices=2)
 
 
+# long (28 s, the slowest of CI's suite; `scripts/test.sh --long` runs it): CI's
+# 20-minute budget
+@pytest.mark.long
 def test_ddp_tiny_gpt_ranks_share_one_device():
     """DDP with both ranks on tpu:0, each in its own process."""
     _check_ddp(_launch("ddp", world=2, devices=1), devices=1)
