@@ -63,9 +63,9 @@ static bool answer_metadata(XLA_FFI_CallFrame *cf) {
   return false;
 }
 
-static const XLA_FFI_Buffer *f32_matrix(void *p) {
+static const XLA_FFI_Buffer *buffer_of(void *p, XLA_FFI_DataType dt, int64_t rank) {
   const XLA_FFI_Buffer *b = p;
-  return (b && b->dtype == XLA_FFI_DataType_F32 && b->rank == 2) ? b : NULL;
+  return (b && b->dtype == dt && b->rank == rank) ? b : NULL;
 }
 
 /* x f32[m, k] with b f32[k, n] (nt: w f32[n, k], the product x @ w^T) -> f32[m, n] */
@@ -76,9 +76,9 @@ static XLA_FFI_Error *gemm_call(XLA_FFI_CallFrame *cf, bool nt) {
       cf->args.types[0] != XLA_FFI_ArgType_BUFFER || cf->args.types[1] != XLA_FFI_ArgType_BUFFER ||
       cf->rets.types[0] != XLA_FFI_RetType_BUFFER)
     return ffi_error(cf, SMALL_GEMM_TARGET ": expects two buffers and one result");
-  const XLA_FFI_Buffer *x = f32_matrix(cf->args.args[0]);
-  const XLA_FFI_Buffer *b = f32_matrix(cf->args.args[1]);
-  const XLA_FFI_Buffer *o = f32_matrix(cf->rets.rets[0]);
+  const XLA_FFI_Buffer *x = buffer_of(cf->args.args[0], XLA_FFI_DataType_F32, 2);
+  const XLA_FFI_Buffer *b = buffer_of(cf->args.args[1], XLA_FFI_DataType_F32, 2);
+  const XLA_FFI_Buffer *o = buffer_of(cf->rets.rets[0], XLA_FFI_DataType_F32, 2);
   const int64_t kdim = nt ? 1 : 0, ndim = nt ? 0 : 1;
   if (!x || !b || !o || x->dims[1] != b->dims[kdim] || o->dims[0] != x->dims[0] ||
       o->dims[1] != b->dims[ndim])
@@ -93,11 +93,6 @@ static XLA_FFI_Error *gemm_call(XLA_FFI_CallFrame *cf, bool nt) {
 
 static XLA_FFI_Error *small_gemm_handler(XLA_FFI_CallFrame *cf) { return gemm_call(cf, false); }
 static XLA_FFI_Error *small_gemm_nt_handler(XLA_FFI_CallFrame *cf) { return gemm_call(cf, true); }
-
-static const XLA_FFI_Buffer *buffer_of(void *p, XLA_FFI_DataType dt, int64_t rank) {
-  const XLA_FFI_Buffer *b = p;
-  return (b && b->dtype == dt && b->rank == rank) ? b : NULL;
-}
 
 /* (query f32 [T, H, D], cache f32 [NB, BS, KVH, 2D], context_slots s64 [R, S],
  *  query_index s64 [R, Q], query_pos s64 [R, Q], params f32 [3] = scale, soft_cap, window)
