@@ -394,5 +394,24 @@ def test_metrics():
     assert isinstance(torch.tpu.fallback_ops(), dict)
 
 
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_fill_of_an_empty_view_runs_no_program(mode):
+    """vLLM fills the padding tail of its buffers every step; empty, that writes nothing."""
+    cpu = torch.arange(8, dtype=torch.int32)
+    x = cpu.to("tpu")
+    with torch.tpu.eager_mode(mode):
+        for _ in range(2):  # the second call is the steady state (memoized calls included)
+            before = torch.tpu.metrics()["executions"]
+            x[8:].fill_(7)
+            x[:, None][:, 1:].zero_()
+            torch.tpu.flush()
+            assert torch.tpu.metrics()["executions"] == before
+        x[6:].fill_(-1)  # a fill that writes still runs, and only there
+        cpu[6:] = -1
+        assert torch.equal(x.cpu(), cpu)
+        with pytest.raises(RuntimeError):  # CPU's value check, also for an empty tensor
+            torch.zeros(0, dtype=torch.uint8, device="tpu").fill_(300)
+
+
 def test_amp_dtypes():
     assert torch.bfloat16 in torch.tpu.get_amp_supported_dtype()

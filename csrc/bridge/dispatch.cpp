@@ -612,7 +612,12 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       d = write_back.back().second;
     }
   for (const at::Tensor& d : dests) b.add_out(d);
-  if (b.call().nout > 0) {
+  // A fill of an empty view writes nothing: no program runs (vLLM fills the padding tail of
+  // its buffers every step, empty when nothing is padded). Only fills: other lowerings raise
+  // CPU's errors while they build their program, also for empty tensors (topk of bool, ...).
+  bool writes_nothing = base == "fill" || base == "zero";
+  for (const at::Tensor& d : dests) writes_nothing = writes_nothing && d.numel() == 0;
+  if (b.call().nout > 0 && !writes_nothing) {
     if (debug) {
       // Debug mode: run synchronously and name the op in any device error.
       try {

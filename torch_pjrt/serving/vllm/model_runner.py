@@ -79,7 +79,21 @@ class TpuModelRunner(GPUModelRunner):
         if self.use_async_spec_decode:  # platform.py turns asynchronous scheduling off
             raise NotImplementedError("tpu: asynchronous speculative decoding")
         self._use_torch_slot_mapping()
+        self._host_resident_index_buffers()
         self._pad_to = self._token_padding()
+
+    def _host_resident_index_buffers(self) -> None:
+        """Keeps on the host the runner's buffers that only feed its device arithmetic of
+        positions and context lengths (`_prepare_inputs`: positions = num_computed_tokens
+        [req_indices] + query_pos, seq_lens = num_computed_tokens + num_scheduled_tokens):
+        with their device sides being their host tensors, that arithmetic runs as CPU ops
+        and its results reach the device as one upload each, instead of four partial uploads
+        and six small programs per step (a partial upload is a transfer and a program here).
+        Only vLLM's decode-context-parallel and asynchronous speculative-decoding paths use
+        these buffers otherwise; neither runs on this platform."""
+        self.num_computed_tokens = torch.zeros_like(self.num_computed_tokens, device="cpu")
+        for buf in (self.req_indices, self.query_pos, self.num_scheduled_tokens):
+            buf.gpu = buf.cpu  # copy_to_gpu is then a copy of the buffer onto itself
 
     def _token_padding(self) -> list[int] | None:
         """Compiled steps: token count -> padded count, vLLM's CUDA-graph table
