@@ -150,6 +150,30 @@ def test_paged_attention_runs_natively_for_float32(soft_cap, window):
     torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
 
 
+def test_paged_attention_over_many_rows_matches_cpu():
+    """A grid big enough for the kernel to split its rows across the thread pool
+    (attention_kernel.c): 6 requests of 16-token chunks (positions 40..55) in a 64-block cache
+    of 8 slots, 8 query heads over 2 kv heads of 64; one request's rows are all padding."""
+    torch.manual_seed(5)
+    R, Q, S, H, KVH, D, bs = 6, 16, 64, 8, 2, 64, 8
+    cache = torch.randn(64, bs, KVH, 2 * D)
+    query = torch.randn(R * Q, H, D)
+    blocks = torch.randperm(64)[: R * (S // bs)].view(R, S // bs)
+    cs = (blocks[:, torch.arange(S) // bs] * bs + torch.arange(S) % bs).contiguous()
+    qi = torch.arange(R * Q).view(R, Q)
+    qp = (40 + torch.arange(Q)).expand(R, Q).clone()
+    qp[3] = -1
+    oi = torch.arange(R * Q)
+    want = torch.ops.tpu.paged_attention(query, cache, cs, qi, qp, oi, 0.125, 0.0, -1)
+    before = C.native_attention_calls()
+    got = torch.ops.tpu.paged_attention(query.to(TPU), cache.to(TPU), cs.to(TPU), qi.to(TPU),
+                                        qp.to(TPU), oi.to(TPU), 0.125, 0.0, -1)
+    torch.tpu.synchronize()
+    assert C.native_attention_calls() == before + 1
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=1e-5)
+    assert not got[3 * Q:4 * Q].cpu().any()
+
+
 def test_paged_attention_of_other_dtypes_stays_with_xla():
     cache, query, cs, qi, qp, oi = _attention_inputs(torch.bfloat16)
     before = C.native_attention_calls()

@@ -293,7 +293,9 @@ static struct {
   const float *x, *b;
   float *out;
   int64_t m, k, n, cw, nchunks;
-  range_fn job_fn; /* the job's kernel: fn, or the transposed-b one */
+  range_fn job_fn; /* the job's kernel: fn, or the transposed-b one, or run_generic */
+  void (*generic_fn)(void *ctx, int64_t i0, int64_t i1); /* pj_host_parallel_for's job */
+  void *generic_ctx;
   /* set once in init */
   range_fn fn;
   int threads;     /* caller included */
@@ -549,6 +551,33 @@ static AVX512 void range_nt_avx512(const float *x, const float *w, float *out, i
   }
 }
 #endif
+
+/* pj_host_parallel_for's jobs as the pool's kind of job: [j0, j1) is the range of indices. */
+static void run_generic(const float *x, const float *b, float *out, int64_t m, int64_t k,
+                        int64_t n, int64_t j0, int64_t j1) {
+  (void)x, (void)b, (void)out, (void)m, (void)k, (void)n;
+  pool.generic_fn(pool.generic_ctx, j0, j1);
+}
+
+void pj_host_parallel_for(void (*fn)(void *ctx, int64_t i0, int64_t i1), void *ctx, int64_t n,
+                          int64_t grain) {
+  if (n <= 0) return;
+  if (grain < 1) grain = 1;
+  pthread_once(&pool_once, pool_init);
+  const int t = pool.use_workers ? pool.threads : 1;
+  /* chunks of `grain` indices, at most CHUNKS_PER_THREAD per thread (the counter's low half
+   * holds the number of chunks) */
+  int64_t cw = grain, cap = (int64_t)t * CHUNKS_PER_THREAD;
+  if ((n + cw - 1) / cw > cap) cw = (n + cap - 1) / cap;
+  const int64_t nchunks = (n + cw - 1) / cw;
+  if (t > 1 && nchunks > 1 && !atomic_flag_test_and_set_explicit(&pool.busy, memory_order_acquire)) {
+    pool.generic_fn = fn, pool.generic_ctx = ctx;
+    pool_run(run_generic, NULL, NULL, NULL, 0, 0, n, cw, nchunks);
+    atomic_flag_clear_explicit(&pool.busy, memory_order_release);
+    return;
+  }
+  fn(ctx, 0, n); /* one thread, or the pool is busy with another caller's job */
+}
 
 static void gemm(range_fn fn, const float *x, const float *b, float *out, int64_t m, int64_t k,
                  int64_t n) {

@@ -21,6 +21,12 @@ void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, in
  * Linear's weight is stored. */
 void pj_small_gemm_nt_f32(const float *x, const float *w, float *out, int64_t m, int64_t k,
                           int64_t n);
+/* Runs fn(ctx, i0, i1) over disjoint ranges covering [0, n), in chunks of at least `grain`
+ * indices, on the same pool (the caller included; the caller alone when the pool is busy or has
+ * one thread). Returns when every range has run. fn must be safe to run on several threads at
+ * once for disjoint ranges. */
+void pj_host_parallel_for(void (*fn)(void *ctx, int64_t i0, int64_t i1), void *ctx, int64_t n,
+                          int64_t grain);
 /* threads the kernel uses (the caller's included) */
 int pj_small_gemm_threads(void);
 
