@@ -10,7 +10,9 @@
  *
  * Threads split the columns: chunks of a multiple of 64 columns are claimed dynamically from a
  * shared counter by the caller and the pool's workers, so each thread streams its own part of b
- * and a worker that wakes late simply finds less (or nothing) left to do. */
+ * and a worker that wakes late simply finds less (or nothing) left to do. The same pool runs
+ * pj_host_parallel_for's jobs (ranges of any independent work: paged attention's grid rows),
+ * one job at a time with the products. */
 #include "small_gemm.h"
 
 #include <pthread.h>
