@@ -752,14 +752,22 @@ def job_mismatch(rank, world, init):
 
 
 def job_dead(rank, world, init, out_dir):
-    """Rank 1 dies after init; rank 0's collective raises within the timeout."""
+    """Rank 1 dies after a first collective; rank 0's next collective raises within the timeout.
+
+    The first all_reduce is what makes "after init" hold on both ranks: init_process_group can
+    return on one rank while the other is still connecting its second Gloo mesh, and a rank that
+    exits then fails the other's init (seen once in CI: "Connection closed by peer" from rank
+    0's init_process_group), which is not the case under test."""
     import torch
     import torch.distributed as dist
 
     _init(rank, world, init, "tpu_dist", timeout_s=10)
+    first = torch.ones(2, device="tpu")
+    dist.all_reduce(first)
     if rank == 1:
         os._exit(0)
     chk = Checker()
+    chk.true("first all_reduce", torch.equal(first.cpu(), torch.full((2,), 2.0)), str(first))
     time.sleep(0.5)
     x = torch.full((16,), 4.0, device="tpu")
     t0 = time.monotonic()
