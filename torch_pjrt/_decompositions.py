@@ -175,7 +175,7 @@ def _register_missing_meta(has_kernel) -> None:
         _LIB.impl("linalg_lstsq.out", _lstsq_out_meta, "Meta")
     # the fused RNN cells (lowered in csrc/ops/rnn.c): PyTorch has no Meta kernel for the GRU
     # ones, and its LSTM one rejects the None biases of bias=False modules, so ours replaces it
-    _LIB.impl("_thnn_fused_lstm_cell", _lstm_cell_meta, "Meta")
+    _LIB.impl("_thnn_fused_lstm_cell", _lstm_cell_meta, "Meta", allow_override=True)
     if not has_kernel("aten::_thnn_fused_gru_cell", "Meta"):
         _LIB.impl("_thnn_fused_gru_cell", _gru_cell_meta, "Meta")
     if not has_kernel("aten::_thnn_fused_gru_cell_backward", "Meta"):

@@ -8,12 +8,16 @@
 // policy equal to CUDA's for whichever torch version the extension is built against.
 // Every other op falls through to the next dispatch key unchanged.
 #include <ATen/autocast_mode.h>
+#include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 #include <torch/library.h>
 
 namespace {
 
 // the names AT_FORALL_DIFFERENT_REDISPATCH_SIGNATURE's signatures use unqualified
 using at::IntArrayRef;
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13
+using at::DimnameList;  // torch 2.11's tables name it too (2.13's headers have no at:: alias)
+#endif
 using at::Scalar;
 using at::ScalarType;
 using at::Tensor;

@@ -82,6 +82,20 @@
 extern "C" {
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/transfer.h"
+
+#include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
+
+// Names c10d gave later: torch 2.11's headers (the release on the CUDA machine this bridge was
+// also built on) call the PREMUL_SUM factor NCCLPreMulSumSupplement and have no OpType of its
+// own for a coalesced reduce_scatter_tensor (COALESCED stands for it there).
+#if TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13
+using PreMulSumFactor = c10d::NCCLPreMulSumSupplement;
+constexpr c10d::OpType kReduceScatterTensorCoalesced = c10d::OpType::COALESCED;
+#else
+using PreMulSumFactor = c10d::PreMulSumSupplement;
+constexpr c10d::OpType kReduceScatterTensorCoalesced =
+    c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
+#endif
 // The lock graph/call.c holds around every program run: it reads slot storages' buffers and
 // installs the results under it (csrc/graph/call_internal.h declares it for the graph core).
 extern pthread_mutex_t pj_run_lock;
@@ -628,7 +642,9 @@ const char* op_name(int64_t op) {
     case c10d::OpType::SCATTER: return "scatter";
     case c10d::OpType::REDUCE_SCATTER: return "reduce_scatter";
     case c10d::OpType::_REDUCE_SCATTER_BASE: return "reduce_scatter_tensor";
+#if !(TORCH_VERSION_MAJOR == 2 && TORCH_VERSION_MINOR < 13)
     case c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED: return "reduce_scatter_tensor (coalesced)";
+#endif
     case c10d::OpType::ALLTOALL_BASE: return "all_to_all_single";
     case c10d::OpType::ALLTOALL: return "all_to_all";
     case c10d::OpType::BARRIER: return "barrier";
@@ -1049,7 +1065,7 @@ class StagedBackend final : public c10d::Backend {
     for (auto& t : outputs) slots.push_back(make_slot(t, false, true));
     for (auto& t : inputs) slots.push_back(make_slot(t, true, false));
     const size_t n = outputs.size();
-    return enqueue(opts.asyncOp, c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED, std::move(slots), outputs,
+    return enqueue(opts.asyncOp, kReduceScatterTensorCoalesced, std::move(slots), outputs,
                    Signature{sizes_of(outputs), opts.reduceOp.op_, -1},
                    [o, n](c10d::Backend& g, std::vector<at::Tensor>& h) {
                      std::vector<at::Tensor> out(h.begin(), h.begin() + n);
@@ -1260,7 +1276,7 @@ class StagedBackend final : public c10d::Backend {
   // PREMUL_SUM (Gloo has none) becomes a SUM of inputs scaled on the host first, as NCCL does.
   static std::optional<c10d::ReduceOp> take_premul(c10d::ReduceOp& op) {
     if (op.op_ != c10d::ReduceOp::PREMUL_SUM) return std::nullopt;
-    TORCH_CHECK_VALUE(dynamic_cast<c10d::PreMulSumSupplement*>(op.supplement_.get()),
+    TORCH_CHECK_VALUE(dynamic_cast<PreMulSumFactor*>(op.supplement_.get()),
                       "tpu_dist: PREMUL_SUM without a factor");
     c10d::ReduceOp factor = op;
     op = c10d::ReduceOp(c10d::ReduceOp::SUM);
@@ -1602,7 +1618,7 @@ class StagedBackend final : public c10d::Backend {
                         : at::empty(s.user.sizes(), s.staged.options().dtype(wire));
     }
     if (job.has_premul) {
-      auto* sup = static_cast<c10d::PreMulSumSupplement*>(job.premul.supplement_.get());
+      auto* sup = static_cast<PreMulSumFactor*>(job.premul.supplement_.get());
       for (auto& s : job.slots) {
         if (!s.read) continue;
         if (sup->tensor_factor.defined())

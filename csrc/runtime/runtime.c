@@ -146,16 +146,31 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
   const PJRT_Api *api = rt->api;
   PJ_API_SLOT(create, api, PJRT_Client_Create);
   PJRT_Client_Create_Args ca = {.struct_size = PJRT_Client_Create_Args_STRUCT_SIZE};
-  /* Only the CPU plugin knows cpu_device_count; other plugins may reject unknown options, so
-   * the option is sent only when the plugin file looks like a CPU plugin. */
-  PJRT_NamedValue opt = {.struct_size = PJRT_NamedValue_STRUCT_SIZE,
-                         .name = "cpu_device_count",
-                         .name_size = strlen("cpu_device_count"),
-                         .type = PJRT_NamedValue_kInt64,
-                         .int64_value = g_cpu_device_count,
-                         .value_size = 1};
-  if (strstr(rt->path, "cpu")) {
-    ca.create_options = &opt;
+  /* Plugins validate option names against their own list and reject unknown ones, so each
+   * option goes only to the plugin that knows it, told apart by the plugin file's name.
+   * CPU: cpu_device_count. GPU (xla_cuda_plugin / ROCm): preallocate=false, so device memory
+   * is taken as tensors need it, as PyTorch's CUDA allocator does, instead of XLA's default of
+   * reserving 75% of the card at client creation, which starves a second process on the same
+   * GPU (two DDP ranks, pytest-xdist workers, vLLM beside a trainer). */
+  PJRT_NamedValue cpu_opt = {.struct_size = PJRT_NamedValue_STRUCT_SIZE,
+                             .name = "cpu_device_count",
+                             .name_size = strlen("cpu_device_count"),
+                             .type = PJRT_NamedValue_kInt64,
+                             .int64_value = g_cpu_device_count,
+                             .value_size = 1};
+  PJRT_NamedValue gpu_opt = {.struct_size = PJRT_NamedValue_STRUCT_SIZE,
+                             .name = "preallocate",
+                             .name_size = strlen("preallocate"),
+                             .type = PJRT_NamedValue_kBool,
+                             .bool_value = false,
+                             .value_size = 1};
+  const char *file = strrchr(rt->path, '/');
+  file = file ? file + 1 : rt->path;
+  if (strstr(file, "cpu")) {
+    ca.create_options = &cpu_opt;
+    ca.num_options = 1;
+  } else if (strstr(file, "cuda") || strstr(file, "rocm")) {
+    ca.create_options = &gpu_opt;
     ca.num_options = 1;
   }
   PJ_TRY(pj_runtime_take_error(rt, create(&ca), "PJRT_Client_Create"));

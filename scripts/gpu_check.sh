@@ -1,0 +1,41 @@
+#!/usr/bin/env bash
+# torch_pjrt on an NVIDIA GPU through the CUDA PJRT plugin (jax-cuda13-pjrt or jax-cuda12-pjrt),
+# with the interpreter's own torch: builds the extension, runs the main job, the matrix-product
+# benchmark and the Python suite (what fits in PYTEST_SECONDS), each into OUTDIR.
+#   bash scripts/gpu_check.sh OUTDIR
+# Needs: build/include/ (the PJRT headers; `make` fetches them where pip reaches PyPI), a C
+# compiler, torch, pytest, pytest-xdist and pytest-timeout in $PYTHON (default python3).
+# Not part of CI (CI has no GPU); the last run's figures are in docs/plugins.md.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=${1:?usage: bash scripts/gpu_check.sh OUTDIR}
+mkdir -p "$out"
+PY=${PYTHON:-python3}
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} TORCH_PJRT_PLUGIN=cuda
+export TORCH_PJRT_CACHE_DIR=${TORCH_PJRT_CACHE_DIR:-/tmp/torch_pjrt_gpu_cache}
+{
+  nvidia-smi -L
+  "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
+  "$PY" -m pip list 2>/dev/null | grep -i -E "^(jax|pytest)"
+} 2>&1 | tee "$out/info.txt"
+start=$SECONDS
+if ! make -j"$(nproc)" PYTHON="$PY" > "$out/build.log" 2>&1; then
+  tail -60 "$out/build.log"
+  exit 1
+fi
+echo "build: $((SECONDS - start)) s"
+"$PY" -c "import torch, torch_pjrt; print(torch.tpu.get_device_name(), torch.tpu.device_count(),
+      'memory (free, total):', torch.tpu.mem_get_info())" 2>&1 | tee -a "$out/info.txt"
+timeout 150 "$PY" examples/train_gpt.py --steps 100 2>&1 | tee "$out/train_gpt.txt"
+timeout 150 "$PY" benchmarks/bench_plugin_matmul.py 2>&1 | tee "$out/matmul.txt"
+start=$SECONDS
+timeout "${PYTEST_SECONDS:-270}" "$PY" -m pytest -v -n "${PYTEST_WORKERS:-12}" tests \
+  -m "not long" --ignore-glob='tests/test_serving_vllm*.py' -p no:cacheprovider \
+  --timeout 120 > "$out/pytest.log" 2>&1
+echo "pytest rc=$? after $((SECONDS - start)) s"
+for what in PASSED FAILED ERROR SKIPPED XFAIL XPASS; do
+  printf '%s %s\n' "$what" "$(grep -c " $what " "$out/pytest.log")"
+done | tee "$out/pytest_counts.txt"
+grep -E " (FAILED|ERROR) " "$out/pytest.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' \
+  | sort | head -300 > "$out/pytest_failed.txt"
+tail -5 "$out/pytest.log"
