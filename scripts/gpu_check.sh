@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # torch_pjrt on an NVIDIA GPU through the CUDA PJRT plugin (jax-cuda13-pjrt or jax-cuda12-pjrt),
 # with the interpreter's own torch: builds the extension, runs the main job, the matrix-product
-# benchmark and the Python suite (what fits in PYTEST_SECONDS), each into OUTDIR.
+# benchmark and the Python suite (what fits in PYTEST_SECONDS; each failure's report is written
+# to OUTDIR/pytest_failures.log as it happens), each into OUTDIR.
 #   bash scripts/gpu_check.sh OUTDIR
 # Needs: build/include/ (the PJRT headers; `make` fetches them where pip reaches PyPI), a C
 # compiler, torch, pytest, pytest-xdist and pytest-timeout in $PYTHON (default python3).
@@ -24,12 +25,14 @@ if ! make -j"$(nproc)" PYTHON="$PY" > "$out/build.log" 2>&1; then
   exit 1
 fi
 echo "build: $((SECONDS - start)) s"
+# the entry points (torch.compile's backend="tpu", autoload); make above already built _C
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$out/pip.log" 2>&1 || tail -5 "$out/pip.log"
 "$PY" -c "import torch, torch_pjrt; print(torch.tpu.get_device_name(), torch.tpu.device_count(),
       'memory (free, total):', torch.tpu.mem_get_info())" 2>&1 | tee -a "$out/info.txt"
 timeout 150 "$PY" examples/train_gpt.py --steps 100 2>&1 | tee "$out/train_gpt.txt"
 timeout 150 "$PY" benchmarks/bench_plugin_matmul.py 2>&1 | tee "$out/matmul.txt"
 start=$SECONDS
-timeout "${PYTEST_SECONDS:-270}" "$PY" -m pytest -v -n "${PYTEST_WORKERS:-12}" tests \
+TORCH_PJRT_FAIL_LOG=$out/pytest_failures.log timeout "${PYTEST_SECONDS:-270}" "$PY" -m pytest -v -n "${PYTEST_WORKERS:-12}" tests \
   -m "not long" --ignore-glob='tests/test_serving_vllm*.py' -p no:cacheprovider \
   --timeout 120 > "$out/pytest.log" 2>&1
 echo "pytest rc=$? after $((SECONDS - start)) s"

@@ -42,6 +42,15 @@ from torch_pjrt import _C  # noqa: E402
 TPU = torch.device("tpu")
 
 
+def pytest_runtest_logreport(report):
+    """With TORCH_PJRT_FAIL_LOG set, each failure's report is appended to that file as it
+    happens: scripts/gpu_check.sh's runs end at a time limit, before pytest's own summary."""
+    path = os.environ.get("TORCH_PJRT_FAIL_LOG")
+    if path and report.failed:
+        with open(path, "a") as f:
+            f.write(f"==== {report.nodeid} ({report.when})\n{report.longreprtext[-2500:]}\n")
+
+
 def pytest_configure(config):
     config.addinivalue_line(
         "markers", "slow: long-running test (runs by default; deselect with -m 'not slow')"

@@ -24,6 +24,9 @@ namespace torch_pjrt {
 // IndexError, NotImplementedError, OutOfMemoryError, else RuntimeError) and frees the status.
 // Does nothing for NULL.
 void check(pj_status_t* st);
+// Brings the float32 product precision of the programs built next in step with
+// torch.get_float32_matmul_precision() (product_precision.cpp); called before each lowered op.
+void sync_product_precision();
 // " at file:line" of the innermost Python frame outside torch's own package on the calling
 // thread, or "" (dispatch.cpp). Takes the GIL: error paths and index-check sites only.
 std::string python_line();

@@ -4,7 +4,8 @@
 // signature. The Meta result depends on dtypes, sizes, strides and non-tensor values (scalar
 // values included, as meta_cache.cpp keys them); CPU's argument checks and the overlap checks
 // on the same (all passed when the memo was made); the call's key on the tensors' views, the
-// slots' element types and sizes, which tensors share a storage, the eager mode and the
+// slots' element types and sizes, which tensors share a storage, the eager mode, the float32
+// product precision (torch.set_float32_matmul_precision) and the
 // index-check setting. Storage identities and scalar values are the only things that vary,
 // and those are exactly what a prepared call takes (with, for ops whose index checks name it,
 // the Python line, taken again on each run). Ops whose full path draws random numbers or may
@@ -30,6 +31,7 @@
 #include "call_builder.h"
 #include "eager_mode.h"
 extern "C" {
+#include "torch_pjrt/hlo.h"  // pj_hlo_f32_product_precision: part of the signature
 #include "torch_pjrt/metrics.h"
 }
 
@@ -271,7 +273,8 @@ bool call_signature(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   const size_t nargs = arguments.size();
   const void* id = &schema;
   put(sig.bytes, &id, sizeof id);
-  put_i(sig.bytes, static_cast<int64_t>(eager_mode()) | int64_t{pj_checks_enabled()} << 8);
+  put_i(sig.bytes, static_cast<int64_t>(eager_mode()) | int64_t{pj_checks_enabled()} << 8 |
+                       int64_t{pj_hlo_f32_product_precision()} << 16);
   const c10::IValue* args = stack.data() + (stack.size() - nargs);
   const bool foreach = schema.name().rfind("aten::_foreach_", 0) == 0;
   for (size_t a = 0; a < nargs; a++)

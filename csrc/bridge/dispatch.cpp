@@ -904,6 +904,7 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 }
 
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  sync_product_precision();  // before the memo: its signature holds the precision
   if (run_memoized(op, stack)) return;
   const std::string base = base_name(op.schema());
   if (!pj_lowering_find(base.c_str()))
@@ -936,6 +937,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // meta function raises CPU's error (or, where it accepts, runs the op through its out= form).
 // Only refusals by the Meta kernel take that path: nothing has run yet.
 void structured_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  sync_product_precision();
   if (run_memoized(op, stack)) return;
   const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());
   torch::jit::Stack call(stack->end() - n, stack->end());

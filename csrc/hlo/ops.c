@@ -328,6 +328,30 @@ pj_val_t pj_reduce(pj_hlo_t *h, pj_val_t x, const int64_t *dims, int ndims, cons
   return res;
 }
 
+/* Read by every product the builder emits, written by the bridge between ops: atomic, since
+ * several host threads may build programs at once. */
+static _Atomic int g_f32_product_precision = PJ_PRECISION_HIGHEST;
+
+void pj_hlo_set_f32_product_precision(pj_precision_t p) {
+  if (p >= PJ_PRECISION_DEFAULT && p < PJ_PRECISION_COUNT) g_f32_product_precision = (int)p;
+}
+
+pj_precision_t pj_hlo_f32_product_precision(void) {
+  return (pj_precision_t)g_f32_product_precision;
+}
+
+const char *pj_hlo_precision_config(pj_dtype_t dt) {
+  if (dt != PJ_F32 && dt != PJ_C64) return "";
+  switch (pj_hlo_f32_product_precision()) {
+    case PJ_PRECISION_HIGHEST:
+      return ", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]";
+    case PJ_PRECISION_HIGH:
+      return ", precision_config = [#stablehlo<precision HIGH>, #stablehlo<precision HIGH>]";
+    default:
+      return "";
+  }
+}
+
 pj_val_t pj_dot_general(pj_hlo_t *h, pj_val_t a, pj_val_t b, const int64_t *lb, const int64_t *rb,
                         int nb, const int64_t *lc, const int64_t *rc, int nc, pj_dtype_t dt) {
   if (a.id < 0 || b.id < 0) return kBad;
@@ -352,6 +376,7 @@ pj_val_t pj_dot_general(pj_hlo_t *h, pj_val_t a, pj_val_t b, const int64_t *lb, 
   list_attr(&s, "lhs_contracting_dimensions", lc, nc, &first);
   list_attr(&s, "rhs_contracting_dimensions", rc, nc, &first);
   pj_sb_puts(&s, ">");
+  pj_sb_puts(&s, pj_hlo_precision_config(a.t.dtype));
   pj_val_t ins[2] = {a, b};
   return op_with(h, "stablehlo.dot_general", ins, 2, &s, t);
 }

@@ -180,6 +180,7 @@ static pj_val_t conv_emit(pj_lower_t *L, pj_val_t lhs, pj_val_t rhs, conv_spec_t
   sb_array(&b, "rhs_dilation", s.rhs_dil, nsp);
   pj_sb_printf(&b, ", feature_group_count = %lld : i64, batch_group_count = %lld : i64",
                (long long)s.fgc, (long long)s.bgc);
+  pj_sb_puts(&b, pj_hlo_precision_config(lhs.t.dtype));
   pj_val_t ins[2] = {lhs, rhs}, r;
   emit(L, "stablehlo.convolution", ins, 2, NULL, &b, &ot, 1, &r);
   return r;

@@ -4,6 +4,7 @@
 #define _GNU_SOURCE
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/exec.h"
+#include "torch_pjrt/hlo.h" /* pj_hlo_f32_product_precision: part of the key identity */
 
 #include <dlfcn.h>
 #include <pthread.h>
@@ -29,7 +30,8 @@ struct pj_runtime {
   char platform_version[128];
   char path[1024];
   char identity[2048];
-  char key_identity[17]; /* digest of identity (pj_runtime_key_identity) */
+  /* digests of identity, one per float32 product precision (pj_runtime_key_identity) */
+  char key_identity[PJ_PRECISION_COUNT][17];
 };
 
 static pthread_mutex_t init_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -246,8 +248,13 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
            plugin_size, PJ_CODE_ID, (unsigned long long)flags,
            /* programs name the native kernels' custom calls only where they are registered */
            pj_ffi_small_gemm_target(false) != NULL);
-  snprintf(rt->key_identity, sizeof rt->key_identity, "%016llx",
-           (unsigned long long)pj_hash_bytes(rt->identity, strlen(rt->identity), 0));
+  /* The precision of float32 products (torch.set_float32_matmul_precision) is in every
+   * program's text, so it is in the key too: a program built under one is never served under
+   * another, in memory or from disk. */
+  for (int p = 0; p < PJ_PRECISION_COUNT; p++)
+    snprintf(rt->key_identity[p], sizeof rt->key_identity[p], "%016llx",
+             (unsigned long long)pj_hash_bytes(rt->identity, strlen(rt->identity),
+                                               (uint64_t)p));
   return NULL;
 }
 
@@ -306,7 +313,9 @@ void pj_runtime_api_version(const pj_runtime_t *rt, int *major, int *minor) {
   *minor = rt->api->pjrt_api_version.minor_version;
 }
 const char *pj_runtime_identity(const pj_runtime_t *rt) { return rt->identity; }
-const char *pj_runtime_key_identity(const pj_runtime_t *rt) { return rt->key_identity; }
+const char *pj_runtime_key_identity(const pj_runtime_t *rt) {
+  return rt->key_identity[pj_hlo_f32_product_precision()];
+}
 const PJRT_Api *pj_runtime_api(const pj_runtime_t *rt) { return rt->api; }
 PJRT_Client *pj_runtime_client(const pj_runtime_t *rt) { return rt->client; }
 PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device) {

@@ -107,6 +107,24 @@ pj_val_t pj_iota(pj_hlo_t *h, pj_type_t t, int dim);
 /* Reduction over dims with a named combiner: "add", "mul", "max", "min", "and", "or". */
 pj_val_t pj_reduce(pj_hlo_t *h, pj_val_t x, const int64_t *dims, int ndims, const char *kind);
 /* dot_general with batch and contracting dimension lists; result dtype `dt`. */
+/* The precision of products of float32 (and complex64) operands, which dot_general and
+ * convolution carry as their precision_config. torch.set_float32_matmul_precision maps onto it
+ * (the bridge keeps the two in step): "highest" (PyTorch's default) -> HIGHEST, full float32
+ * products as CPU computes them; "high" -> HIGH (TF32 on NVIDIA GPUs, 3-pass bfloat16 on
+ * TPUs); "medium" -> DEFAULT, the plugin's fastest (TF32 on GPUs, 1-pass bfloat16 on TPUs).
+ * Without it, XLA's GPU and TPU compilers take DEFAULT. Process-wide; part of every program
+ * cache key (pj_runtime_key_identity). Other dtypes' products carry no precision_config. */
+typedef enum {
+  PJ_PRECISION_DEFAULT = 0,
+  PJ_PRECISION_HIGH = 1,
+  PJ_PRECISION_HIGHEST = 2,
+  PJ_PRECISION_COUNT
+} pj_precision_t;
+void pj_hlo_set_f32_product_precision(pj_precision_t p);
+pj_precision_t pj_hlo_f32_product_precision(void);
+/* ", precision_config = [...]" for a product whose operands have dtype dt, or "" (no config:
+ * other dtypes, or DEFAULT). */
+const char *pj_hlo_precision_config(pj_dtype_t dt);
 pj_val_t pj_dot_general(pj_hlo_t *h, pj_val_t a, pj_val_t b, const int64_t *lb, const int64_t *rb,
                         int nb, const int64_t *lc, const int64_t *rc, int nc, pj_dtype_t dt);
 /* Gathers elements of a 1-D operand at integer indices of any shape (result has that shape). */

@@ -43,7 +43,9 @@ void pj_runtime_api_version(const pj_runtime_t *rt, int *major, int *minor);
  * every cache key). */
 const char *pj_runtime_identity(const pj_runtime_t *rt);
 /* The identity as a 16-hex-digit digest: what program cache keys hold (every op's key starts
- * with it, so the full text would be hashed and compared on every cache hit). */
+ * with it, so the full text would be hashed and compared on every cache hit). It also names
+ * the current float32 product precision (pj_hlo_f32_product_precision), which programs' text
+ * depends on. */
 const char *pj_runtime_key_identity(const pj_runtime_t *rt);
 /* Chooses the plugin file and the CPU plugin's device count before the first pj_runtime_get.
  * The Python front resolves names (cpu/cuda/tpu) to files; without a call the runtime uses
