@@ -85,7 +85,8 @@ def test_backward_on_several_threads_matches_cpu(fallbacks):
     errors = _run_threads(train, len(pairs))
     assert not errors, errors
     for k, (cpu, dev) in enumerate(pairs):
-        assert not grad_mismatches(cpu, dev, rtol=1e-4, atol=1e-5), (k, grad_mismatches(cpu, dev))
+        mismatches = grad_mismatches(cpu, dev, rtol=1e-4, atol=1e-5)
+        assert not mismatches, (k, mismatches)
     fallbacks.assert_none()
 
 
