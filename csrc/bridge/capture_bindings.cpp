@@ -357,7 +357,12 @@ void bind_capture(pybind11::module_& m) {
         c.entries[std::string(sig)] = std::move(e);
       })
       .def("__len__", [](const GraphCache& c) { return c.entries.size(); });
-  m.def("_capture_begin", [] { check(pj_capture_begin()); },
+  m.def("_capture_begin", [] {
+    // in step before recording starts: a change noticed at the graph's first op would flush
+    // (product_precision.cpp), and a flush inside a capture breaks it
+    sync_product_precision();
+    check(pj_capture_begin());
+  },
         "Starts recording every lowered op into one graph (see capture.h).");
   m.def("_capture_active", [] { return pj_capture_active(); });
   m.def("_capture_abort", [] { check(pj_capture_abort()); },
