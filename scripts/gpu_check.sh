@@ -2,7 +2,8 @@
 # torch_pjrt on an NVIDIA GPU through the CUDA PJRT plugin (jax-cuda13-pjrt or jax-cuda12-pjrt),
 # with the interpreter's own torch: builds the extension, runs the main job, the matrix-product
 # benchmark and the Python suite (what fits in PYTEST_SECONDS; each failure's report is written
-# to OUTDIR/pytest_failures.log as it happens), each into OUTDIR.
+# to OUTDIR/pytest_failures.log as it happens; tests that crash their worker run again alone
+# into OUTDIR/crashes.log), each into OUTDIR.
 #   bash scripts/gpu_check.sh OUTDIR
 # Needs: build/include/ (the PJRT headers; `make` fetches them where pip reaches PyPI), a C
 # compiler, torch, pytest, pytest-xdist and pytest-timeout in $PYTHON (default python3).
@@ -42,3 +43,15 @@ done | tee "$out/pytest_counts.txt"
 grep -E " (FAILED|ERROR) " "$out/pytest.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' \
   | sort | head -300 > "$out/pytest_failed.txt"
 tail -5 "$out/pytest.log"
+# Tests that crashed their worker (an abort or a signal, no Python exception: a bug by this
+# project's rules) again, one process each, for the plugin's own last words and faulthandler's
+# stack (the worker's stderr is lost under xdist).
+grep -o "crashed while running '[^']*'" "$out/pytest.log" | sed "s/.*running '//; s/'$//" \
+  | sort -u | head -"${CRASH_RERUNS:-12}" > "$out/crashed.txt"
+while read -r t; do
+  echo "==== $t" >> "$out/crashes.log"
+  timeout 120 "$PY" -X faulthandler -m pytest -q -p no:cacheprovider -p no:xdist "$t" \
+    >> "$out/crashes.log" 2>&1
+  echo "rc=$?" >> "$out/crashes.log"
+done < "$out/crashed.txt"
+echo "crashed workers: $(wc -l < "$out/crashed.txt") (rerun one by one into crashes.log)"
