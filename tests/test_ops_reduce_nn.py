@@ -227,6 +227,28 @@ def test_argmax_argmin(op, dtype, fallbacks):
     check(lambda v: f(v[1, 2, 0]), x, fallbacks=fallbacks)  # 0-d
 
 
+@pytest.mark.parametrize("op", ["max", "min", "argmax", "argmin"])
+def test_arg_extremes_at_the_edges(op, fallbacks):
+    """The index of the extreme where equality is subtle: signed zeros, infinities beside NaN,
+    rows of NaN only, the integer extremes, bytes and booleans."""
+    f = getattr(torch, op)
+    inf, nan = float("inf"), float("nan")
+    x = torch.tensor([[-0.0, 0.0, -0.0, 0.0],
+                      [inf, nan, -inf, nan],
+                      [nan, nan, nan, nan],
+                      [-inf, -inf, inf, inf],
+                      [1.0, -inf, 1.0, -inf]])
+    check(lambda v: f(v, 1), x, fallbacks=fallbacks)
+    check(lambda v: f(v, 0), x, fallbacks=fallbacks)
+    i = torch.tensor([[2**63 - 1, -2**63, 2**63 - 1], [-2**63, 0, -2**63]])
+    check(lambda v: f(v, 1), i, fallbacks=fallbacks)
+    check(lambda v: f(v, 1), torch.tensor([[0, 255, 255], [7, 0, 7]], dtype=torch.uint8),
+          fallbacks=fallbacks)
+    if op in ("max", "min"):  # argmax/argmin refuse bool on CPU (tested elsewhere)
+        check(lambda v: f(v, 1), torch.tensor([[False, True, True], [False, False, False]]),
+              fallbacks=fallbacks)
+
+
 def test_aminmax(fallbacks):
     x = sample((4, 5))
     check(lambda v: torch.aminmax(v), x, fallbacks=fallbacks)
