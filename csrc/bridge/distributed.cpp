@@ -62,6 +62,7 @@
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
+#include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
 #include <pthread.h>
 
@@ -83,7 +84,10 @@ extern "C" {
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/transfer.h"
 
-#include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
+// The lock graph/call.c holds around every program run: it reads slot storages' buffers and
+// installs the results under it (csrc/graph/call_internal.h declares it for the graph core).
+extern pthread_mutex_t pj_run_lock;
+}
 
 // Names c10d gave later: torch 2.11's headers (the release on the CUDA machine this bridge was
 // also built on) call the PREMUL_SUM factor NCCLPreMulSumSupplement and have no OpType of its
@@ -96,10 +100,6 @@ using PreMulSumFactor = c10d::PreMulSumSupplement;
 constexpr c10d::OpType kReduceScatterTensorCoalesced =
     c10d::OpType::REDUCE_SCATTER_TENSOR_COALESCED;
 #endif
-// The lock graph/call.c holds around every program run: it reads slot storages' buffers and
-// installs the results under it (csrc/graph/call_internal.h declares it for the graph core).
-extern pthread_mutex_t pj_run_lock;
-}
 
 namespace py = pybind11;
 

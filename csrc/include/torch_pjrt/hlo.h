@@ -106,7 +106,6 @@ pj_val_t pj_pad(pj_hlo_t *h, pj_val_t x, pj_val_t padval, const int64_t *lo, con
 pj_val_t pj_iota(pj_hlo_t *h, pj_type_t t, int dim);
 /* Reduction over dims with a named combiner: "add", "mul", "max", "min", "and", "or". */
 pj_val_t pj_reduce(pj_hlo_t *h, pj_val_t x, const int64_t *dims, int ndims, const char *kind);
-/* dot_general with batch and contracting dimension lists; result dtype `dt`. */
 /* The precision of products of float32 (and complex64) operands, which dot_general and
  * convolution carry as their precision_config. torch.set_float32_matmul_precision maps onto it
  * (the bridge keeps the two in step): "highest" (PyTorch's default) -> HIGHEST, full float32
@@ -125,6 +124,7 @@ pj_precision_t pj_hlo_f32_product_precision(void);
 /* ", precision_config = [...]" for a product whose operands have dtype dt, or "" (no config:
  * other dtypes, or DEFAULT). */
 const char *pj_hlo_precision_config(pj_dtype_t dt);
+/* dot_general with batch and contracting dimension lists; result dtype `dt`. */
 pj_val_t pj_dot_general(pj_hlo_t *h, pj_val_t a, pj_val_t b, const int64_t *lb, const int64_t *rb,
                         int nb, const int64_t *lc, const int64_t *rc, int nc, pj_dtype_t dt);
 /* Gathers elements of a 1-D operand at integer indices of any shape (result has that shape). */
