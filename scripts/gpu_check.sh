@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # torch_pjrt on an NVIDIA GPU through the CUDA PJRT plugin (jax-cuda13-pjrt or jax-cuda12-pjrt),
 # with the interpreter's own torch: builds the extension, runs the main job, the matrix-product
-# benchmark and the Python suite (what fits in PYTEST_SECONDS; each failure's report is written
-# to OUTDIR/pytest_failures.log as it happens; tests that crash their worker run again alone
-# into OUTDIR/crashes.log), each into OUTDIR.
+# benchmark and the Python suite (what fits in PYTEST_SECONDS). OUTDIR gets six files (the device
+# tool returns at most eight): summary.txt (versions, the main job, the benchmark, the suite's
+# counts), build.log, pytest.log, pytest_failed.txt, pytest_failures.log (each failure's report,
+# written as it happens) and crashes.log (tests that crashed their worker, run again alone).
 #   bash scripts/gpu_check.sh OUTDIR
 # Needs: build/include/ (the PJRT headers; `make` fetches them where pip reaches PyPI), a C
 # compiler, torch, pytest, pytest-xdist and pytest-timeout in $PYTHON (default python3).
@@ -19,27 +20,27 @@ export TORCH_PJRT_CACHE_DIR=${TORCH_PJRT_CACHE_DIR:-/tmp/torch_pjrt_gpu_cache}
   nvidia-smi -L
   "$PY" -c "import sys, torch; print('python', sys.version.split()[0], 'torch', torch.__version__)"
   "$PY" -m pip list 2>/dev/null | grep -i -E "^(jax|pytest)"
-} 2>&1 | tee "$out/info.txt"
+} 2>&1 | tee "$out/summary.txt"
 start=$SECONDS
 if ! make -j"$(nproc)" PYTHON="$PY" > "$out/build.log" 2>&1; then
   tail -60 "$out/build.log"
   exit 1
 fi
-echo "build: $((SECONDS - start)) s"
+echo "build: $((SECONDS - start)) s" | tee -a "$out/summary.txt"
 # the entry points (torch.compile's backend="tpu", autoload); make above already built _C
-"$PY" -m pip install -q --no-deps --no-build-isolation -e . > "$out/pip.log" 2>&1 || tail -5 "$out/pip.log"
+"$PY" -m pip install -q --no-deps --no-build-isolation -e . >> "$out/build.log" 2>&1 || tail -5 "$out/build.log"
 "$PY" -c "import torch, torch_pjrt; print(torch.tpu.get_device_name(), torch.tpu.device_count(),
-      'memory (free, total):', torch.tpu.mem_get_info())" 2>&1 | tee -a "$out/info.txt"
-timeout 150 "$PY" examples/train_gpt.py --steps 100 2>&1 | tee "$out/train_gpt.txt"
-timeout 150 "$PY" benchmarks/bench_plugin_matmul.py 2>&1 | tee "$out/matmul.txt"
+      'memory (free, total):', torch.tpu.mem_get_info())" 2>&1 | tee -a "$out/summary.txt"
+timeout 150 "$PY" examples/train_gpt.py --steps 100 2>&1 | tee -a "$out/summary.txt"
+timeout 150 "$PY" benchmarks/bench_plugin_matmul.py 2>&1 | tee -a "$out/summary.txt"
 start=$SECONDS
 TORCH_PJRT_FAIL_LOG=$out/pytest_failures.log timeout "${PYTEST_SECONDS:-270}" "$PY" -m pytest -v -n "${PYTEST_WORKERS:-12}" tests \
   -m "not long" --ignore-glob='tests/test_serving_vllm*.py' -p no:cacheprovider \
   --timeout 120 > "$out/pytest.log" 2>&1
-echo "pytest rc=$? after $((SECONDS - start)) s"
+echo "pytest rc=$? after $((SECONDS - start)) s" | tee -a "$out/summary.txt"
 for what in PASSED FAILED ERROR SKIPPED XFAIL XPASS; do
   printf '%s %s\n' "$what" "$(grep -c " $what " "$out/pytest.log")"
-done | tee "$out/pytest_counts.txt"
+done | tee -a "$out/summary.txt"
 grep -E " (FAILED|ERROR) " "$out/pytest.log" | sed 's/^\[gw[0-9]*\] *\[ *[0-9]*%\] *//' \
   | sort | head -300 > "$out/pytest_failed.txt"
 tail -5 "$out/pytest.log"
@@ -47,11 +48,12 @@ tail -5 "$out/pytest.log"
 # project's rules) again, one process each, for the plugin's own last words and faulthandler's
 # stack (the worker's stderr is lost under xdist).
 grep -o "crashed while running '[^']*'" "$out/pytest.log" | sed "s/.*running '//; s/'$//" \
-  | sort -u | head -"${CRASH_RERUNS:-12}" > "$out/crashed.txt"
+  | sort -u | head -"${CRASH_RERUNS:-12}" > /tmp/gpu_check_crashed.txt
 while read -r t; do
   echo "==== $t" >> "$out/crashes.log"
   timeout 120 "$PY" -X faulthandler -m pytest -q -p no:cacheprovider -p no:xdist "$t" \
     >> "$out/crashes.log" 2>&1
   echo "rc=$?" >> "$out/crashes.log"
-done < "$out/crashed.txt"
-echo "crashed workers: $(wc -l < "$out/crashed.txt") (rerun one by one into crashes.log)"
+done < /tmp/gpu_check_crashed.txt
+echo "crashed workers: $(wc -l < /tmp/gpu_check_crashed.txt) (rerun one by one into crashes.log)" \
+  | tee -a "$out/summary.txt"
