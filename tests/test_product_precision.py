@@ -76,10 +76,10 @@ def test_eager_programs_follow_a_change_of_the_setting(mode, restore_precision):
         torch.testing.assert_close(r, expected)
 
 
+@pytest.mark.usefixtures("fresh_dynamo")
 def test_compiled_graphs_follow_a_change_of_the_setting(restore_precision):
     """Dynamo guards on the setting: a change recompiles, and the new capture's programs carry
     the new precision (a new capture, not the cached one). Going back reuses the first."""
-    torch._dynamo.reset()
     f = torch.compile(lambda a, b: torch.relu(a @ b), backend="tpu")
     a, b = torch.randn(6, 9), torch.randn(9, 2)
     expected = torch.relu(a @ b)
@@ -95,4 +95,3 @@ def test_compiled_graphs_follow_a_change_of_the_setting(restore_precision):
     assert d.get("graph_captures", 0) == 2 and d.get("graph_captures_broken", 0) == 0, d
     for r in (r1, r2, r3):
         torch.testing.assert_close(r, expected)
-    torch._dynamo.reset()
