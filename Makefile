@@ -46,6 +46,13 @@ CXXFLAGS += -std=$(CXX_STD) -fPIC -Wall -Wextra -Wno-unused-parameter -Icsrc/inc
   -DTORCH_API_INCLUDE_EXTENSION_H
 LDFLAGS_EXT := -shared -L$(TORCH_DIR)/lib -Wl,-rpath,$(TORCH_DIR)/lib \
   -ltorch -ltorch_cpu -lc10 -ltorch_python -ldl -lpthread
+# The libstdc++ that torch itself loads, named on the link line ahead of the compiler's own
+# -lstdc++, so every libstdc++ symbol the bridge uses comes from that shared library. A
+# toolchain that links libstdc++ statically (as the H200 device machine's /opt/gcc does) would
+# otherwise put a second copy of the stream and locale code into the extension, with exported
+# symbols that bind partly to the process's copy: `stream << int` then finds no num_put facet and
+# every error message c10::str formats in the bridge segfaulted (or lost its numbers).
+TORCH_LIBSTDCXX := $(shell ldd $(TORCH_DIR)/lib/libc10.so 2>/dev/null | awk '/libstdc\+\+/ {print $$3; exit}')
 
 EXT_SO := torch_pjrt/_C$(EXT)
 
@@ -86,7 +93,12 @@ $(CXX_OBJ_DIR)/%.o: csrc/%.cpp $(HDR)
 
 # Link to a temporary name and rename: a process that has the old library mapped keeps it.
 $(EXT_SO): $(C_OBJS) $(CXX_OBJS) $(TORCH_STAMP)
-	$(CXX) -o $@.tmp $(C_OBJS) $(CXX_OBJS) $(LDFLAGS_EXT) && mv -f $@.tmp $@
+	$(CXX) -o $@.tmp $(C_OBJS) $(CXX_OBJS) $(TORCH_LIBSTDCXX) $(LDFLAGS_EXT)
+	@if nm -D --defined-only $@.tmp 2>/dev/null | grep -q ' _ZNSo9_M_insert'; then \
+	  echo "error: $@ holds its own copy of libstdc++'s stream code (a static libstdc++);" \
+	    "error messages would crash. Build with a compiler whose libstdc++ is shared." >&2; \
+	  rm -f $@.tmp; exit 1; fi
+	mv -f $@.tmp $@
 
 # C unit tests: the C layers only, no PyTorch. They link the runtime's own objects (built once,
 # for the extension too); the ASan variant compiles the C sources once, instrumented, into

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
+import shutil
+import subprocess
 
 import pytest
 import torch
@@ -192,6 +194,17 @@ def test_bad_device_index_raises():
     with pytest.raises(ValueError, match="expected a tpu device"):
         torch.tpu.set_device("cpu")
     assert torch.tpu.current_device() == 0  # failed calls changed nothing
+
+
+@pytest.mark.skipif(shutil.which("nm") is None, reason="needs binutils' nm")
+def test_extension_uses_the_shared_libstdcxx():
+    # A second, static copy of libstdc++'s stream code in the extension (a toolchain that links
+    # it statically) binds half to the process's copy: `stream << int` finds no facet, and every
+    # message the bridge formats segfaulted on the H200 device machine or lost its numbers here.
+    out = subprocess.run(["nm", "-D", "--defined-only", _C.__file__], capture_output=True,
+                         text=True, check=True).stdout
+    own = [line.split()[-1] for line in out.splitlines() if " _ZNSo" in line or "_ZNSt6locale" in line]
+    assert own == [], f"the extension defines libstdc++ symbols: {own[:5]}"
 
 
 # --- random numbers ----------------------------------------------------------------------------
