@@ -203,6 +203,12 @@ static pj_val_t encode(pj_hlo_t *h, pj_val_t f, const fmt_t *m) {
   return out;
 }
 
+/* f (float32) with the sign bit `sign` (int32: 0 or 1 << 31). Float converts on GPUs return
+ * the canonical, positive NaN for any NaN input; this restores the source's sign. */
+static pj_val_t with_sign(pj_hlo_t *h, pj_val_t f, pj_val_t sign) {
+  return bitcast(h, OR(ANDC(bitcast(h, f, PJ_I32), 0x7FFFFFFF), sign), PJ_F32);
+}
+
 /* float64 -> float32 as C's conversion rounds it, subnormal results included: the CPU plugin's
  * convert flushes results below 2^-126 to zero, which e8m0fnu would see (its codes 0 and 1 are
  * 2^-127 and 2^-126). Below 2^-126 the result is a count of 2^-149 steps, which is the float32
@@ -218,7 +224,18 @@ static pj_val_t f32_of_f64(pj_hlo_t *h, pj_val_t x) {
   pj_val_t sign = SHL(pj_convert(h, sign64, PJ_I32), 31);
   pj_val_t sub = bitcast(h, OR(pj_convert(h, steps, PJ_I32), sign), PJ_F32);
   pj_val_t tiny = pj_compare(h, "LT", ax, pj_full(h, tf, ldexp(1.0, -126)));
-  return pj_select(h, tiny, sub, pj_convert(h, x, PJ_F32));
+  pj_val_t f = pj_select(h, tiny, sub, pj_convert(h, x, PJ_F32));
+  return with_sign(h, f, sign);
+}
+
+/* float16/bfloat16 -> float32, NaN keeping its sign, as PyTorch's CPU conversion does (e5m2 of
+ * a negative NaN is 0xff). Both formats have their sign in bit 15. */
+static pj_val_t f32_of_f16(pj_hlo_t *h, pj_val_t x) {
+  pj_val_t b16 = pj_hlo_op(h, "stablehlo.bitcast_convert", &x, 1, NULL,
+                           pj_type_with_dtype(x.t, PJ_I16));
+  b16 = pj_convert(h, b16, PJ_I32);
+  pj_val_t sign = SHL(SHR(ANDC(b16, 0x8000), 15), 31);
+  return with_sign(h, pj_convert(h, x, PJ_F32), sign);
 }
 
 /* float4_e2m1fn_x2 bytes -> float32 values, each byte giving two along `axis` (its low nibble
@@ -262,8 +279,9 @@ pj_val_t pj_lowp_convert(pj_hlo_t *h, pj_val_t x, pj_dtype_t dt) {
                        pj_dtype_info(x.t.dtype)->name, pj_dtype_info(dt)->name);
   /* PyTorch's kernels convert through float32 (a double or int64 rounds to float first) */
   if (x.t.dtype == PJ_C128) x = pj_unary(h, "stablehlo.real", x); /* CPU keeps the real part */
-  pj_val_t f = from ? decode(h, x, from)
-               : x.t.dtype == PJ_F64 ? f32_of_f64(h, x)
-                                     : pj_convert(h, x, PJ_F32);
+  pj_val_t f = from                                            ? decode(h, x, from)
+               : x.t.dtype == PJ_F64                           ? f32_of_f64(h, x)
+               : x.t.dtype == PJ_F16 || x.t.dtype == PJ_BF16 ? f32_of_f16(h, x)
+                                                               : pj_convert(h, x, PJ_F32);
   return to ? encode(h, f, to) : pj_convert(h, f, dt);
 }
