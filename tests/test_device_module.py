@@ -151,6 +151,8 @@ def test_config_parsing():
 
 
 def test_plugin_resolution():
+    if _plugins._cpu_plugin() is None:  # e.g. a GPU machine with only the CUDA plugin
+        pytest.skip("the CPU plugin (lammps-jax-pjrt-cpu) is not installed")
     cpu = _plugins.resolve(config.Config("cpu", 1))
     assert cpu.name == "cpu" and os.path.isfile(cpu.path)
     by_path = _plugins.resolve(config.Config(cpu.path, 1))

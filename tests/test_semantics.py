@@ -14,6 +14,8 @@ import warnings
 import pytest
 import torch
 
+from torch_pjrt import _plugins
+
 TPU = torch.device("tpu")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -366,9 +368,12 @@ def test_torch_tpu_api():
     assert torch.tpu.is_available()
     assert torch.tpu.device_count() >= 1
     assert torch.tpu.current_device() == 0
-    assert torch.tpu.get_device_name() == "cpu"
-    assert torch.tpu.get_device_name(0) == "cpu"
-    assert torch.tpu.get_device_properties(0).name == "cpu"
+    # the CPU plugin's devices are named "cpu"; others name the hardware ("NVIDIA H200")
+    name = "cpu" if _plugins.resolve().name == "cpu" else torch.tpu.get_device_name()
+    assert name
+    assert torch.tpu.get_device_name() == name
+    assert torch.tpu.get_device_name(0) == name
+    assert torch.tpu.get_device_properties(0).name == name
     torch.tpu.set_device(0)
     with torch.tpu.device(0):
         assert torch.tpu.current_device() == 0
@@ -394,14 +399,15 @@ def test_torch_tpu_api():
 
 def test_autoload_in_fresh_interpreter():
     code = ("import sys, torch; x = torch.randn(4, 4, device='tpu'); "
-            "print((x @ x).sum().item(), x.device, torch.tpu.get_device_name()); "
+            "print((x @ x).sum().item(), x.device, torch.tpu.get_device_name(), sep='|'); "
             "print('torch_pjrt' in sys.modules)")
     env = {k: v for k, v in os.environ.items() if k != "TORCH_DEVICE_BACKEND_AUTOLOAD"}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           timeout=120, cwd="/", env=env)
     assert proc.returncode == 0, proc.stderr
     first, second = proc.stdout.strip().splitlines()[-2:]
-    value, device, name = first.split()
+    value, device, name = first.split("|")
     float(value)
-    assert (device, name) == ("tpu:0", "cpu")
+    # the parent's plugin (TORCH_PJRT_PLUGIN is inherited): "cpu", or e.g. "NVIDIA H200"
+    assert (device, name) == ("tpu:0", torch.tpu.get_device_name())
     assert second == "True"  # torch_pjrt was loaded by autoload, not by the command
