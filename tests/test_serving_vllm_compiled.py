@@ -63,20 +63,24 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
 
     monkeypatch.setattr(model_runner.TpuModelRunner, "_determine_batch_execution_and_padding",
                         spy_padding)
+    from torch_pjrt.serving.vllm.step_capture import StepRunner
+
+    # pieces (vLLM's compiled graphs) and whole decode steps (step_capture.py), apart
     calls = {"run": 0, "capture": 0}
+    step_calls = {"run": 0, "capture": 0}
     run, capture = GraphRunner.__call__, GraphRunner._capture
 
     def spy_run(self, *args):
-        calls["run"] += 1
+        (step_calls if isinstance(self, StepRunner) else calls)["run"] += 1
         return run(self, *args)
 
     def spy_capture(self, *args):
-        calls["capture"] += 1
+        (step_calls if isinstance(self, StepRunner) else calls)["capture"] += 1
         return capture(self, *args)
 
     monkeypatch.setattr(GraphRunner, "__call__", spy_run)
     monkeypatch.setattr(GraphRunner, "_capture", spy_capture)
-    steps = []
+    steps, fixed_decodes = [], []
     build = attention.TpuPagedAttentionMetadataBuilder.build
 
     def spy_build(self, common_prefix_len, cm, fast_build=False):
@@ -86,7 +90,10 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
         # the builder reads the host's context lengths: they must be the device's
         assert cm.seq_lens_cpu_upper_bound[:R].tolist() == seq_lens
         steps.append(((qsl[1:] - qsl[:-1]).tolist(), seq_lens))
-        return build(self, common_prefix_len, cm, fast_build)
+        md = build(self, common_prefix_len, cm, fast_build)
+        if md.fixed:  # a decode step in the layout a captured step reads
+            fixed_decodes.append(md.num_actual_tokens)
+        return md
 
     monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy_build)
 
@@ -99,7 +106,8 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
     warmup_sizes = sorted({padded for _, padded in sizes})
     captured_at_start = calls["capture"]
     sizes.clear()
-    calls["run"] = calls["capture"] = 0
+    fixed_decodes.clear()
+    calls["run"] = calls["capture"] = step_calls["run"] = step_calls["capture"] = 0
 
     params = SamplingParams(temperature=0.0, max_tokens=NEW_TOKENS, min_tokens=NEW_TOKENS)
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
@@ -113,13 +121,19 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
 
     if mode == "eager":
         assert calls["run"] == 0 and captured_at_start == 0  # no compiled graph at all
+        assert step_calls["run"] == 0 and not fixed_decodes
         assert all(n == padded for n, padded in sizes), sizes  # no padding
         return
     buckets = [1, 2, 4, 8, 16]
     assert warmup_sizes == buckets  # engine start ran (and captured) every bucket
     assert captured_at_start > 0
-    # 2 layers: 3 pieces (before, between and after the attention ops) per step
-    assert calls["run"] == 3 * len(sizes), (calls, len(sizes))
+    # every decode step ran as one captured program, captured at its bucket's first step
+    decodes = sum(1 for qs, _ in steps if max(qs) == 1)
+    assert len(fixed_decodes) == decodes > 0, (fixed_decodes, steps)
+    assert step_calls == {"run": decodes, "capture": len(set(fixed_decodes))}, step_calls
+    # 2 layers: 3 pieces (before, between and after the attention ops) per other step, and
+    # per step capture (recorded into it)
+    assert calls["run"] == 3 * (len(sizes) - decodes + step_calls["capture"]), (calls, sizes)
     assert calls["capture"] == 0, "a step compiled a piece that warm-up had not"
     assert all(padded in buckets and padded >= n for n, padded in sizes), sizes
     assert any(padded > n for n, padded in sizes), sizes  # some step really was padded

@@ -57,7 +57,7 @@ def _register_source_lines(gm: torch.fx.GraphModule) -> None:
     """Tells the bridge the user's source line of each node on each line of the graph's
     generated code (from the node's recorded stack trace), so a device-side index check in a
     compiled graph names the user's line, not the generated one. Once per generated file."""
-    code = getattr(gm.forward, "__code__", None)
+    code = getattr(getattr(gm, "forward", None), "__code__", None)
     file = code.co_filename if code is not None else ""
     if not file.startswith("<eval_with_key>") or file in _registered:
         return
@@ -156,6 +156,10 @@ class GraphRunner(OutputCode):
         # lists); some AOTAutograd paths (a reloaded backward) pass the inputs positionally.
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
+        if _C._capture_active():
+            # inside an enclosing capture (a whole serving step, serving/vllm/step_capture.py):
+            # the graph's ops are recorded into that one, not run as a plan of their own
+            return self.gm(*args)
         if self.capture:
             outs = self.plans.run(args)  # None: no plan for these arguments yet
             if outs is not None:

@@ -82,6 +82,10 @@ class TpuPagedAttentionMetadata(AttentionMetadata):
     num_actual_tokens: int
     slot_mapping: torch.Tensor  # [T] int: where each new token's key and value go (-1: none)
     grids: list[PagedGrid]  # one, or two (decodes, then the rest) filling one output
+    # The fixed decode layout (step_capture.py): T is the step's padded token count, one grid
+    # of T rows of one query each over the model's whole length, every tensor a view of a
+    # buffer kept for that T (refilled in place each step, so a captured step reads it).
+    fixed: bool = False
 
 
 class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentionMetadata]):
@@ -94,6 +98,12 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         # KV cache manager's: a callable returning the host (numpy) block table of this
         # builder's KV cache group. Then all metadata is computed on the host.
         self.host_block_table = None
+        # Set by the model runner when compiled: its token padding table (token count ->
+        # bucket). Decode steps then get the fixed layout (build_fixed_decode).
+        self.decode_padding = None
+        self.max_positions = -(-vllm_config.model_config.max_model_len // self.block_size) \
+            * self.block_size
+        self._fixed_buffers: dict[int, torch.Tensor] = {}  # padded tokens -> device buffer
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TpuPagedAttentionMetadata:
@@ -109,6 +119,9 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
             host_blocks = self.host_block_table()[:R]
         else:
             seq_lens = cm.seq_lens[:R].cpu().numpy()  # exact context lengths (a sync)
+        if (host_blocks is not None and self.decode_padding is not None and T == R
+                and 0 < R < len(self.decode_padding)):
+            return self.build_fixed_decode(cm, seq_lens, host_blocks)
         blocks = cm.block_table_tensor[:R]
         parts, host = [], []
         for sel in pa.split_requests(qsl[1:] - qsl[:-1]):
@@ -142,6 +155,36 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
             grids.append(PagedGrid(cs, take(n).view(shape), take(n).view(shape), take(t)))
         return TpuPagedAttentionMetadata(num_actual_tokens=T, slot_mapping=cm.slot_mapping[:T],
                                          grids=grids)
+
+
+    def build_fixed_decode(self, cm: CommonAttentionMetadata, seq_lens: np.ndarray,
+                           host_blocks: np.ndarray) -> TpuPagedAttentionMetadata:
+        """A decode step (R requests, one new token each) padded to its token bucket N: one
+        grid of N rows over max_positions context slots (the kernel reads each row's own
+        positions only: the rest is never touched), rows past R padding (query_pos -1: zeros
+        out). The four arrays go into this N's buffer by one whole-buffer copy (a transfer
+        into the same storage: what a captured step reads)."""
+        R, S, bs = cm.num_reqs, self.max_positions, self.block_size
+        N = self.decode_padding[R]
+        cs = pa.context_slots(host_blocks, N, S, bs)
+        qi = np.zeros(N, np.int64)
+        qi[:R] = np.arange(R)
+        qp = np.full(N, -1, np.int64)
+        qp[:R] = seq_lens[:R] - 1
+        host = torch.from_numpy(np.concatenate([cs.ravel(), qi, qp, np.arange(N)]))
+        buf = self._fixed_buffers.get(N)
+        if buf is None:
+            buf = self._fixed_buffers[N] = torch.zeros_like(host, device=self.device)
+        buf.copy_(host)
+        grid = PagedGrid(buf[:N * S].view(N, S), buf[N * S:N * S + N].view(N, 1),
+                         buf[N * S + N:N * S + 2 * N].view(N, 1), buf[N * S + 2 * N:])
+        # vLLM slices the slot mapping to its own padded count, which can be less than the
+        # runner's bucket: N entries of the same buffer (compute_slot_mapping in
+        # model_runner.py fills everything past the real tokens with PAD_SLOT_ID)
+        sm = cm.slot_mapping
+        sm = torch.as_strided(sm, (N,), (1,), sm.storage_offset())
+        return TpuPagedAttentionMetadata(num_actual_tokens=N, slot_mapping=sm, grids=[grid],
+                                         fixed=True)
 
 
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):

@@ -81,6 +81,7 @@ class TpuModelRunner(GPUModelRunner):
         self._use_torch_slot_mapping()
         self._host_resident_index_buffers()
         self._pad_to = self._token_padding()
+        self._step_runners: dict = {}  # padded token count -> step_capture.StepRunner
 
     def _host_resident_index_buffers(self) -> None:
         """Keeps on the host the runner's buffers that only feed its device arithmetic of
@@ -116,6 +117,23 @@ class TpuModelRunner(GPUModelRunner):
             # tokens (its metadata counts them) and their slot mapping is PAD_SLOT_ID.
             desc = dataclasses.replace(desc, num_tokens=pad_to[desc.num_tokens])
         return mode, desc, ubatch, across_dp, stats
+
+    def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None,
+                       inputs_embeds=None, **model_kwargs):
+        """A decode step with its attention metadata in the fixed layout runs as one captured
+        program (step_capture.py); every other step as vLLM runs it."""
+        from torch_pjrt.serving.vllm import step_capture
+
+        if (self._pad_to is None or input_ids is None or positions is None
+                or intermediate_tensors is not None or inputs_embeds is not None
+                or model_kwargs or not step_capture.fixed_decode_step()):
+            return super()._model_forward(input_ids=input_ids, positions=positions,
+                                          intermediate_tensors=intermediate_tensors,
+                                          inputs_embeds=inputs_embeds, **model_kwargs)
+        forward = super()._model_forward
+        return step_capture.run(self._step_runners,
+                                lambda ids, pos: forward(input_ids=ids, positions=pos),
+                                input_ids, positions)
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -172,6 +190,8 @@ class TpuModelRunner(GPUModelRunner):
                     if isinstance(b, TpuPagedAttentionMetadataBuilder):
                         b.host_block_table = functools.partial(
                             _host_block_table, weakref.proxy(self), gid)
+                        # compiled: decode steps get the fixed layout step_capture.py needs
+                        b.decode_padding = self._pad_to
 
     def may_reinitialize_input_batch(self, kv_cache_config) -> None:
         super().may_reinitialize_input_batch(kv_cache_config)
