@@ -82,6 +82,10 @@ class TpuModelRunner(GPUModelRunner):
         self._host_resident_index_buffers()
         self._pad_to = self._token_padding()
         self._step_runners: dict = {}  # padded token count -> step_capture.StepRunner
+        # Decode steps are captured whole when compiled on one rank: a model split over ranks
+        # runs its collectives through tpu_dist's host path, which a capture cannot hold.
+        self._capture_steps = (self._pad_to is not None
+                               and self.parallel_config.world_size == 1)
 
     def _host_resident_index_buffers(self) -> None:
         """Keeps on the host the runner's buffers that only feed its device arithmetic of
@@ -120,20 +124,54 @@ class TpuModelRunner(GPUModelRunner):
 
     def _model_forward(self, input_ids=None, positions=None, intermediate_tensors=None,
                        inputs_embeds=None, **model_kwargs):
-        """A decode step with its attention metadata in the fixed layout runs as one captured
-        program (step_capture.py); every other step as vLLM runs it."""
+        return self._step_forward(self.model, input_ids=input_ids, positions=positions,
+                                  intermediate_tensors=intermediate_tensors,
+                                  inputs_embeds=inputs_embeds, **model_kwargs)
+
+    def _step_forward(self, model, input_ids=None, positions=None, intermediate_tensors=None,
+                      inputs_embeds=None, **model_kwargs):
+        """model(...) as vLLM calls it, except that a decode step with its attention metadata
+        in the fixed layout runs as one captured program (step_capture.py)."""
         from torch_pjrt.serving.vllm import step_capture
 
-        if (self._pad_to is None or input_ids is None or positions is None
+        if (not self._capture_steps or input_ids is None or positions is None
                 or intermediate_tensors is not None or inputs_embeds is not None
                 or model_kwargs or not step_capture.fixed_decode_step()):
-            return super()._model_forward(input_ids=input_ids, positions=positions,
-                                          intermediate_tensors=intermediate_tensors,
-                                          inputs_embeds=inputs_embeds, **model_kwargs)
-        forward = super()._model_forward
+            return model(input_ids=input_ids, positions=positions,
+                         intermediate_tensors=intermediate_tensors, inputs_embeds=inputs_embeds,
+                         **model_kwargs)
         return step_capture.run(self._step_runners,
-                                lambda ids, pos: forward(input_ids=ids, positions=pos),
+                                lambda ids, pos: model(input_ids=ids, positions=pos),
                                 input_ids, positions)
+
+    def capture_decode_steps(self) -> None:
+        """Captures (compiles, or loads from the disk cache) the decode step of every token
+        bucket a decode batch can pad to, with dummy decode batches, so that no request waits
+        for one. vLLM's dummy run calls self.model directly: it is routed through
+        _step_forward meanwhile. The dummy tokens write their keys and values into slot 0,
+        the KV cache manager's null block, which no request reads."""
+        if not self._capture_steps:
+            return
+        model, runner = self.model, self
+
+        class Routed:
+            def __call__(self, *args, **kwargs):
+                return runner._step_forward(model, *args, **kwargs)
+
+            def __getattr__(self, name):
+                return getattr(model, name)
+
+        smallest = {}  # bucket -> the fewest requests that pad to it
+        for reqs in range(min(self.max_num_reqs, len(self._pad_to) - 1), 0, -1):
+            smallest[self._pad_to[reqs]] = reqs
+        self.model = Routed()
+        try:
+            for bucket, reqs in sorted(smallest.items(), reverse=True):
+                logger.info("tpu: capturing the decode step of %d tokens", bucket)
+                self._dummy_run(reqs, force_attention=True, uniform_decode=True,
+                                skip_eplb=True, remove_lora=False)
+        finally:
+            self.model = model
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)
@@ -191,7 +229,8 @@ class TpuModelRunner(GPUModelRunner):
                         b.host_block_table = functools.partial(
                             _host_block_table, weakref.proxy(self), gid)
                         # compiled: decode steps get the fixed layout step_capture.py needs
-                        b.decode_padding = self._pad_to
+                        if self._capture_steps:
+                            b.decode_padding = self._pad_to
 
     def may_reinitialize_input_batch(self, kv_cache_config) -> None:
         super().may_reinitialize_input_batch(kv_cache_config)

@@ -77,8 +77,10 @@ class TpuWorker(Worker):
     def compile_or_warm_up_model(self) -> CompilationTimes:
         """Compiled mode: one dummy step at every token bucket (largest first), so that the
         program of every compiled piece at every bucket is compiled (or loaded from the disk
-        caches) before the first request; attention and the sampler stay eager ops, compiled
-        at their first use of a shape (the dummy steps run attention without metadata). Eager
+        caches) before the first request, then one dummy decode step at every bucket a decode
+        batch pads to, which captures that step whole (model_runner.capture_decode_steps);
+        attention outside those and the sampler stay eager ops, compiled at their first use of
+        a shape. Eager
         mode: nothing (vLLM's warmup runs CUDA/Triton kernels; each eager op's
         program is compiled at first use and kept in torch_pjrt's memory and disk caches)."""
         from vllm.config import CompilationMode
@@ -87,6 +89,7 @@ class TpuWorker(Worker):
             for size in sorted(self.model_runner.token_buckets(), reverse=True):
                 logger.info("tpu: compiling and warming up the model for %d tokens", size)
                 self.model_runner._dummy_run(size, skip_eplb=True, remove_lora=False)
+            self.model_runner.capture_decode_steps()
             torch.tpu.synchronize(self.device)
         set_random_seed(self.model_config.seed)
         return CompilationTimes(language_model=self.compilation_config.compilation_time,
