@@ -156,7 +156,6 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         return TpuPagedAttentionMetadata(num_actual_tokens=T, slot_mapping=cm.slot_mapping[:T],
                                          grids=grids)
 
-
     def build_fixed_decode(self, cm: CommonAttentionMetadata, seq_lens: np.ndarray,
                            host_blocks: np.ndarray) -> TpuPagedAttentionMetadata:
         """A decode step (R requests, one new token each) padded to its token bucket N: one
