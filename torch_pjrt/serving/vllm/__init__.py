@@ -5,8 +5,9 @@ returns the platform's class path when a `tpu` device is usable and None otherwi
 installation without a device leaves vLLM's own platform detection alone.
 
 Layout: platform.py (the Platform: config, devices, attention backend choice), worker.py
-(device init, memory), model_runner.py (vLLM's V1 GPUModelRunner on `tpu`, slot mapping in
-torch), attention.py (paged attention in plain torch)."""
+(device init, memory, warm-up), model_runner.py (vLLM's V1 GPUModelRunner on `tpu`, slot
+mapping in torch), step_capture.py (a compiled decode step as one captured program),
+attention.py (the fused paged-attention ops and their per-step metadata)."""
 
 
 def register():
