@@ -1,8 +1,7 @@
 """The native few-row matrix product (csrc/runtime/small_gemm.c, called from programs as an XLA
 FFI custom call: csrc/runtime/ffi_kernels.c, csrc/ops/linalg.c): float32 mm / addmm / linear
-with 2 to 8 rows and a large right-hand matrix, on the CPU plugin (one row only where the matrix
-is the transposed view of a row-major one, as nn.Linear's weight: XLA's matrix-vector product
-reads a row-major matrix as fast). Results against CPU's, in
+with 1 to 8 rows and a large right-hand matrix, on the CPU plugin (one row of a row-major
+matrix is the kernel's matrix-vector form). Results against CPU's, in
 eager mode and compiled, and the handler's call count to show which products used it."""
 import os
 import subprocess
@@ -46,8 +45,8 @@ def test_linear_matches_cpu_and_runs_natively(m, k, n):
     # a column-major weight (the serving runner stores linear weights that way): same result
     wt = w.t().contiguous().t()
     close(F.linear(x.to(TPU), wt.to(TPU)), F.linear(x, w), k)
-    # one row: only the row-major weight (its transposed view) goes native
-    assert calls() - before == (3 if m >= 2 else 2)
+    # every row count goes native, one row too (its matrix-vector form for the column-major one)
+    assert calls() - before == 3
 
 
 def test_mm_addmm_and_out_variants():

@@ -78,11 +78,10 @@ static pj_val_t few_row_product(pj_lower_t *L, const product_row_t *row, pj_val_
    * that reads it that way, so XLA passes the stored matrix (transpose(transpose(w)) folds)
    * rather than copying it into a row-major [k, n] for every product. XLA's own product with
    * such a b is slow even at one row ([1, 768] x 32000 rows: 14 ms, against 3.8 ms here at two
-   * rows), while with a row-major b its one-row path beats this kernel: one row goes native
-   * only in the transposed form. */
+   * rows). One row by a row-major b is the kernel's matrix-vector form (small_gemm.c, gemv). */
   const pj_tensor_desc_t *bd = pj_tensor_desc(L, row->b);
   bool nt = bd && bd->rank == 2 && bd->strides[0] == 1 && bd->strides[1] == k && n > 1;
-  if (m < (nt ? 1 : 2) || m > 8 || k * n < (1 << 16)) return none;
+  if (m < 1 || m > 8 || k * n < (1 << 16)) return none;
   const char *target = pj_ffi_small_gemm_target(nt);
   if (nt) {
     int64_t perm[2] = {1, 0};

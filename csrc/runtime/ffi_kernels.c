@@ -8,7 +8,7 @@
  * the runtime identity, part of every program cache key, says whether they are registered).
  *
  * torch_pjrt_small_gemm_f32(x f32[m, k], b f32[k, n]) -> f32[m, n]: x @ b for the few-row
- *   products of decoding (csrc/ops/linalg.c: mm/addmm at 2 to 8 rows). XLA's CPU dot runs them
+ *   products of decoding (csrc/ops/linalg.c: mm/addmm at 1 to 8 rows). XLA's CPU dot runs them
  *   well below memory bandwidth (8 rows cost about twice one row); small_gemm.c reads b once.
  *   torch_pjrt_small_gemm_nt_f32(x, w f32[n, k]): the same with b = w^T, for a b that is the
  *   transposed view of a row-major matrix (nn.Linear's weight), so XLA passes w as it is stored

@@ -96,8 +96,8 @@ static void test_shapes(void) {
   pj_small_gemm_f32(NULL, NULL, NULL, 5, 5, 0);
 }
 
-/* Two threads at once, each on its own buffers, repeatedly: one of them usually finds the pool
- * busy and runs alone; both must always be right. */
+/* Three threads at once, each on its own buffers, repeatedly: some usually find the pool busy
+ * and run alone; all must always be right. */
 typedef struct {
   int64_t m, k, n;
   float *x, *b, *out;
@@ -123,8 +123,11 @@ static void *conc_main(void *arg) {
 }
 
 static void test_concurrent(void) {
-  conc_job_t jobs[2] = {{.m = 8, .k = 768, .n = 2048}, {.m = 3, .k = 1000, .n = 2051}};
-  for (int t = 0; t < 2; t++) {
+  /* the third is one row: the matrix-vector form, whose partial sums are per-thread scratch */
+  enum { NJ = 3 };
+  conc_job_t jobs[NJ] = {{.m = 8, .k = 768, .n = 2048}, {.m = 3, .k = 1000, .n = 2051},
+                         {.m = 1, .k = 2048, .n = 770}};
+  for (int t = 0; t < NJ; t++) {
     conc_job_t *j = &jobs[t];
     j->x = malloc((size_t)(j->m * j->k) * sizeof(float));
     j->b = malloc((size_t)(j->k * j->n) * sizeof(float));
@@ -135,12 +138,12 @@ static void test_concurrent(void) {
     for (int64_t i = 0; i < j->k * j->n; i++) j->b[i] = rnd();
     reference(j->x, j->b, j->ref, j->scale, j->m, j->k, j->n);
   }
-  pthread_barrier_init(&conc_start, NULL, 2);
-  pthread_t th[2];
-  for (int t = 0; t < 2; t++) EXPECT(pthread_create(&th[t], NULL, conc_main, &jobs[t]) == 0);
-  for (int t = 0; t < 2; t++) pthread_join(th[t], NULL);
+  pthread_barrier_init(&conc_start, NULL, NJ);
+  pthread_t th[NJ];
+  for (int t = 0; t < NJ; t++) EXPECT(pthread_create(&th[t], NULL, conc_main, &jobs[t]) == 0);
+  for (int t = 0; t < NJ; t++) pthread_join(th[t], NULL);
   pthread_barrier_destroy(&conc_start);
-  for (int t = 0; t < 2; t++) {
+  for (int t = 0; t < NJ; t++) {
     EXPECT(jobs[t].failures == 0);
     free(jobs[t].x), free(jobs[t].b), free(jobs[t].out), free(jobs[t].ref), free(jobs[t].scale);
   }
