@@ -287,7 +287,8 @@ def table(results, models) -> str:
 
 def combine_rounds(rounds: list) -> dict:
     """One child's results over several rounds: the median over rounds of each median (and of
-    the start and load figures), every round's figures kept under "rounds"."""
+    the start and load figures), compile counts summed over rounds, every round's figures kept
+    under "rounds"."""
     ok = [r for r in rounds if "error" not in r]
     if not ok:
         return rounds[0]
@@ -298,6 +299,9 @@ def combine_rounds(rounds: list) -> dict:
     for key in ("start_s", "warmup_s", "loadavg_1m", "process_s"):
         if all(key in r for r in ok):
             out[key] = med(key)
+    for key in ("compiles_start", "compiles_warmup", "compiles_timed"):
+        if all(key in r for r in ok):
+            out[key] = sum(r[key] for r in ok)
     for c in ("c1", "c8"):
         out[c] = {"tok_s": statistics.median(r[c]["tok_s"] for r in ok),
                   "ttft_s": statistics.median(r[c]["ttft_s"] for r in ok),
