@@ -34,7 +34,10 @@ def _llm(path, enforce_eager):
                enable_prefix_caching=False, seed=0, enforce_eager=enforce_eager)
 
 
-@pytest.mark.parametrize("mode", ["compiled", "eager"])
+# compiled-widths: decode steps' context widths start at one block (16 slots) instead of
+# attention.MIN_DECODE_CONTEXT, so that this model's contexts (3 to 48 positions) span several
+# widths (16, 32, 64; 128 is the model's length): one captured step per (tokens, width) pair.
+@pytest.mark.parametrize("mode", ["compiled", "compiled-widths", "eager"])
 def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallbacks, mode):
     assert torch.tpu.is_available(), torch.tpu.diagnostics()
     hf_model = _tiny_llama(tmp_path / "model")
@@ -51,6 +54,11 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
 
     from torch_pjrt.compile.graph_runner import GraphRunner
     from torch_pjrt.serving.vllm import attention, model_runner
+
+    widths = [128]  # the fixed layout's context widths: MIN_DECODE_CONTEXT is past the model's
+    if mode == "compiled-widths":
+        monkeypatch.setattr(attention, "MIN_DECODE_CONTEXT", 16)
+        widths = [16, 32, 64, 128]
 
     # every token count the model ran with (padded) and the real one of each step
     sizes = []
@@ -91,8 +99,9 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
         assert cm.seq_lens_cpu_upper_bound[:R].tolist() == seq_lens
         steps.append(((qsl[1:] - qsl[:-1]).tolist(), seq_lens))
         md = build(self, common_prefix_len, cm, fast_build)
-        if md.fixed:  # a decode step in the layout a captured step reads
-            fixed_decodes.append(md.num_actual_tokens)
+        if md.fixed:  # a decode step in the layout a captured step reads: (tokens, width)
+            assert md.fixed[0] == md.num_actual_tokens and md.fixed[1] >= max(seq_lens)
+            fixed_decodes.append(md.fixed)
         return md
 
     monkeypatch.setattr(attention.TpuPagedAttentionMetadataBuilder, "build", spy_build)
@@ -102,7 +111,7 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
     cfg = llm.llm_engine.vllm_config
     assert cfg.device_config.device.type == "tpu"
     compiled = cfg.compilation_config.mode == CompilationMode.VLLM_COMPILE
-    assert compiled == (mode == "compiled"), cfg.compilation_config.mode
+    assert compiled == (mode != "eager"), cfg.compilation_config.mode
     warmup_sizes = sorted({padded for _, padded in sizes})
     captured_at_start = calls["capture"]
     steps_captured_at_start = step_calls["capture"]
@@ -115,6 +124,11 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
     outs = llm.generate([{"prompt_token_ids": p} for p in PROMPTS], params)
     got = [list(o.outputs[0].token_ids) for o in outs]
     assert got == expected
+    if mode == "compiled-widths":
+        # every decode step above holds the 40-token prompt (64 slots); a short prompt alone
+        # decodes at 16
+        out = llm.generate([{"prompt_token_ids": PROMPTS[2]}], params)
+        assert list(out[0].outputs[0].token_ids) == expected[2]
 
     chunked = any(q > 1 and s - q > 0 for qs, ss in steps for q, s in zip(qs, ss))
     mixed = any(1 in qs and max(qs) > 1 for qs, _ in steps)
@@ -130,10 +144,13 @@ def test_llm_generate_greedy_matches_hf(tmp_path, monkeypatch, request, fallback
     assert warmup_sizes == buckets  # engine start ran (and captured) every bucket
     assert captured_at_start > 0
     # engine start captured the decode step of every bucket a decode batch (at most 8
-    # requests) pads to; every decode step then ran as one captured program
-    assert steps_captured_at_start == len([1, 2, 4, 8])
+    # requests) pads to at every context width; every decode step then ran as one captured
+    # program
+    assert steps_captured_at_start == len([1, 2, 4, 8]) * len(widths)
     decodes = sum(1 for qs, _ in steps if max(qs) == 1)
     assert len(fixed_decodes) == decodes > 0, (fixed_decodes, steps)
+    used = sorted({w for _, w in fixed_decodes})
+    assert set(used) <= set(widths) and (len(used) >= 2 or len(widths) == 1), used
     assert step_calls == {"run": decodes, "capture": 0}, step_calls
     # 2 layers: 3 pieces (before, between and after the attention ops) per other step
     assert calls["run"] == 3 * (len(sizes) - decodes), (calls, sizes)

@@ -83,9 +83,25 @@ class TpuPagedAttentionMetadata(AttentionMetadata):
     slot_mapping: torch.Tensor  # [T] int: where each new token's key and value go (-1: none)
     grids: list[PagedGrid]  # one, or two (decodes, then the rest) filling one output
     # The fixed decode layout (step_capture.py): T is the step's padded token count, one grid
-    # of T rows of one query each over the model's whole length, every tensor a view of a
-    # buffer kept for that T (refilled in place each step, so a captured step reads it).
-    fixed: bool = False
+    # of T rows of one query each over S context slots (a bucket of the batch's longest
+    # context), every tensor a view of a buffer kept for that (T, S) (refilled in place each
+    # step, so a captured step reads it). (T, S) here; None for any other layout.
+    fixed: tuple[int, int] | None = None
+
+
+# A decode step in the fixed layout pads every request's context to the same number of slots:
+# the smallest of MIN_DECODE_CONTEXT * 2^i (rounded up to whole blocks) that holds the batch's
+# longest context, at most the model's length. Each width is its own captured program; the slot
+# table a step uploads (N x S int64) then grows with the contexts being served, not with the
+# model's length (256 requests at S = 131072 would be 268 MB per step).
+MIN_DECODE_CONTEXT = 512
+
+
+def context_bucket(longest: int, block_size: int, max_positions: int) -> int:
+    s = -(-MIN_DECODE_CONTEXT // block_size) * block_size
+    while s < longest:
+        s *= 2
+    return min(s, max_positions)
 
 
 class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentionMetadata]):
@@ -103,7 +119,17 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         self.decode_padding = None
         self.max_positions = -(-vllm_config.model_config.max_model_len // self.block_size) \
             * self.block_size
-        self._fixed_buffers: dict[int, torch.Tensor] = {}  # padded tokens -> device buffer
+        self._fixed_buffers: dict[tuple[int, int], torch.Tensor] = {}  # (N, S) -> buffer
+        # Set by the runner while it captures steps at engine start: the context width every
+        # fixed-layout step gets (one of decode_context_buckets()), whatever its contexts.
+        self.decode_context: int | None = None
+
+    def decode_context_buckets(self) -> list[int]:
+        """Every context width a fixed-layout decode step can get (context_bucket)."""
+        widths = [context_bucket(1, self.block_size, self.max_positions)]
+        while widths[-1] < self.max_positions:
+            widths.append(context_bucket(widths[-1] + 1, self.block_size, self.max_positions))
+        return widths
 
     def build(self, common_prefix_len: int, common_attn_metadata: CommonAttentionMetadata,
               fast_build: bool = False) -> TpuPagedAttentionMetadata:
@@ -159,11 +185,15 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
     def build_fixed_decode(self, cm: CommonAttentionMetadata, seq_lens: np.ndarray,
                            host_blocks: np.ndarray) -> TpuPagedAttentionMetadata:
         """A decode step (R requests, one new token each) padded to its token bucket N: one
-        grid of N rows over max_positions context slots (the kernel reads each row's own
-        positions only: the rest is never touched), rows past R padding (query_pos -1: zeros
-        out). The four arrays go into this N's buffer by one whole-buffer copy (a transfer
-        into the same storage: what a captured step reads)."""
-        R, S, bs = cm.num_reqs, self.max_positions, self.block_size
+        grid of N rows over S context slots, S the bucket of the longest context
+        (context_bucket; the kernel reads each row's own positions only: the rest is never
+        touched), rows past R padding (query_pos -1: zeros out). The four arrays go into this
+        (N, S)'s buffer by one whole-buffer copy (a transfer into the same storage: what a
+        captured step reads)."""
+        R, bs = cm.num_reqs, self.block_size
+        S = context_bucket(int(seq_lens[:R].max()), bs, self.max_positions)
+        if self.decode_context is not None:  # capturing: the width asked for (contexts fit)
+            S = max(S, self.decode_context)
         N = self.decode_padding[R]
         cs = pa.context_slots(host_blocks, N, S, bs)
         qi = np.zeros(N, np.int64)
@@ -171,9 +201,9 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         qp = np.full(N, -1, np.int64)
         qp[:R] = seq_lens[:R] - 1
         host = torch.from_numpy(np.concatenate([cs.ravel(), qi, qp, np.arange(N)]))
-        buf = self._fixed_buffers.get(N)
+        buf = self._fixed_buffers.get((N, S))
         if buf is None:
-            buf = self._fixed_buffers[N] = torch.zeros_like(host, device=self.device)
+            buf = self._fixed_buffers[N, S] = torch.zeros_like(host, device=self.device)
         buf.copy_(host)
         grid = PagedGrid(buf[:N * S].view(N, S), buf[N * S:N * S + N].view(N, 1),
                          buf[N * S + N:N * S + 2 * N].view(N, 1), buf[N * S + 2 * N:])
@@ -183,7 +213,7 @@ class TpuPagedAttentionMetadataBuilder(AttentionMetadataBuilder[TpuPagedAttentio
         sm = cm.slot_mapping
         sm = torch.as_strided(sm, (N,), (1,), sm.storage_offset())
         return TpuPagedAttentionMetadata(num_actual_tokens=N, slot_mapping=sm, grids=[grid],
-                                         fixed=True)
+                                         fixed=(N, S))
 
 
 class TpuPagedAttentionImpl(AttentionImpl[TpuPagedAttentionMetadata]):

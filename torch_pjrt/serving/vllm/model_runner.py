@@ -81,7 +81,7 @@ class TpuModelRunner(GPUModelRunner):
         self._use_torch_slot_mapping()
         self._host_resident_index_buffers()
         self._pad_to = self._token_padding()
-        self._step_runners: dict = {}  # padded token count -> step_capture.StepRunner
+        self._step_runners: dict = {}  # (tokens, metadata layout) -> step_capture.StepRunner
         # Decode steps are captured whole when compiled on one rank: a model split over ranks
         # runs its collectives through tpu_dist's host path, which a capture cannot hold.
         self._capture_steps = (self._pad_to is not None
@@ -134,24 +134,28 @@ class TpuModelRunner(GPUModelRunner):
         in the fixed layout runs as one captured program (step_capture.py)."""
         from torch_pjrt.serving.vllm import step_capture
 
-        if (not self._capture_steps or input_ids is None or positions is None
+        layout = step_capture.fixed_decode_step() if self._capture_steps else None
+        if (layout is None or input_ids is None or positions is None
                 or intermediate_tensors is not None or inputs_embeds is not None
-                or model_kwargs or not step_capture.fixed_decode_step()):
+                or model_kwargs):
             return model(input_ids=input_ids, positions=positions,
                          intermediate_tensors=intermediate_tensors, inputs_embeds=inputs_embeds,
                          **model_kwargs)
-        return step_capture.run(self._step_runners,
+        return step_capture.run(self._step_runners, layout,
                                 lambda ids, pos: model(input_ids=ids, positions=pos),
                                 input_ids, positions)
 
     def capture_decode_steps(self) -> None:
         """Captures (compiles, or loads from the disk cache) the decode step of every token
-        bucket a decode batch can pad to, with dummy decode batches, so that no request waits
-        for one. vLLM's dummy run calls self.model directly: it is routed through
-        _step_forward meanwhile. The dummy tokens write their keys and values into slot 0,
-        the KV cache manager's null block, which no request reads."""
+        bucket a decode batch can pad to at every context width (attention.context_bucket),
+        with dummy decode batches, so that no request waits for one. vLLM's dummy run calls
+        self.model directly: it is routed through _step_forward meanwhile, and the builders
+        are told the width to lay each one out at. The dummy tokens write their keys and
+        values into slot 0, the KV cache manager's null block, which no request reads."""
         if not self._capture_steps:
             return
+        from torch_pjrt.serving.vllm.attention import TpuPagedAttentionMetadataBuilder
+
         model, runner = self.model, self
 
         class Routed:
@@ -164,14 +168,24 @@ class TpuModelRunner(GPUModelRunner):
         smallest = {}  # bucket -> the fewest requests that pad to it
         for reqs in range(min(self.max_num_reqs, len(self._pad_to) - 1), 0, -1):
             smallest[self._pad_to[reqs]] = reqs
+        builders = [b for groups in self.attn_groups for g in groups for b in g.metadata_builders
+                    if isinstance(b, TpuPagedAttentionMetadataBuilder)
+                    and b.decode_padding is not None]
+        widths = sorted({w for b in builders for w in b.decode_context_buckets()})
         self.model = Routed()
         try:
-            for bucket, reqs in sorted(smallest.items(), reverse=True):
-                logger.info("tpu: capturing the decode step of %d tokens", bucket)
-                self._dummy_run(reqs, force_attention=True, uniform_decode=True,
-                                skip_eplb=True, remove_lora=False)
+            for width in widths:
+                for b in builders:
+                    b.decode_context = min(width, b.max_positions)
+                for bucket, reqs in sorted(smallest.items(), reverse=True):
+                    logger.info("tpu: capturing the decode step of %d tokens over %d context "
+                                "slots", bucket, width)
+                    self._dummy_run(reqs, force_attention=True, uniform_decode=True,
+                                    skip_eplb=True, remove_lora=False)
         finally:
             self.model = model
+            for b in builders:
+                b.decode_context = None
 
     def load_model(self, *args, **kwargs) -> None:
         super().load_model(*args, **kwargs)

@@ -4,8 +4,8 @@ Compiled serving runs the model as vLLM's pieces (one program each, between atte
 and two attention programs per layer, each dispatched from Python: a 12-layer model is 37
 executions and their host work per step. A decode step (every request one new token) whose
 attention metadata the builder laid out in fixed-shape device buffers (attention.py: rows
-padded to the token bucket, contexts to the model's length) is captured once per bucket into
-one plan instead: the pieces record their ops into it (graph_runner.py: no plan of their own
+padded to the token bucket, contexts to a bucket of the longest one) is captured once per pair
+of buckets into one plan instead: the pieces record their ops into it (graph_runner.py: no plan of their own
 while a capture is active), the attention ops too, and each later step at that bucket is one
 execution. The plan's parameters are the step's input ids and positions; the weights, the KV
 caches (written in place by the plan) and the metadata buffers (refilled by a whole-buffer copy
@@ -34,25 +34,30 @@ class StepRunner(GraphRunner):
         return self.gm(*args)  # uncapturable: the step as it runs without capture
 
 
-def fixed_decode_step() -> bool:
-    """Whether this step's attention metadata (vLLM's forward context) is all in the fixed
-    decode layout, so the forward can be captured or replayed."""
+def fixed_decode_step() -> tuple | None:
+    """The layout key of this step's attention metadata (vLLM's forward context) when it is all
+    in the fixed decode layout, so the forward can be captured or replayed: the (tokens,
+    context slots) bucket pairs of its layers' metadata. None otherwise."""
     from vllm.forward_context import get_forward_context, is_forward_context_available
 
     from torch_pjrt.serving.vllm.attention import TpuPagedAttentionMetadata
 
     if not is_forward_context_available():
-        return False
+        return None
     md = get_forward_context().attn_metadata
-    return (isinstance(md, dict) and bool(md)
-            and all(isinstance(m, TpuPagedAttentionMetadata) and m.fixed for m in md.values()))
+    if not (isinstance(md, dict) and md
+            and all(isinstance(m, TpuPagedAttentionMetadata) and m.fixed for m in md.values())):
+        return None
+    return tuple(sorted({m.fixed for m in md.values()}))
 
 
-def run(runners: dict, model_forward, input_ids: torch.Tensor, positions: torch.Tensor):
-    """model_forward(input_ids, positions) through the StepRunner of this token count."""
-    n = int(input_ids.shape[0])
-    runner = runners.get(n)
+def run(runners: dict, layout: tuple, model_forward, input_ids: torch.Tensor,
+        positions: torch.Tensor):
+    """model_forward(input_ids, positions) through the StepRunner of this token count and
+    metadata layout (fixed_decode_step): one plan per pair of buckets."""
+    key = (int(input_ids.shape[0]), layout)
+    runner = runners.get(key)
     if runner is None:
-        runner = runners[n] = StepRunner(lambda ids, pos: (model_forward(ids, pos),),
-                                         f"decode_step_{n}")
+        name = "decode_step_" + "_".join(f"{n}x{s}" for n, s in layout)
+        runner = runners[key] = StepRunner(lambda ids, pos: (model_forward(ids, pos),), name)
     return runner(input_ids, positions)[0]
