@@ -117,6 +117,14 @@ class TpuPlatform(Platform):
         return False
 
     @classmethod
+    def check_runner_kv_caches_multi_layer(cls) -> None:
+        # Several attention layers at one layer index (a draft model's beside the target's,
+        # cross- and self-attention) put several caches at one place of the runner's kv_caches
+        # list; this runner only walks that list whole (model_runner._zero_block_ids), so the
+        # order does not matter (CUDA's and CPU's platforms say the same).
+        pass
+
+    @classmethod
     def opaque_attention_op(cls) -> bool:
         # Attention layers call the registered op torch.ops.vllm.unified_attention_with_output,
         # which Dynamo keeps as one opaque node: vLLM's piecewise compilation splits the graph
