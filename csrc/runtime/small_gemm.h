@@ -6,7 +6,9 @@
  * Environment, read once on first use:
  *   TORCH_PJRT_GEMM_THREADS=N   threads to use, caller included (default: online CPUs, at most 16)
  *   TORCH_PJRT_GEMM_ISA=scalar|avx2|avx512   cap the instruction set (testing; never raises it
- *                                            above what the CPU supports) */
+ *                                            above what the CPU supports; the one-row form is
+ *                                            compiled per instruction set by GCC and picks by
+ *                                            the CPU alone) */
 #ifndef TORCH_PJRT_SMALL_GEMM_H
 #define TORCH_PJRT_SMALL_GEMM_H
 #include <stdint.h>
