@@ -7,9 +7,10 @@ attention metadata the builder laid out in fixed-shape device buffers (attention
 padded to the token bucket, contexts to a bucket of the longest one) is captured once per pair
 of buckets into one plan instead: the pieces record their ops into it (graph_runner.py: no plan
 of their own while a capture is active), the attention ops too, and each later step at that
-pair is one execution. The plan's parameters are the step's input ids and positions; the weights, the KV
-caches (written in place by the plan) and the metadata buffers (refilled by a whole-buffer copy
-before every step) are storages the plan keeps, read as they are at each run.
+pair is one execution. The plan's parameters are the step's input ids and positions; the
+weights, the KV caches (written in place by the plan) and the metadata buffers (refilled by a
+whole-buffer copy before every step) are storages the plan keeps, read as they are at each
+run.
 
 Not captured (run as before): prefill and mixed steps, eager mode, a step whose metadata is
 not in the fixed layout, and any step whose capture breaks (a host read in the model, ...)."""
