@@ -138,6 +138,14 @@ def test_mismatched_collectives_raise():
         assert res["failures"] == [], f"rank {r}:\n" + "\n".join(res["failures"])
 
 
+def test_collectives_on_inference_tensors():
+    rcs, outs, results = run_job("inference", timeout=90)
+    _assert_ok(rcs, outs, results)
+    for r, res in enumerate(results):
+        assert res["failures"] == [], f"rank {r}:\n" + "\n".join(res["failures"])
+        assert res["checks"] == 81, res["checks"]
+
+
 def test_dead_rank_raises_under_spawn():
     rc, out, results = run_spawn("dead", timeout=90)
     assert rc == 0, out[-4000:]
@@ -789,7 +797,43 @@ def job_dead(rank, world, init, out_dir):
     os._exit(0)  # no teardown: the group is broken and the peer is gone
 
 
-JOBS = {"collectives": job_collectives, "default": job_default, "mismatch": job_mismatch}
+def job_inference(rank, world, init):
+    """Collectives on inference tensors (made under torch.inference_mode, as vLLM makes its
+    activations) inside inference mode: the backend's threads write the results into them, as
+    NCCL writes device memory, without the in-place checks of autograd (which refuse an
+    inference tensor outside inference mode, and inference mode is per thread)."""
+    import torch
+    import torch.distributed as dist
+
+    chk = Checker()
+    dist.init_process_group("tpu_dist", init_method=init, rank=rank, world_size=world)
+    with torch.inference_mode():
+        for it in range(20):
+            x = torch.full((4, 3), float(rank + 1 + it), device="tpu")
+            out = torch.empty(world * 4, 3, device="tpu")
+            # an asynchronous one in flight: the next call queues behind it and runs on the
+            # backend's thread, the synchronous ones after it on the caller's
+            z = torch.full((1000,), 1.0, device="tpu")
+            w = dist.all_reduce(z, async_op=True)
+            dist.all_gather_into_tensor(out, x)
+            w.wait()
+            chk.same(f"async all_reduce {it}", z, torch.full((1000,), float(world)))
+            want = torch.cat([torch.full((4, 3), float(r + 1 + it)) for r in range(world)])
+            chk.same(f"all_gather_into_tensor {it}", out, want)
+            dist.all_reduce(x)
+            chk.same(f"all_reduce {it}", x,
+                     torch.full((4, 3), float(sum(r + 1 + it for r in range(world)))))
+            y = torch.full((2,), float(rank), device="tpu")
+            dist.broadcast(y, src=1)
+            chk.same(f"broadcast {it}", y, torch.full((2,), 1.0))
+        chk.true("inference tensors", out.is_inference() and x.is_inference())
+    dist.barrier()
+    dist.destroy_process_group()
+    return {"failures": chk.failures, "checks": chk.checks}
+
+
+JOBS = {"collectives": job_collectives, "default": job_default, "mismatch": job_mismatch,
+        "inference": job_inference}
 
 
 def _spawned(rank, job, world, init, out_dir):

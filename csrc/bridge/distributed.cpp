@@ -58,6 +58,7 @@
 #include "call_builder.h"
 #include "eager_mode.h"
 
+#include <c10/core/InferenceMode.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
@@ -1395,11 +1396,20 @@ class StagedBackend final : public c10d::Backend {
     collectives_in_flight_--;
   }
 
+  // Both enqueues run the call's side of a job (new_job, submit and, for a synchronous call
+  // with nothing ahead of it, the whole collective) with inference mode off: every tensor the
+  // backend makes here (host staging, fingerprints, p2p headers, Gloo's host operands) is then
+  // a normal tensor even when the caller runs under torch.inference_mode (vLLM's steps do).
+  // Gloo's threads and ours write into those tensors in place, and in-place writes into an
+  // inference tensor are refused outside inference mode, which is per thread: an all_gather
+  // of vLLM's logits failed that way ("Inplace update to inference tensor outside
+  // InferenceMode"). The user's own tensors are only read, or replaced by storage swaps.
   c10::intrusive_ptr<c10d::Work> enqueue(bool async_op, c10d::OpType op,
                                          std::vector<Slot> slots,
                                          std::vector<at::Tensor> outputs, Signature sig,
                                          IssueFn issue,
                                          std::optional<c10d::ReduceOp> premul = std::nullopt) {
+    c10::InferenceMode not_inference(false);
     auto job = new_job(op, std::move(slots), std::move(outputs), std::move(issue));
     if (premul) {
       job->premul = *premul;
@@ -1413,6 +1423,7 @@ class StagedBackend final : public c10d::Backend {
   c10::intrusive_ptr<c10d::Work> enqueue_p2p(c10d::OpType op, P2P kind, int peer, int tag,
                                              std::vector<Slot> slots,
                                              std::vector<at::Tensor> outputs, IssueFn issue) {
+    c10::InferenceMode not_inference(false);  // see enqueue
     auto job = new_job(op, std::move(slots), std::move(outputs), std::move(issue));
     job->p2p = kind;
     job->peer = peer;
