@@ -95,9 +95,16 @@ class TpuModelRunner(GPUModelRunner):
         and its results reach the device as one upload each, instead of four partial uploads
         and six small programs per step (a partial upload is a transfer and a program here).
         Only vLLM's decode-context-parallel and asynchronous speculative-decoding paths use
-        these buffers otherwise; neither runs on this platform."""
+        these buffers otherwise; neither runs on this platform.
+
+        Two more: `seq_lens` (its device side feeds only the attention metadata, which this
+        platform's builder computes from the host's lengths) and `num_accepted_tokens` (read
+        on the device only by hybrid models' linear-attention builders, which this platform
+        does not run): each step filled and uploaded them, a program and a partial upload."""
         self.num_computed_tokens = torch.zeros_like(self.num_computed_tokens, device="cpu")
-        for buf in (self.req_indices, self.query_pos, self.num_scheduled_tokens):
+        self.seq_lens = torch.zeros_like(self.seq_lens, device="cpu")
+        for buf in (self.req_indices, self.query_pos, self.num_scheduled_tokens,
+                    self.num_accepted_tokens):
             buf.gpu = buf.cpu  # copy_to_gpu is then a copy of the buffer onto itself
 
     def _token_padding(self) -> list[int] | None:
