@@ -290,9 +290,7 @@ def combine_rounds(rounds: list) -> dict:
     the start and load figures), compile counts summed over rounds, every round's figures kept
     under "rounds"."""
     ok = [r for r in rounds if "error" not in r]
-    if not ok:
-        return rounds[0]
-    if len(rounds) == 1:
+    if not ok or len(rounds) == 1:
         return rounds[0]
     med = lambda key: statistics.median(r[key] for r in ok)  # noqa: E731
     out = dict(ok[0])
