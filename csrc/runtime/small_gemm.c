@@ -575,8 +575,7 @@ void pj_host_parallel_for(void (*fn)(void *ctx, int64_t i0, int64_t i1), void *c
                           int64_t grain) {
   if (n <= 0) return;
   if (grain < 1) grain = 1;
-  pthread_once(&pool_once, pool_init);
-  const int t = pool.use_workers ? pool.threads : 1;
+  const int t = pj_small_gemm_threads();
   /* chunks of `grain` indices, at most CHUNKS_PER_THREAD per thread (the counter's low half
    * holds the number of chunks) */
   int64_t cw = grain, cap = (int64_t)t * CHUNKS_PER_THREAD;
@@ -683,7 +682,7 @@ static float *gemv_scratch(size_t floats) {
 }
 
 static void gemv(const float *x, const float *b, float *out, int64_t k, int64_t n) {
-  const int t = pool.use_workers ? pool.threads : 1;
+  const int t = pj_small_gemm_threads();
   int64_t nchunks = (int64_t)t * 2; /* two per thread: a late worker leaves its second */
   if (nchunks > k / GEMV_MIN_ROWS) nchunks = k / GEMV_MIN_ROWS;
   const int64_t stride = (n + 15) / 16 * 16; /* partials on separate cache lines */
@@ -712,9 +711,8 @@ static void gemm(range_fn fn, const float *x, const float *b, float *out, int64_
     memset(out, 0, (size_t)m * (size_t)n * sizeof(float));
     return;
   }
-  pthread_once(&pool_once, pool_init);
+  const int t = pj_small_gemm_threads(); /* sets the pool up, pool.fn included */
   if (!fn) fn = pool.fn;
-  const int t = pool.use_workers ? pool.threads : 1;
   if (t > 1 && (double)m * (double)k * (double)n >= MT_MIN_WORK) {
     /* chunk width: a multiple of CHUNK_COLS, about CHUNKS_PER_THREAD chunks per thread */
     int64_t cw = (n + (int64_t)t * CHUNKS_PER_THREAD - 1) / ((int64_t)t * CHUNKS_PER_THREAD);
@@ -731,7 +729,6 @@ static void gemm(range_fn fn, const float *x, const float *b, float *out, int64_
 
 void pj_small_gemm_f32(const float *x, const float *b, float *out, int64_t m, int64_t k, int64_t n) {
   if (m == 1 && k > 0 && n > 0) {
-    pthread_once(&pool_once, pool_init);
     gemv(x, b, out, k, n);
     return;
   }

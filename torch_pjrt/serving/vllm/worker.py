@@ -78,11 +78,11 @@ class TpuWorker(Worker):
         """Compiled mode: one dummy step at every token bucket (largest first), so that the
         program of every compiled piece at every bucket is compiled (or loaded from the disk
         caches) before the first request, then one dummy decode step at every bucket a decode
-        batch pads to, which captures that step whole (model_runner.capture_decode_steps);
-        attention outside those and the sampler stay eager ops, compiled at their first use of
-        a shape. Eager
-        mode: nothing (vLLM's warmup runs CUDA/Triton kernels; each eager op's
-        program is compiled at first use and kept in torch_pjrt's memory and disk caches)."""
+        batch pads to and every context width, which captures that step whole
+        (model_runner.capture_decode_steps); attention outside those and the sampler stay eager
+        ops, compiled at their first use of a shape. Eager mode: nothing (vLLM's warmup runs
+        CUDA/Triton kernels; each eager op's program is compiled at first use and kept in
+        torch_pjrt's memory and disk caches)."""
         from vllm.config import CompilationMode
 
         if self.compilation_config.mode == CompilationMode.VLLM_COMPILE:
