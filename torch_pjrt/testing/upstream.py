@@ -1,0 +1,383 @@
+"""Runs PyTorch's own device-generic test files against the ``tpu`` device, with the CPU
+classes as the control, and reports how many of the tests that pass on CPU pass on ``tpu``.
+
+    python -m torch_pjrt.testing.upstream [FILES] [-k EXPR] [--fraction F --seed S]
+        [--fallback-too] [--markdown docs/upstream-tests.md] [--json out.json]
+        [--check-against BASELINE.json]
+
+FILES are names (``test_view_ops``), file names or paths; by default every ``test_*.py`` of
+``../shared/upstream-tests/`` (beside the repository; ``TORCH_PJRT_UPSTREAM_DIR`` overrides).
+
+How it runs: for each file and each device type, one pytest child process
+(``PYTORCH_TESTING_DEVICE_ONLY_FOR=cpu`` or ``privateuse1``) with the plugin
+``torch_pjrt.testing._upstream_plugin``. The ``tpu`` child runs with
+``TORCH_PJRT_CPU_FALLBACK=0``: a test that passes only by running an op on the CPU counts as
+failed; ``--fallback-too`` adds a second ``tpu`` run with the fallback on, reported apart. A child
+that crashes or hangs (a per-test watchdog ends it) is restarted after the test that did it; that
+test is recorded as ``crashed`` or ``hung`` and the file is marked as having crashed (the issue
+counts a crash as a failure of the whole file). Tests are paired across devices by their id with
+the device taken out (``upstream_ids``).
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import datetime
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+import time
+
+from torch_pjrt.testing import upstream_compat, upstream_exclusions, upstream_ids
+
+REPO = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+DEVICES = ("cpu", "tpu")
+MAX_RESTARTS = 50
+
+
+def default_dir() -> str:
+    return os.environ.get("TORCH_PJRT_UPSTREAM_DIR") or os.path.join(
+        os.path.dirname(REPO), "shared", "upstream-tests")
+
+
+def resolve_files(names, base):
+    if not names:
+        return sorted(os.path.join(base, f) for f in os.listdir(base)
+                      if f.startswith("test_") and f.endswith(".py"))
+    out = []
+    for name in names:
+        if os.path.exists(name):
+            out.append(os.path.abspath(name))
+            continue
+        fname = name if name.endswith(".py") else name + ".py"
+        path = os.path.join(base, fname)
+        if not os.path.exists(path):
+            raise SystemExit(f"upstream test file not found: {name} (looked in {base})")
+        out.append(path)
+    return out
+
+
+def _child_env(device, results, done, args, fallback):
+    env = dict(os.environ)
+    env["PYTORCH_TESTING_DEVICE_ONLY_FOR"] = "cpu" if device == "cpu" else "privateuse1"
+    env["TORCH_PJRT_UPSTREAM_DEVICE"] = "cpu" if device == "cpu" else "privateuse1"
+    env["TORCH_PJRT_UPSTREAM_RESULTS"] = results
+    env["TORCH_PJRT_UPSTREAM_DONE"] = done
+    env["TORCH_PJRT_UPSTREAM_FRACTION"] = str(args.fraction)
+    env["TORCH_PJRT_UPSTREAM_SEED"] = str(args.seed)
+    env["TORCH_PJRT_UPSTREAM_TIMEOUT"] = str(args.timeout)
+    env["TORCH_PJRT_CPU_FALLBACK"] = "1" if fallback else "0"
+    # The repository first on the path, so the children import this checkout's torch_pjrt.
+    env["PYTHONPATH"] = REPO + os.pathsep + env.get("PYTHONPATH", "")
+    if args.cache_dir:
+        env["TORCH_PJRT_CACHE_DIR"] = args.cache_dir
+    return env
+
+
+def run_one(path, device, args, workdir, fallback=False):
+    """Runs one file on one device type; returns {"tests": {id: record}, "seconds": wall,
+    "crashes": [...], "restarts": n, "stderr_tail": text}."""
+    tag = f"{os.path.basename(path)[:-3]}.{device}{'.fallback' if fallback else ''}"
+    results = os.path.join(workdir, tag + ".jsonl")
+    done = os.path.join(workdir, tag + ".done")
+    open(results, "w").close()
+    open(done, "w").close()
+    ini = os.path.join(workdir, "pytest.ini")
+    if not os.path.exists(ini):
+        with open(ini, "w") as f:
+            f.write("[pytest]\n")
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
+           "torch_pjrt.testing._upstream_plugin", "-c", ini, "--rootdir", workdir,
+           "-o", "console_output_style=classic",
+           path]
+    if args.k:
+        cmd[-1:-1] = ["-k", args.k]
+    tests, crashes, restarts, tail = {}, [], 0, ""
+    t0 = time.perf_counter()
+    seen_lines = 0
+    while True:
+        env = _child_env(device, results, done, args, fallback)
+        proc = subprocess.run(cmd, env=env, cwd=workdir, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, errors="replace")
+        tail = proc.stdout[-4000:]
+        with open(results) as f:
+            lines = f.readlines()
+        started = None
+        for line in lines[seen_lines:]:
+            rec = json.loads(line)
+            if rec["event"] == "start":
+                started = rec["id"]
+            elif rec["event"] == "end":
+                tests[rec["id"]] = rec
+                started = None
+        seen_lines = len(lines)
+        if started is None:
+            if proc.returncode not in (0, 1, 5) and not tests:
+                crashes.append({"id": "<collection>", "rc": proc.returncode,
+                                "message": _last_error(proc.stdout)})
+            elif proc.returncode not in (0, 1, 5):
+                crashes.append({"id": "<between tests>", "rc": proc.returncode,
+                                "message": _last_error(proc.stdout)})
+            break
+        # The child died inside `started`: a crash, or the watchdog ended a hang.
+        hung = os.path.exists(results + ".hung") and os.path.getsize(results + ".hung") > 0
+        kind = "hung" if hung else "crashed"
+        msg = (f"hung: no result after {args.timeout:g} s" if hung
+               else f"process died (exit {proc.returncode}): {_last_error(proc.stdout)}")
+        tests[started] = {"id": started, "outcome": kind, "message": msg, "seconds": None}
+        crashes.append({"id": started, "rc": proc.returncode, "message": msg})
+        with open(done, "w") as f:
+            f.write("\n".join(tests) + "\n")
+        if os.path.exists(results + ".hung"):
+            os.remove(results + ".hung")
+        restarts += 1
+        if restarts > MAX_RESTARTS:
+            crashes.append({"id": "<gave up>", "rc": proc.returncode,
+                            "message": f"more than {MAX_RESTARTS} restarts"})
+            break
+    return {"tests": tests, "seconds": round(time.perf_counter() - t0, 2), "crashes": crashes,
+            "restarts": restarts, "tail": tail}
+
+
+def _last_error(out: str) -> str:
+    lines = [ln for ln in out.splitlines() if ln.strip()]
+    for ln in reversed(lines):
+        if re.match(r"^(E\s+)?\w*(Error|Exception|Fatal|Abort|Segmentation)", ln.strip()):
+            return ln.strip()[:300]
+    return lines[-1][:300] if lines else ""
+
+
+def _counts(tests):
+    c = collections.Counter(r["outcome"] for r in tests.values())
+    return {k: c.get(k, 0) for k in ("passed", "failed", "error", "skipped", "crashed", "hung")}
+
+
+_NUM = re.compile(r"(?<![A-Za-z_])-?\d+(\.\d+)?(e-?\d+)?")
+
+
+def root_cause(message: str) -> str:
+    """Groups failures: the exception line with numbers and shapes blurred, cut to 160 chars."""
+    first = (message or "").strip().splitlines()[0] if (message or "").strip() else "(no message)"
+    first = _NUM.sub("N", first)
+    first = re.sub(r"0x[0-9a-f]+", "0x..", first)
+    return first[:160]
+
+
+def compare(cpu, tpu):
+    """The headline for one file: of the tests that pass on CPU, how many have a `tpu` twin that
+    ran and how many of those pass; failures of those twins grouped by root cause."""
+    cpu_pass = {i for i, r in cpu["tests"].items() if r["outcome"] == "passed"}
+    twins = {i: tpu["tests"][i] for i in cpu_pass if i in tpu["tests"]}
+    ran = {i: r for i, r in twins.items() if r["outcome"] != "skipped"}
+    passed = sorted(i for i, r in ran.items() if r["outcome"] == "passed")
+    failing = {i: r for i, r in ran.items() if r["outcome"] != "passed"}
+    groups = collections.defaultdict(list)
+    for i, r in failing.items():
+        groups[(r["outcome"], root_cause(r["message"]))].append(i)
+    missing = sorted(cpu_pass - set(tpu["tests"]))
+    excluded = []
+    for i in missing:
+        cls = upstream_ids.generic_class(i)
+        name = _generic_test_name(i)
+        why = upstream_exclusions.reason(cls, name)
+        if why:
+            excluded.append((i, why))
+    return {
+        "cpu_passed": len(cpu_pass),
+        "twins_ran": len(ran),
+        "twins_passed": len(passed),
+        "twins_skipped": len(twins) - len(ran),
+        "not_instantiated": len(missing) - len(excluded),
+        "excluded": len(excluded),
+        "share": (len(passed) / len(ran)) if ran else None,
+        "groups": sorted(([k[0], k[1], sorted(v)] for k, v in groups.items()),
+                         key=lambda g: (-len(g[2]), g[1])),
+        "failing": sorted(failing),
+    }
+
+
+def _generic_test_name(normalized_id):
+    test = normalized_id.split("::")[-1]
+    return test.split("_dev")[0] if "_dev" in test else test
+
+
+def run(args):
+    files = resolve_files(args.files, args.dir)
+    workdir = tempfile.mkdtemp(prefix="torch_pjrt_upstream_")
+    report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
+              "torch": _torch_version(), "fraction": args.fraction, "seed": args.seed,
+              "k": args.k, "adaptations": upstream_compat.describe(), "files": {}}
+    for path in files:
+        name = os.path.basename(path)
+        entry = {}
+        for device in args.devices:
+            res = run_one(path, device, args, workdir)
+            entry[device] = res
+            _progress(name, device, res)
+        if args.fallback_too and "tpu" in args.devices:
+            res = run_one(path, "tpu", args, workdir, fallback=True)
+            entry["tpu_fallback"] = res
+            _progress(name, "tpu+fallback", res)
+        summary = {"wall_s": {d: entry[d]["seconds"] for d in entry},
+                   "counts": {d: _counts(entry[d]["tests"]) for d in entry},
+                   "crashes": {d: entry[d]["crashes"] for d in entry if entry[d]["crashes"]}}
+        if "cpu" in entry and "tpu" in entry:
+            summary["compare"] = compare(entry["cpu"], entry["tpu"])
+            if "tpu_fallback" in entry:
+                summary["compare_fallback"] = compare(entry["cpu"], entry["tpu_fallback"])
+        summary["tests"] = {d: entry[d]["tests"] for d in entry} if args.json else None
+        report["files"][name] = summary
+        if args.json:  # written after every file, so a long run leaves partial results
+            _write_json(report, args.json)
+    return report
+
+
+def _torch_version():
+    import importlib.metadata as md
+
+    try:
+        return md.version("torch")
+    except md.PackageNotFoundError:
+        return "?"
+
+
+def _write_json(report, path):
+    tmp = path + ".tmp"
+    with open(tmp, "w") as f:
+        json.dump(report, f, indent=1, sort_keys=True)
+    os.replace(tmp, path)
+
+
+def _progress(name, device, res):
+    c = _counts(res["tests"])
+    extra = f", {len(res['crashes'])} crash(es)" if res["crashes"] else ""
+    print(f"[upstream] {name} {device}: {c['passed']} passed, {c['failed']} failed, "
+          f"{c['error']} errors, {c['skipped']} skipped{extra} in {res['seconds']:.1f} s",
+          flush=True)
+
+
+def _pct(x):
+    return "-" if x is None else f"{100 * x:.1f}%"
+
+
+def markdown(report) -> str:
+    out = ["# PyTorch's own tests on `tpu`", "",
+           f"Generated by `torch_pjrt.testing.upstream` on {report['date']} (torch "
+           f"{report['torch']}).", "", "Command:", "", "```", report["command"], "```", ""]
+    if report["fraction"] < 1:
+        out += [f"Seeded sample: {report['fraction']:g} of each file's tests (seed "
+                f"{report['seed']}), the same tests on both devices.", ""]
+    out += ["Headline: **of the tests that pass on CPU, the share whose `tpu` twin passes** (CPU "
+            "fallback off). A twin skipped on `tpu` is left out of the share and counted apart.",
+            "", "| file | CPU passed | tpu twins ran | tpu passed | share | with fallback | "
+            "tpu skipped | excluded | not instantiated | crashes | CPU s | tpu s |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    total = collections.Counter()
+    for name, s in report["files"].items():
+        c = s.get("compare")
+        if not c:
+            out.append(f"| {name} | (one device only) |||||||||||")
+            continue
+        cf = s.get("compare_fallback")
+        n_crash = sum(len(v) for v in s["crashes"].values())
+        out.append(
+            f"| {name} | {c['cpu_passed']} | {c['twins_ran']} | {c['twins_passed']} | "
+            f"{_pct(c['share'])} | {_pct(cf['share']) if cf else '-'} | {c['twins_skipped']} | "
+            f"{c['excluded']} | {c['not_instantiated']} | {n_crash} | "
+            f"{s['wall_s'].get('cpu', 0):.0f} | {s['wall_s'].get('tpu', 0):.0f} |")
+        for k in ("cpu_passed", "twins_ran", "twins_passed"):
+            total[k] += c[k]
+    if total["twins_ran"]:
+        out.append(f"| **all** | {total['cpu_passed']} | {total['twins_ran']} | "
+                   f"{total['twins_passed']} | "
+                   f"**{_pct(total['twins_passed'] / total['twins_ran'])}** ||||||||")
+    out += ["", "## Failures by root cause", ""]
+    for name, s in report["files"].items():
+        c = s.get("compare")
+        if not c or not c["groups"]:
+            continue
+        out += [f"### {name}", "", "| count | outcome | first line | examples |",
+                "|---|---|---|---|"]
+        for outcome, cause, ids in c["groups"]:
+            ex = ", ".join(f"`{i.split('::')[-1]}`" for i in ids[:2])
+            cause_md = cause.replace("|", "\\|").replace("`", "'")
+            out.append(f"| {len(ids)} | {outcome} | {cause_md} | {ex} |")
+        out.append("")
+    crashes = [(n, d, c) for n, s in report["files"].items() for d, cs in s["crashes"].items()
+               for c in cs]
+    if crashes:
+        out += ["## Crashes and hangs", ""]
+        out += [f"- {n} ({d}): `{c['id']}`: {c['message']}" for n, d, c in crashes]
+        out.append("")
+    out += ["## Adaptations made at run time", "",
+            "The files come from several PyTorch commits; where one imports a helper the "
+            "installed torch lacks or renamed, the runner supplies it before the file is "
+            "imported (`torch_pjrt/testing/upstream_compat.py`):", ""]
+    out += [f"- {a}" for a in report["adaptations"]]
+    out += ["", "## Tests excluded for `tpu`", ""]
+    ex = upstream_exclusions.EXCLUSIONS
+    if not ex:
+        out.append("None.")
+    for cls, tests in sorted(ex.items()):
+        if tests == "*":
+            out.append(f"- `{cls}` (whole class): {upstream_exclusions.CLASS_REASONS.get(cls)}")
+        else:
+            out += [f"- `{cls}.{t}`: {why}" for t, why in sorted(tests.items())]
+    return "\n".join(out) + "\n"
+
+
+def check(report, baseline_path) -> list:
+    """Regressions against a recorded baseline: {file: minimum tpu twins passed}."""
+    with open(baseline_path) as f:
+        baseline = json.load(f)
+    problems = []
+    for name, minimum in baseline.get("twins_passed", {}).items():
+        s = report["files"].get(name)
+        if s is None or "compare" not in s:
+            continue
+        got = s["compare"]["twins_passed"]
+        if got < minimum:
+            problems.append(f"{name}: {got} tpu twins passed, below the recorded {minimum}")
+        if any(s["crashes"].values()):
+            problems.append(f"{name}: crashed or hung: {s['crashes']}")
+    return problems
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(prog="python -m torch_pjrt.testing.upstream",
+                                description=__doc__.split("\n\n")[0])
+    p.add_argument("files", nargs="*")
+    p.add_argument("-k", default="", help="pytest -k expression (use generic test names: "
+                   "class names end in PRIVATEUSE1/TPU/CPU)")
+    p.add_argument("--dir", default=default_dir())
+    p.add_argument("--fraction", type=float, default=1.0, help="seeded sample of each file")
+    p.add_argument("--seed", default="0")
+    p.add_argument("--timeout", type=float, default=300.0, help="per-test watchdog, seconds")
+    p.add_argument("--devices", default="cpu,tpu")
+    p.add_argument("--fallback-too", action="store_true",
+                   help="also run tpu with the CPU fallback on, reported apart")
+    p.add_argument("--cache-dir", default="", help="TORCH_PJRT_CACHE_DIR for the children")
+    p.add_argument("--json", default="", help="full results (every test) as JSON")
+    p.add_argument("--markdown", default="", help="write the report as markdown here")
+    p.add_argument("--check-against", default="", help="baseline JSON; exit 1 on regression")
+    args = p.parse_args(argv)
+    args.devices = [d for d in args.devices.split(",") if d]
+    report = run(args)
+    text = markdown(report)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(text)
+    print(text.split("## Failures by root cause")[0])
+    if args.check_against:
+        problems = check(report, args.check_against)
+        for prob in problems:
+            print("REGRESSION:", prob, file=sys.stderr)
+        return 1 if problems else 0
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
