@@ -7,7 +7,11 @@ CODE = r"""
 import sys, torch, torch_pjrt
 x = torch.arange(12.0).reshape(3, 4).to("tpu")
 y = (x * 2 + 1).sum(dim=0)
+# unary elementwise refs are out_wrapper(type_promotion(_disable_dynamo(ref))): the disable
+# layer is reachable only through closure cells, not __wrapped__
+z = [f(x) for f in (torch.exp, torch.sin, torch.tanh, torch.sqrt, torch.abs, torch.neg)]
 assert "torch._dynamo" not in sys.modules, "the first ops imported torch._dynamo"
+torch.testing.assert_close(z[0].cpu(), torch.exp(torch.arange(12.0).reshape(3, 4)))
 torch.testing.assert_close(y.cpu(), (torch.arange(12.0).reshape(3, 4) * 2 + 1).sum(dim=0))
 import torch._dynamo
 f = torch.compile(lambda a, b: torch.relu(a * 3 - b), backend="tpu")

@@ -61,18 +61,34 @@ def install() -> int:
     count = 0
 
     def visit(obj) -> None:
+        # Wrappers reach the function they wrap through ``__wrapped__`` or a closure cell:
+        # PyTorch's elementwise refs are out_wrapper(type_promotion(_disable_dynamo(ref))) and
+        # functools.wraps makes ``__wrapped__`` skip straight to the ref, so the
+        # _disable_dynamo layer is only reachable through the cells.
         nonlocal count
-        depth = 0
-        while obj is not None and depth < 8 and id(obj) not in seen:
+        stack = [(obj, 0)]
+        while stack:
+            obj, depth = stack.pop()
+            if obj is None or depth >= 8 or id(obj) in seen:
+                continue
             seen.add(id(obj))
-            if isinstance(obj, types.FunctionType) and obj.__code__ is code and obj.__closure__:
+            if not isinstance(obj, types.FunctionType):
+                stack.append((getattr(obj, "__wrapped__", None), depth + 1))
+                continue
+            if obj.__code__ is code and obj.__closure__:
                 fn = obj.__closure__[fn_at].cell_contents
                 recursive = obj.__closure__[rec_at].cell_contents
                 if getattr(fn, "__dynamo_disable", None) is None:
                     fn.__dynamo_disable = _UntilDynamo(fn, recursive)
                     count += 1
-            obj = getattr(obj, "__wrapped__", None)
-            depth += 1
+            stack.append((getattr(obj, "__wrapped__", None), depth + 1))
+            for cell in obj.__closure__ or ():
+                try:
+                    inner = cell.cell_contents
+                except ValueError:  # an empty cell
+                    continue
+                if isinstance(inner, types.FunctionType):
+                    stack.append((inner, depth + 1))
 
     modules = [m for name, m in list(sys.modules.items())
                if m is not None and (name.startswith("torch._refs") or
