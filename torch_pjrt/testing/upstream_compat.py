@@ -27,6 +27,12 @@ ADAPTATIONS = [
      "are instantiated once"),
     ("common_device_type", "onlyOnCPUAndCUDA", "the old name of onlyNativeDeviceTypes"),
     ("common_utils", "skipIfMps", "the old name of skipIfMPS"),
+    ("common_cuda", "tf32_is_not_fp32",
+     "the old helper: whether TF32 differs from float32 on this machine's CUDA device (False "
+     "without an Ampere-or-newer CUDA device)"),
+    ("opinfo.core", "ForeachFuncInfo.has_no_out_of_place",
+     "the old attribute: the negation of ForeachFuncInfo.supports_out (the op has only an "
+     "in-place form)"),
     ("common_utils", "skipIfTorchDynamo",
      "accepts the bare-decorator form (@skipIfTorchDynamo without a message) older files use"),
 ]
@@ -56,6 +62,21 @@ def _adapt():
         cmi.foreach_lerp_op_db = lerp
     if not hasattr(cdt, "onlyOnCPUAndCUDA"):
         cdt.onlyOnCPUAndCUDA = cdt.onlyNativeDeviceTypes
+    from torch.testing._internal import common_cuda as cc
+    from torch.testing._internal.opinfo import core as opinfo_core
+
+    if not hasattr(cc, "tf32_is_not_fp32"):
+        def tf32_is_not_fp32():
+            import torch
+
+            if not torch.cuda.is_available():
+                return False
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).major >= 8
+
+        cc.tf32_is_not_fp32 = tf32_is_not_fp32
+    if not hasattr(opinfo_core.ForeachFuncInfo, "has_no_out_of_place"):
+        opinfo_core.ForeachFuncInfo.has_no_out_of_place = property(
+            lambda self: not self.supports_out)
     if not hasattr(cu, "skipIfMps"):
         cu.skipIfMps = cu.skipIfMPS
     original = cu.skipIfTorchDynamo
