@@ -47,9 +47,21 @@ if [ "${1:-}" = "--long" ]; then
   exec "$VPY" -m pytest -q tests -m long --ignore-glob='tests/test_serving_vllm*.py' \
     "${WORKERS[@]}" "$@"
 fi
-# The serving tests first; both runs always happen, and the script fails when either failed.
+# `--upstream`: PyTorch's own device-generic tests, every file of ../shared/upstream-tests
+# (seeded samples of the large ones), tpu against CPU; rewrites docs/upstream-tests.md.
+if [ "${1:-}" = "--upstream" ]; then
+  shift
+  exec "$VPY" -m torch_pjrt.testing.upstream --suite docs --markdown docs/upstream-tests.md \
+    --json build/upstream-docs.json "$@"
+fi
+# The serving tests first; all three runs always happen, and the script fails when any failed.
 status=0
 "$VPY" -m pytest -q "${SERVING_TESTS[@]}" -m "not long" "$@" || status=$?
 "$VPY" -m pytest -q tests -m "not long" --ignore-glob='tests/test_serving_vllm*.py' \
   "${WORKERS[@]}" "$@" || status=$?
+# PyTorch's own tests, CI's subset (docs/upstream-tests.md): fails when a file's count of tpu
+# tests passing (of those passing on CPU) drops below tests/upstream_baseline.json, or a file
+# crashes or hangs.
+"$VPY" -m torch_pjrt.testing.upstream --suite ci --check-against tests/upstream_baseline.json \
+  --markdown build/upstream-ci.md || status=$?
 exit "$status"
