@@ -97,14 +97,32 @@ def pytest_runtest_protocol(item, nextitem):
     item._tpj_reports = []
     global _running
     _running = item
+    m0 = _compile_metrics()
     faulthandler.dump_traceback_later(TIMEOUT, exit=True, file=_watchdog_file())
     try:
         yield
     finally:
         faulthandler.cancel_dump_traceback_later()
     outcome, message = _combine(item._tpj_reports)
-    _emit({"event": "end", "id": nid, "outcome": outcome, "message": message,
-           "seconds": round(time.perf_counter() - item._tpj_t0, 4)})
+    record = {"event": "end", "id": nid, "outcome": outcome, "message": message,
+              "seconds": round(time.perf_counter() - item._tpj_t0, 4)}
+    m1 = _compile_metrics()
+    if m0 and m1:  # how much of the test's time went into compiling programs
+        record["compiles"] = m1[0] - m0[0]
+        record["compile_s"] = round((m1[1] - m0[1]) / 1e9, 4)
+    _emit(record)
+
+
+def _compile_metrics():
+    if DEVICE == "cpu":
+        return None
+    import torch
+
+    tpu = getattr(torch, "tpu", None)
+    if tpu is None or not hasattr(tpu, "metrics"):
+        return None
+    m = tpu.metrics()
+    return m.get("compiles", 0), m.get("compile_ns", 0)
 
 
 def _first_line(report):

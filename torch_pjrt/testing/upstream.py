@@ -237,7 +237,8 @@ def run(args):
     workdir = tempfile.mkdtemp(prefix="torch_pjrt_upstream_")
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
               "torch": _torch_version(), "fraction": args.fraction, "seed": args.seed,
-              "k": args.k, "adaptations": upstream_compat.describe(), "files": {}}
+              "k": args.k, "adaptations": upstream_compat.describe(),
+              "cache_dir": args.cache_dir, "files": {}}
     for path, fraction in files:
         name = os.path.basename(path)
         entry = {}
@@ -250,6 +251,8 @@ def run(args):
             entry["tpu_fallback"] = res
             _progress(name, "tpu+fallback", res)
         summary = {"fraction": fraction, "wall_s": {d: entry[d]["seconds"] for d in entry},
+                   "compile": {d: _compile_totals(entry[d]["tests"]) for d in entry
+                               if d != "cpu"},
                    "counts": {d: _counts(entry[d]["tests"]) for d in entry},
                    "crashes": {d: entry[d]["crashes"] for d in entry if entry[d]["crashes"]}}
         if "cpu" in entry and "tpu" in entry:
@@ -261,6 +264,14 @@ def run(args):
         if args.json:  # written after every file, so a long run leaves partial results
             _write_json(report, args.json)
     return report
+
+
+def _compile_totals(tests):
+    """Programs compiled and seconds spent compiling over a run's tests (tpu runs)."""
+    recs = [r for r in tests.values() if "compiles" in r]
+    return {"compiles": sum(r["compiles"] for r in recs),
+            "compile_s": round(sum(r["compile_s"] for r in recs), 1),
+            "test_s": round(sum(r["seconds"] or 0 for r in recs), 1)}
 
 
 def _torch_version():
@@ -323,6 +334,23 @@ def markdown(report) -> str:
         out.append(f"| **all** | {total['cpu_passed']} | {total['twins_ran']} | "
                    f"{total['twins_passed']} | "
                    f"**{_pct(total['twins_passed'] / total['twins_ran'])}** ||||||||")
+    out += ["", "## Time", "",
+            "Wall time of each child process (collection included; restarts after a crash or "
+            "hang included), and what the `tpu` tests spent compiling programs (the runtime's "
+            "own counters, summed over tests). Persistent compile cache: "
+            + (f"`{report['cache_dir']}`" if report.get("cache_dir") else "the default one")
+            + ".", "",
+            "| file | CPU s | tpu s | tpu / CPU | programs compiled | compiling s | share of "
+            "tpu test time |", "|---|---|---|---|---|---|---|"]
+    for name, s in report["files"].items():
+        w = s["wall_s"]
+        comp = s.get("compile", {}).get("tpu")
+        if "cpu" not in w or "tpu" not in w or not comp:
+            continue
+        share = comp["compile_s"] / comp["test_s"] if comp["test_s"] else 0
+        out.append(f"| {name} | {w['cpu']:.0f} | {w['tpu']:.0f} | "
+                   f"{w['tpu'] / max(w['cpu'], 1e-9):.1f}x | {comp['compiles']} | "
+                   f"{comp['compile_s']:.0f} | {100 * share:.0f}% |")
     out += ["", "## Failures by root cause", ""]
     for name, s in report["files"].items():
         c = s.get("compare")
