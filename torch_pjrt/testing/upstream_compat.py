@@ -27,6 +27,9 @@ ADAPTATIONS = [
      "are instantiated once"),
     ("common_device_type", "onlyOnCPUAndCUDA", "the old name of onlyNativeDeviceTypes"),
     ("common_utils", "skipIfMps", "the old name of skipIfMPS"),
+    ("common_cuda", "tf32_is_not_fp32",
+     "whether a CUDA device computes float32 matmuls in TF32 (Ampere or later): False without "
+     "CUDA, as the removed helper answered"),
     ("common_utils", "skipIfTorchDynamo",
      "accepts the bare-decorator form (@skipIfTorchDynamo without a message) older files use"),
 ]
@@ -37,6 +40,7 @@ def describe():
 
 
 def _adapt():
+    from torch.testing._internal import common_cuda as cc
     from torch.testing._internal import common_device_type as cdt
     from torch.testing._internal import common_methods_invocations as cmi
     from torch.testing._internal import common_utils as cu
@@ -56,6 +60,15 @@ def _adapt():
         cmi.foreach_lerp_op_db = lerp
     if not hasattr(cdt, "onlyOnCPUAndCUDA"):
         cdt.onlyOnCPUAndCUDA = cdt.onlyNativeDeviceTypes
+    if not hasattr(cc, "tf32_is_not_fp32"):
+        import torch
+
+        def tf32_is_not_fp32():
+            if not torch.cuda.is_available() or torch.version.cuda is None:
+                return False
+            return torch.cuda.get_device_properties(torch.cuda.current_device()).major >= 8
+
+        cc.tf32_is_not_fp32 = tf32_is_not_fp32
     if not hasattr(cu, "skipIfMps"):
         cu.skipIfMps = cu.skipIfMPS
     original = cu.skipIfTorchDynamo
