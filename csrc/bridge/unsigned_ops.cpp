@@ -10,6 +10,7 @@
 
 #include <ATen/ExpandUtils.h>
 #include <ATen/core/function_schema.h>
+#include <ATen/native/TypeProperties.h>
 #include <ATen/ops/result_type.h>
 
 namespace torch_pjrt {
@@ -111,6 +112,12 @@ bool unsigned_goes_to_cpu(const std::string& base, const c10::FunctionSchema& sc
     if (!is_barebones_unsigned(common_dtype(args[b.first], args[b.first + 1])))
       return false;  // CPU's kernel of the common (float) dtype
     break;
+  }
+  // cat computes in its tensors' common dtype (raising CPU's promotion error)
+  if (base == "cat" && !args.empty() && args[0].isTensorList()) {
+    const auto list = args[0].toTensorList();
+    const std::vector<at::Tensor> tensors(list.begin(), list.end());
+    at::native::result_type(tensors);
   }
   if (in(base, kIntToFloat, sizeof kIntToFloat / sizeof *kIntToFloat)) return false;
   if (!in(base, kLowered, sizeof kLowered / sizeof *kLowered)) return true;
