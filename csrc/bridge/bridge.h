@@ -47,6 +47,10 @@ void advanced_index_checks(const std::string& base, const c10::FunctionSchema& s
 // kernels do not (a fill value the dtype cannot hold, _scaled_mm's scale shapes and dtypes).
 bool lowp_goes_to_cpu(const std::string& base, const c10::FunctionSchema& schema,
                       c10::ArrayRef<c10::IValue> args);
+// unsigned_ops.cpp: true when a call involving uint16, uint32 or uint64 must go to CPU's kernel
+// (the fallback): CPU has kernels for few ops on them, and tpu raises where CPU raises.
+bool unsigned_goes_to_cpu(const std::string& base, const c10::FunctionSchema& schema,
+                          c10::ArrayRef<c10::IValue> args);
 // lowp_ops.cpp: output metadata of ops whose PyTorch Meta kernel does not apply to tpu tensors
 // (_scaled_mm's applies CUDA's rules), else nullopt.
 std::optional<std::vector<c10::IValue>> lowp_meta_returns(const std::string& base,

@@ -1,5 +1,7 @@
 #include "call_builder.h"
 
+#include <cstring>
+
 #include "eager_mode.h"
 
 namespace torch_pjrt {
@@ -24,6 +26,9 @@ bool pj_dtype_of(at::ScalarType t, pj_dtype_t* out) {
     case at::kFloat8_e5m2fnuz: *out = PJ_F8E5M2FNUZ; return true;
     case at::kFloat8_e8m0fnu: *out = PJ_F8E8M0FNU; return true;
     case at::kFloat4_e2m1fn_x2: *out = PJ_F4E2M1FN_X2; return true;
+    case at::kUInt16: *out = PJ_U16; return true;
+    case at::kUInt32: *out = PJ_U32; return true;
+    case at::kUInt64: *out = PJ_U64; return true;
     default: return false;
   }
 }
@@ -39,6 +44,11 @@ pj_scalar_t scalar_value(const c10::Scalar& s) {
   if (s.isBoolean()) {
     v.dtype = PJ_BOOL;
     v.i = s.toBool();
+  } else if (s.isIntegral(false) && s.isUnsigned() && s.toUInt64() > INT64_MAX) {
+    // past int64 (a uint64 value): its bits travel as a uint64 scalar
+    v.dtype = PJ_U64;
+    const uint64_t u = s.toUInt64();
+    std::memcpy(&v.i, &u, sizeof u);
   } else if (s.isIntegral(false)) {
     v.dtype = PJ_I64;
     v.i = s.toLong();
@@ -66,6 +76,9 @@ pj_scalar_t scalar_value(const at::Tensor& t) {
     // half and low-precision types have no scalar upload path; they arrive as f32 (which
     // holds each of their values exactly) and convert in-program
     if (s.dtype == PJ_F16 || s.dtype == PJ_BF16 || pj_dtype_is_lowp(s.dtype)) s.dtype = PJ_F32;
+  } else if (s.dtype == PJ_U64) {  // item<int64_t> refuses values past int64: the bits travel
+    const uint64_t u = t.item().toUInt64();
+    std::memcpy(&s.i, &u, sizeof u);
   } else {
     s.i = t.item<int64_t>();
   }
@@ -77,7 +90,7 @@ at::ScalarType from_pj_dtype(pj_dtype_t t) {
       at::kBool,  at::kByte,     at::kChar,  at::kShort,  at::kInt,          at::kLong,
       at::kHalf,  at::kBFloat16, at::kFloat, at::kDouble, at::kComplexFloat, at::kComplexDouble,
       at::kFloat8_e4m3fn, at::kFloat8_e5m2, at::kFloat8_e4m3fnuz, at::kFloat8_e5m2fnuz,
-      at::kFloat8_e8m0fnu, at::kFloat4_e2m1fn_x2};
+      at::kFloat8_e8m0fnu, at::kFloat4_e2m1fn_x2, at::kUInt16, at::kUInt32, at::kUInt64};
   return map[t];
 }
 

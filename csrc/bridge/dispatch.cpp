@@ -913,6 +913,8 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     const auto args = torch::jit::last(*stack, op.schema().arguments().size());
     if (lowp_goes_to_cpu(base, op.schema(), args))
       return run_cpu_fallback(op, stack, "no lowering for its low-precision dtype");
+    if (unsigned_goes_to_cpu(base, op.schema(), args))
+      return run_cpu_fallback(op, stack, "no lowering for its unsigned dtype");
   }
   indices_to_device(op, stack, base);
   advanced_index_checks(base, op.schema(), *stack);  // before any path below runs the op

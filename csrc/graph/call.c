@@ -399,6 +399,9 @@ static pj_status_t *scalar_buffer(int device, const pj_scalar_t *s, struct PJRT_
     case PJ_I16: { int16_t v = (int16_t)s->i; memcpy(bytes, &v, 2); break; }
     case PJ_I8: { int8_t v = (int8_t)s->i; memcpy(bytes, &v, 1); break; }
     case PJ_U8: { uint8_t v = (uint8_t)s->i; memcpy(bytes, &v, 1); break; }
+    case PJ_U16: { uint16_t v = (uint16_t)s->i; memcpy(bytes, &v, 2); break; }
+    case PJ_U32: { uint32_t v = (uint32_t)s->i; memcpy(bytes, &v, 4); break; }
+    case PJ_U64: memcpy(bytes, &s->i, 8); break; /* the bits of a uint64 (scalar_value) */
     case PJ_BOOL: bytes[0] = s->i != 0; break;
     case PJ_C128: memcpy(bytes, &s->f, 8); memcpy(bytes + 8, &s->imag, 8); break;
     case PJ_C64: { float v[2] = {(float)s->f, (float)s->imag}; memcpy(bytes, v, 8); break; }

@@ -87,6 +87,11 @@ pj_val_t pj_const(pj_hlo_t *h, pj_dtype_t dt, double v) {
   if (isnan(v)) v = 0;
   if (v < lo) v = lo;
   if (v > hi) v = hi;
+  if (dt == PJ_U64 && v >= 9223372036854775808.0) { /* past int64: 2^64 (hi) clamps to max */
+    snprintf(lit, sizeof lit, "%llu",
+             v >= 18446744073709551615.0 ? 18446744073709551615ull : (unsigned long long)v);
+    return const_text(h, dt, lit);
+  }
   return pj_const_i(h, dt, (int64_t)v);
 }
 
@@ -95,14 +100,26 @@ pj_val_t pj_const_i(pj_hlo_t *h, pj_dtype_t dt, int64_t v) {
   if (dt == PJ_BOOL) return const_text(h, dt, v ? "true" : "false");
   if (pj_dtype_info(dt)->is_float || pj_dtype_info(dt)->is_complex || pj_dtype_info(dt)->is_lowp)
     return pj_const(h, dt, (double)v);
-  snprintf(lit, sizeof lit, "%lld", (long long)v);
+  size_t bits = 8 * pj_dtype_info(dt)->itemsize;
+  if (!pj_dtype_info(dt)->is_signed) {
+    /* MLIR rejects a negative literal of an unsigned type: v wraps modulo 2^bits, as a
+     * conversion to the type does (-1 is the all-ones mask). */
+    uint64_t u = (uint64_t)v;
+    if (bits < 64) u &= ((uint64_t)1 << bits) - 1;
+    snprintf(lit, sizeof lit, "%llu", (unsigned long long)u);
+  } else {
+    snprintf(lit, sizeof lit, "%lld", (long long)v);
+  }
   return const_text(h, dt, lit);
 }
 
 double pj_dtype_lowest(pj_dtype_t dt) {
   switch (dt) {
     case PJ_BOOL: return 0;
-    case PJ_U8: return 0;
+    case PJ_U8:
+    case PJ_U16:
+    case PJ_U32:
+    case PJ_U64: return 0;
     case PJ_I8: return -128;
     case PJ_I16: return -32768;
     case PJ_I32: return -2147483648.0;
@@ -115,6 +132,9 @@ double pj_dtype_highest(pj_dtype_t dt) {
   switch (dt) {
     case PJ_BOOL: return 1;
     case PJ_U8: return 255;
+    case PJ_U16: return 65535;
+    case PJ_U32: return 4294967295.0;
+    case PJ_U64: return 18446744073709551615.0; /* rounds to 2^64; clamped in pj_const */
     case PJ_I8: return 127;
     case PJ_I16: return 32767;
     case PJ_I32: return 2147483647.0;

@@ -314,7 +314,8 @@ static pj_status_t *lower_cauchy(pj_lower_t *L) {
 static int64_t random_max(pj_dtype_t dt) {
   if (dt == PJ_BOOL) return 1;
   if (pj_dtype_info(dt)->is_float) return (int64_t)1 << digits_of(dt);
-  if (dt == PJ_I64) return INT64_MAX; /* pj_dtype_highest(I64) rounds up to 2^63 as a double */
+  /* pj_dtype_highest(I64) rounds up to 2^63 as a double; uint64's max is past int64 */
+  if (dt == PJ_I64 || dt == PJ_U64) return INT64_MAX;
   return (int64_t)pj_dtype_highest(dt);
 }
 

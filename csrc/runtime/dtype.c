@@ -24,6 +24,9 @@ static const pj_dtype_info_t kDtypes[PJ_NUM_DTYPES] = {
     [PJ_F8E8M0FNU] = {"float8_e8m0fnu", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false, true},
     [PJ_F4E2M1FN_X2] = {"float4_e2m1fn_x2", "ui8", 1, PJRT_Buffer_Type_U8, false, false, false,
                         true},
+    [PJ_U16] = {"uint16", "ui16", 2, PJRT_Buffer_Type_U16, false, false, false},
+    [PJ_U32] = {"uint32", "ui32", 4, PJRT_Buffer_Type_U32, false, false, false},
+    [PJ_U64] = {"uint64", "ui64", 8, PJRT_Buffer_Type_U64, false, false, false},
 };
 
 const pj_dtype_info_t *pj_dtype_info(pj_dtype_t dt) { return &kDtypes[dt]; }

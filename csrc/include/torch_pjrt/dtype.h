@@ -31,6 +31,13 @@ typedef enum {
   PJ_F8E5M2FNUZ,
   PJ_F8E8M0FNU,
   PJ_F4E2M1FN_X2, /* two e2m1 values per byte, opaque to every op but data movement */
+  /* PyTorch's "barebones" unsigned integers (torch.uint16/32/64). StableHLO and PJRT hold them
+   * natively; CPU has kernels for few ops on them, and the bridge lowers only those ops
+   * (csrc/bridge/unsigned_ops.cpp). Appended last so the codes above, which cache keys hold,
+   * keep their values. */
+  PJ_U16,
+  PJ_U32,
+  PJ_U64,
   PJ_NUM_DTYPES
 } pj_dtype_t;
 

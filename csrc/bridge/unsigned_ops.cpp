@@ -1,0 +1,132 @@
+// Which ops run lowered when one of PyTorch's "barebones" unsigned dtypes (uint16, uint32,
+// uint64) takes part. StableHLO computes on them natively, so most lowerings would accept
+// them, but CPU has kernels for only a few ops on them (add, lt, max, ... raise "not
+// implemented for 'UInt16'"); tpu computes what CPU computes and raises where CPU raises. The
+// table lists the ops whose CPU kernel takes these dtypes and whose lowering computes CPU's
+// values (tests/test_unsigned_dtypes.py checks rows against CPU); any other op involving them
+// goes to CPU's own kernel through the fallback, which computes what CPU computes or raises
+// CPU's error. uint8 is an ordinary dtype, not one of these.
+#include "bridge.h"
+
+#include <ATen/ExpandUtils.h>
+#include <ATen/core/function_schema.h>
+#include <ATen/native/TypeProperties.h>
+#include <ATen/ops/result_type.h>
+
+namespace torch_pjrt {
+namespace {
+
+bool is_barebones_unsigned(at::ScalarType t) {
+  return t == at::kUInt16 || t == at::kUInt32 || t == at::kUInt64;
+}
+
+// base_name()s of the ops lowered for these dtypes (in-place and out= forms share them) when
+// they compute in one of them: CPU's kernels for these exist (index_select, masked_select,
+// flip, add, lt, max, ... CPU refuses).
+const char* const kLowered[] = {
+    // data movement: copies and conversions (any dtype to and from them), views materialized
+    "_to_copy", "_pj_copy", "copy", "clone", "cat", "index", "repeat", "roll", "fill", "zero",
+    // the elementwise ops CPU has for them (div only without rounding_mode: div_rounding)
+    "eq", "ne", "mul", "div", "bitwise_and", "bitwise_or", "bitwise_xor", "where",
+    "ceil", "floor", "trunc",  // the identity on integers
+    // reductions and sorting
+    "sum", "prod", "cumsum", "any", "all", "equal", "isnan", "sort", "_unique2",
+};
+
+// Elementwise ops whose CPU kernel is chosen by the operands' common dtype (TensorIterator):
+// with a float operand (uint16 + 1.5, uint16 < float tensor) it is the float kernel, which
+// CPU has; with an integer of another type CPU raises "Promotion for uint16, uint32, uint64
+// types is not supported", which at::result_type raises here alike. The index of the first of
+// the two operands in the schema (where's condition comes first).
+struct Binary {
+  const char* base;
+  size_t first;
+};
+const Binary kBinary[] = {
+    {"add", 0},       {"sub", 0},       {"rsub", 0},        {"mul", 0},       {"div", 0},
+    {"eq", 0},        {"ne", 0},        {"lt", 0},          {"le", 0},        {"gt", 0},
+    {"ge", 0},        {"maximum", 0},   {"minimum", 0},     {"fmax", 0},      {"fmin", 0},
+    {"bitwise_and", 0}, {"bitwise_or", 0}, {"bitwise_xor", 0},
+    {"pow", 0},       {"fmod", 0},      {"remainder", 0},   {"floor_divide", 0},
+    {"hypot", 0},     {"where", 1},
+};
+
+// Ops that compute in the default float dtype for integer inputs (CPU converts first and runs
+// its float kernel): uint16.sin() and copysign(uint16, uint16) are float32 on CPU.
+const char* const kIntToFloat[] = {
+    "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "erfinv",
+    "exp", "exp2", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "sigmoid",
+    "sin", "sinc", "sinh", "sqrt", "tan", "tanh", "lgamma", "digamma", "copysign", "atan2",
+};
+
+bool in(const std::string& base, const char* const* names, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (base == names[i]) return true;
+  return false;
+}
+
+// A Tensor or Scalar argument's part in at::result_type (a 0-d CPU tensor counts as a tensor).
+bool operand(const c10::IValue& v) { return v.isTensor() || v.isScalar(); }
+
+// The dtype the elementwise op computes in, by PyTorch's promotion (raising its errors).
+at::ScalarType common_dtype(const c10::IValue& a, const c10::IValue& b) {
+  if (a.isTensor() && b.isTensor()) return at::result_type(a.toTensor(), b.toTensor());
+  if (a.isTensor()) return at::result_type(a.toTensor(), b.toScalar());
+  if (b.isTensor()) return at::result_type(b.toTensor(), a.toScalar());
+  return at::result_type(a.toScalar(), b.toScalar());
+}
+
+// Whether a tensor or dtype argument of the call is a barebones unsigned dtype.
+bool involves_unsigned(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
+  auto of_tensor = [](const at::Tensor& t) {
+    return t.defined() && is_barebones_unsigned(t.scalar_type());
+  };
+  for (size_t i = 0; i < args.size(); i++) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      if (of_tensor(v.toTensor())) return true;
+    } else if (v.isList()) {  // Tensor[] and Tensor?[] (no copy of the list)
+      for (const c10::IValue& e : v.toListRef())
+        if (e.isTensor() && of_tensor(e.toTensor())) return true;
+    } else if (v.isInt() && i < schema.arguments().size()) {
+      // a ScalarType argument (dtype=) arrives as an int
+      const c10::TypePtr& ty = schema.arguments()[i].real_type();
+      const bool scalar_type = ty->kind() == c10::TypeKind::ScalarTypeType ||
+                               (ty->kind() == c10::TypeKind::OptionalType &&
+                                ty->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
+      if (scalar_type && is_barebones_unsigned(static_cast<at::ScalarType>(v.toInt())))
+        return true;
+    }
+  }
+  return false;
+}
+
+}  // namespace
+
+bool unsigned_goes_to_cpu(const std::string& base, const c10::FunctionSchema& schema,
+                          c10::ArrayRef<c10::IValue> args) {
+  if (!involves_unsigned(schema, args)) return false;
+  for (const Binary& b : kBinary) {
+    if (base != b.base || args.size() < b.first + 2) continue;
+    if (!operand(args[b.first]) || !operand(args[b.first + 1])) break;
+    if (!is_barebones_unsigned(common_dtype(args[b.first], args[b.first + 1])))
+      return false;  // CPU's kernel of the common (float) dtype
+    break;
+  }
+  // cat computes in its tensors' common dtype (raising CPU's promotion error)
+  if (base == "cat" && !args.empty() && args[0].isTensorList()) {
+    const auto list = args[0].toTensorList();
+    const std::vector<at::Tensor> tensors(list.begin(), list.end());
+    at::native::result_type(tensors);
+  }
+  if (in(base, kIntToFloat, sizeof kIntToFloat / sizeof *kIntToFloat)) return false;
+  if (!in(base, kLowered, sizeof kLowered / sizeof *kLowered)) return true;
+  // div with rounding_mode="floor"/"trunc": CPU has no kernel ("div_floor_cpu")
+  if (base == "div") {
+    for (size_t i = 0; i < args.size() && i < schema.arguments().size(); i++)
+      if (schema.arguments()[i].name() == "rounding_mode" && args[i].isString()) return true;
+  }
+  return false;
+}
+
+}  // namespace torch_pjrt
