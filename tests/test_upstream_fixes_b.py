@@ -32,3 +32,86 @@ def test_complex_nan_to_num_matches_cpu(dtype, kwargs):
     got = torch.nan_to_num(x.to("tpu"), **kwargs).cpu()
     assert got.dtype == dtype
     assert torch.equal(torch.view_as_real(got), torch.view_as_real(want)), (got, want)
+
+
+# ---- complex random numbers ----
+# The device's generator differs from CPU's: the checks are on distributions (CPU draws a complex
+# tensor's parts as one real tensor, view_as_real: normal with std / sqrt(2) per part, uniform
+# in [from, to) per part, the parts independent).
+
+N = 100_000
+
+
+def _parts(x):
+    x = x.cpu()
+    return x.real.double(), x.imag.double()
+
+
+def _corr(a, b):
+    return torch.corrcoef(torch.stack([a, b]))[0, 1].item()
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_randn_distribution(dtype):
+    torch.manual_seed(1)
+    x = torch.randn(N, dtype=dtype, device="tpu")
+    assert x.dtype == dtype and x.shape == (N,)
+    re, im = _parts(x)
+    want = torch.randn(N, dtype=dtype)  # CPU: each part has variance 1/2
+    for got_p, want_p in ((re, want.real.double()), (im, want.imag.double())):
+        assert abs(got_p.mean().item()) < 0.02
+        assert abs(got_p.var().item() - want_p.var().item()) < 0.02
+        assert abs(got_p.var().item() - 0.5) < 0.02
+    assert abs(_corr(re, im)) < 0.02
+    # not the same values in two calls, and the same values from the same seed
+    assert not torch.equal(x.cpu(), torch.randn(N, dtype=dtype, device="tpu").cpu())
+    torch.manual_seed(1)
+    assert torch.equal(x.cpu(), torch.randn(N, dtype=dtype, device="tpu").cpu())
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_normal_mean_std(dtype):
+    torch.manual_seed(2)
+    re, im = _parts(torch.empty(N, dtype=dtype, device="tpu").normal_(2, 3))
+    # CPU: a float mean shifts both parts; each part's std is std / sqrt(2)
+    for p in (re, im):
+        assert abs(p.mean().item() - 2) < 0.05
+        assert abs(p.std().item() - 3 / math.sqrt(2)) < 0.05
+    real_dt = torch.float64 if dtype == torch.complex128 else torch.float32
+    mean = torch.full((N,), 1 - 2j, dtype=dtype)
+    std = torch.full((N,), 2.0, dtype=real_dt)
+    got = torch.normal(mean.to("tpu"), std.to("tpu"))
+    want = torch.normal(mean, std)
+    assert got.dtype == want.dtype == dtype
+    re, im = _parts(got)
+    assert abs(re.mean().item() - 1) < 0.05 and abs(im.mean().item() + 2) < 0.05
+    assert abs(re.std().item() - want.real.double().std().item()) < 0.05
+    assert abs(im.std().item() - want.imag.double().std().item()) < 0.05
+
+
+@pytest.mark.parametrize("dtype", [torch.complex64, torch.complex128])
+def test_complex_rand_and_uniform(dtype):
+    torch.manual_seed(3)
+    x = torch.rand(N, dtype=dtype, device="tpu")
+    assert x.dtype == torch.rand(2, dtype=dtype).dtype
+    re, im = _parts(x)
+    for p in (re, im):
+        assert p.min().item() >= 0 and p.max().item() < 1
+        assert abs(p.mean().item() - 0.5) < 0.01
+        assert abs(p.var().item() - 1 / 12) < 0.005
+    assert abs(_corr(re, im)) < 0.02
+    re, im = _parts(torch.empty(N, dtype=dtype, device="tpu").uniform_(2, 3))
+    for p in (re, im):
+        assert p.min().item() >= 2 and p.max().item() < 3
+        assert abs(p.mean().item() - 2.5) < 0.01
+
+
+@pytest.mark.parametrize("method,args", [("log_normal_", ()), ("exponential_", ()),
+                                         ("cauchy_", ()), ("geometric_", (0.5,)),
+                                         ("random_", ())])
+def test_complex_other_distributions_raise_like_cpu(method, args):
+    # only normal and uniform take complex dtypes on CPU; the rest refuse them on both devices
+    with pytest.raises(RuntimeError):
+        getattr(torch.empty(3, dtype=torch.complex64), method)(*args)
+    with pytest.raises(RuntimeError):
+        getattr(torch.empty(3, dtype=torch.complex64, device="tpu"), method)(*args)
