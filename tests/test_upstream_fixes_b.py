@@ -115,3 +115,94 @@ def test_complex_other_distributions_raise_like_cpu(method, args):
         getattr(torch.empty(3, dtype=torch.complex64), method)(*args)
     with pytest.raises(RuntimeError):
         getattr(torch.empty(3, dtype=torch.complex64, device="tpu"), method)(*args)
+
+
+# ---- tensors of rank above 8 (up to PyTorch's working limit of 64) ----
+
+def _shape(rank):
+    return [2 if i % 3 == 0 else 1 for i in range(rank)]
+
+
+RANK_OPS = {
+    "add": lambda x: x + 1,
+    "sum_all": lambda x: x.sum(),
+    "sum_dim": lambda x: x.sum(-1),
+    "transpose_copy": lambda x: x.transpose(0, -1).contiguous(),
+    "strided_read": lambda x: x.transpose(0, -1)[..., :1] * 2,
+    "cat": lambda x: torch.cat([x, x], 0),
+    "mse_loss": lambda x: torch.nn.functional.mse_loss(x, x * 0.5),
+    "flip": lambda x: x.flip(0),
+    "index": lambda x: x[torch.tensor([0, 1, 1])],
+    "amax": lambda x: x.amax(0),
+    "where": lambda x: torch.where(x > 0, x, 0.0),
+    "permute": lambda x: x.permute(*reversed(range(x.dim()))).contiguous(),
+    "view_write": lambda x: (lambda y: (y.transpose(0, 3).mul_(2), y)[1])(x.clone()),
+}
+
+
+# rank 64 for a few ops only: XLA takes seconds to compile each program of that rank
+RANK_CASES = [(r, n) for r in (9, 18) for n in sorted(RANK_OPS)] + [
+    (64, "add"), (64, "sum_dim"), (64, "strided_read"), (64, "mse_loss")]
+
+
+@pytest.mark.parametrize("rank,name", RANK_CASES)
+def test_high_rank_ops_match_cpu(rank, name):
+    torch.manual_seed(0)
+    x = torch.randn(_shape(rank))
+    want = RANK_OPS[name](x)
+    got = RANK_OPS[name](x.to("tpu")).cpu()
+    assert got.shape == want.shape and got.dtype == want.dtype
+    torch.testing.assert_close(got, want)
+
+
+def test_view_of_eighteen_dims_matches_cpu():
+    # test_view_ops.py test_view: a non-contiguous 8-d tensor viewed as 18 dims
+    base = torch.rand(4, 2, 5, 1, 6, 2, 9, 3).transpose(-1, 2).transpose(-2, 3)
+    size = [1, 1, 2, 1, 4, 3, 1, 1, 9, 1, 2, 1, 2, 3, 1, 5, 1, 1]
+    t = base.to("tpu")
+    got = t.view(*size)
+    assert got.stride() == base.view(*size).stride()
+    assert torch.equal(got.cpu(), base.view(*size))
+    assert torch.equal(t.clone().view(*size).cpu(), base.clone().view(*size))
+
+
+def test_rank_above_limit_is_a_clear_error():
+    with pytest.raises(NotImplementedError, match="rank 65 .*at most 64"):
+        (torch.zeros([1] * 65).to("tpu") + 1).cpu()
+    with pytest.raises(NotImplementedError, match="rank 65"):
+        torch.randn([1] * 65, device="tpu").cpu()
+    # the device still works afterwards
+    assert torch.equal((torch.ones(2, device="tpu") * 3).cpu(), torch.full((2,), 3.0))
+
+
+# ---- results that follow torch.set_default_dtype ----
+
+DEFAULT_DTYPE_CASES = {
+    "arange_float": lambda d: torch.arange(0.0, 3.0, device=d),
+    "full_float": lambda d: torch.full((2,), 1.5, device=d),
+    "randn": lambda d: torch.randn(2, device=d),
+    "zeros": lambda d: torch.zeros(2, device=d),
+    "linspace": lambda d: torch.linspace(0, 1, 3, device=d),
+    "tensor_float": lambda d: torch.tensor([1.5], device=d),
+    "tensor_complex": lambda d: torch.tensor([1j], device=d),
+    "int_times_float": lambda d: torch.arange(4, device=d) * 1.5,
+    "int_true_divide": lambda d: torch.arange(4, device=d) / 2,
+}
+
+
+@pytest.mark.parametrize("name", sorted(DEFAULT_DTYPE_CASES))
+def test_default_dtype_is_not_memoized(name):
+    fn = DEFAULT_DTYPE_CASES[name]
+    old = torch.get_default_dtype()
+    try:
+        # the same call under alternating defaults: a cache keyed without the default dtype
+        # answers the second float32 or float64 call with the first call's dtype
+        for dd in (torch.float32, torch.float64, torch.float32, torch.float64):
+            torch.set_default_dtype(dd)
+            got, want = fn("tpu"), fn("cpu")
+            assert got.dtype == want.dtype, (dd, got.dtype, want.dtype)
+            assert got.shape == want.shape
+            if name != "randn":
+                torch.testing.assert_close(got.cpu(), want)
+    finally:
+        torch.set_default_dtype(old)
