@@ -5,10 +5,11 @@
 // values included, as meta_cache.cpp keys them); CPU's argument checks and the overlap checks
 // on the same (all passed when the memo was made); the call's key on the tensors' views, the
 // slots' element types and sizes, which tensors share a storage, the eager mode, the float32
-// product precision (torch.set_float32_matmul_precision) and the
-// index-check setting. Storage identities and scalar values are the only things that vary,
-// and those are exactly what a prepared call takes (with, for ops whose index checks name it,
-// the Python line, taken again on each run). Ops whose full path draws random numbers or may
+// product precision (torch.set_float32_matmul_precision), the index-check setting and the
+// default dtype (torch.set_default_dtype: the result type of an integer tensor with a Python
+// float). Storage identities and scalar values are the only things that vary, and those are
+// exactly what a prepared call takes (with, for ops whose index checks name it, the Python
+// line, taken again on each run). Ops whose full path draws random numbers or may
 // take another route for the same signature are not memoized (dispatch.cpp decides, as
 // store_memo's caller); calls the signature cannot describe never get that far. What a memo
 // skips besides the work: warnings a Meta kernel would give on every call (none of the
@@ -273,8 +274,11 @@ bool call_signature(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   const size_t nargs = arguments.size();
   const void* id = &schema;
   put(sig.bytes, &id, sizeof id);
+  // the default dtype: the result type of an integer tensor and a Python float (x * 1.5)
+  // follows torch.set_default_dtype, so a memo made under another one gives the wrong dtype
+  const auto default_dtype = static_cast<int64_t>(c10::typeMetaToScalarType(at::get_default_dtype()));
   put_i(sig.bytes, static_cast<int64_t>(eager_mode()) | int64_t{pj_checks_enabled()} << 8 |
-                       int64_t{pj_hlo_f32_product_precision()} << 16);
+                       int64_t{pj_hlo_f32_product_precision()} << 16 | default_dtype << 24);
   const c10::IValue* args = stack.data() + (stack.size() - nargs);
   const bool foreach = schema.name().rfind("aten::_foreach_", 0) == 0;
   for (size_t a = 0; a < nargs; a++)

@@ -131,6 +131,11 @@ std::optional<std::vector<c10::IValue>> meta_returns(const c10::OperatorHandle& 
   key.reserve(256);
   const void* opid = &op.schema();
   put(key, &opid, sizeof opid);
+  // Output dtypes follow torch.get_default_dtype() wherever a dtype is left out: factories
+  // without dtype= (arange with float bounds, full, randn, linspace) and the promotion of an
+  // integer tensor with a Python float. It is part of every key (one int; the ops it does not
+  // concern just get one entry per default dtype used).
+  put_i(key, static_cast<int64_t>(c10::typeMetaToScalarType(at::get_default_dtype())));
   bool cacheable = true;
   // A _foreach_* op's outputs mirror its tensor lists whatever its scalars are; its scalars
   // (AdamW's bias-corrected step sizes) change every step, so their values stay out of the

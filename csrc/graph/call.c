@@ -332,8 +332,9 @@ static pj_status_t *build_single(void *ctx, char **text, size_t *len) {
   pj_val_t *full = calloc((size_t)c->nslots + 1, sizeof(pj_val_t));
   bool *written = calloc((size_t)c->nslots + 1, sizeof(bool));
   int *param_of_slot = calloc((size_t)c->nslots + 1, sizeof(int));
+  pj_val_t *outs = calloc((size_t)c->nslots + 2, sizeof(pj_val_t)); /* written slots + check */
   pj_status_t *st = NULL;
-  if (!h || !in || !scalars || !full || !written || !param_of_slot) {
+  if (!h || !in || !scalars || !full || !written || !param_of_slot || !outs) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a program");
     goto done;
   }
@@ -354,7 +355,6 @@ static pj_status_t *build_single(void *ctx, char **text, size_t *len) {
     st = pj_hlo_finish(h, NULL, 0, NULL, text, len);
     goto done;
   }
-  pj_val_t outs[PJ_CALL_MAX_SLOTS + 1];
   int alias[PJ_CALL_MAX_SLOTS + 1], n = 0;
   for (int s = 0; s < c->nslots; s++)
     if (written[s]) {
@@ -383,6 +383,7 @@ done:
   free(full);
   free(written);
   free(param_of_slot);
+  free(outs);
   return st;
 }
 

@@ -188,10 +188,12 @@ pj_status_t *pj_graph_build(void *ctx, char **text, size_t *len) {
   int total_scalars = 0;
   for (int i = 0; i < g->nops; i++) total_scalars += g->ops[i].nscalars;
   pj_val_t *scalars = calloc((size_t)total_scalars + 1, sizeof(pj_val_t));
-  pj_val_t in[PJ_CALL_MAX_SLOTS], full[PJ_CALL_MAX_SLOTS];
+  /* on the heap: a pj_val_t holds PJ_MAX_RANK dims, two slot arrays are over half a MB */
+  pj_val_t *in = calloc(PJ_CALL_MAX_SLOTS, sizeof(pj_val_t));
+  pj_val_t *full = calloc(PJ_CALL_MAX_SLOTS, sizeof(pj_val_t));
   bool written[PJ_CALL_MAX_SLOTS];
   pj_status_t *st = NULL;
-  if (!h || !c || !vals || !param_of || !outs || !alias || !scalars) {
+  if (!h || !c || !vals || !param_of || !outs || !alias || !scalars || !in || !full) {
     st = pj_status_new(PJ_ERR_OOM, "out of host memory building a fused program");
     goto done;
   }
@@ -277,6 +279,8 @@ done:
   free(outs);
   free(alias);
   free(scalars);
+  free(in);
+  free(full);
   return st;
 }
 

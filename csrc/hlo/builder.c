@@ -27,10 +27,14 @@ struct pj_hlo {
 };
 
 pj_type_t pj_type(pj_dtype_t dt, int rank, const int64_t *dims) {
+  /* a rank beyond PJ_MAX_RANK is kept (every emitter refuses it with a status) but only
+   * PJ_MAX_RANK dims are stored; the readers below stop there too */
   pj_type_t t = {.dtype = dt, .rank = rank};
   for (int i = 0; i < rank && i < PJ_MAX_RANK; i++) t.dims[i] = dims[i];
   return t;
 }
+/* The number of dims stored in t (its rank, clamped to the array). */
+static int stored_rank(const pj_type_t *t) { return t->rank < PJ_MAX_RANK ? t->rank : PJ_MAX_RANK; }
 pj_type_t pj_type_scalar(pj_dtype_t dt) { return pj_type(dt, 0, NULL); }
 pj_type_t pj_type_with_dtype(pj_type_t t, pj_dtype_t dt) {
   t.dtype = dt;
@@ -38,18 +42,18 @@ pj_type_t pj_type_with_dtype(pj_type_t t, pj_dtype_t dt) {
 }
 int64_t pj_type_numel(const pj_type_t *t) {
   int64_t n = 1;
-  for (int i = 0; i < t->rank; i++) n *= t->dims[i];
+  for (int i = 0; i < stored_rank(t); i++) n *= t->dims[i];
   return n;
 }
 bool pj_type_same_shape(const pj_type_t *a, const pj_type_t *b) {
   if (a->rank != b->rank) return false;
-  for (int i = 0; i < a->rank; i++)
+  for (int i = 0; i < stored_rank(a); i++)
     if (a->dims[i] != b->dims[i]) return false;
   return true;
 }
 char *pj_type_str(const pj_type_t *t, char *buf, size_t cap) {
   size_t o = (size_t)snprintf(buf, cap, "tensor<");
-  for (int i = 0; i < t->rank && o < cap; i++)
+  for (int i = 0; i < stored_rank(t) && o < cap; i++)
     o += (size_t)snprintf(buf + o, cap - o, "%lldx", (long long)t->dims[i]);
   if (o < cap) snprintf(buf + o, cap - o, "%s>", pj_dtype_info(t->dtype)->mlir);
   return buf;
@@ -123,7 +127,7 @@ static bool check_ins(pj_hlo_t *h, const char *op, const pj_val_t *ins, int n) {
 }
 
 static void print_types(pj_sb_t *b, const pj_type_t *ts_, int n, bool paren) {
-  char ts[256];
+  char ts[PJ_TYPE_STR_CAP];
   if (paren) pj_sb_puts(b, "(");
   for (int i = 0; i < n; i++) {
     pj_sb_puts(b, i ? ", " : "");
@@ -135,7 +139,7 @@ static void print_types(pj_sb_t *b, const pj_type_t *ts_, int n, bool paren) {
 /* The types of n values (any n: ops such as concatenate take as many operands as the user
  * gave, a program returns every live storage). */
 static void print_val_types(pj_sb_t *b, const pj_val_t *vals, int n, bool paren) {
-  char ts[256];
+  char ts[PJ_TYPE_STR_CAP];
   if (paren) pj_sb_puts(b, "(");
   for (int i = 0; i < n; i++) {
     pj_sb_puts(b, i ? ", " : "");
@@ -198,7 +202,7 @@ void pj_hlo_region_begin(pj_hlo_t *h, const pj_type_t *arg_types, int nargs, pj_
   pj_sb_t *b = &h->regions[h->depth++];
   pj_sb_puts(b, "{\n  ^bb0(");
   for (int i = 0; i < nargs; i++) {
-    char ts[256];
+    char ts[PJ_TYPE_STR_CAP];
     args[i].id = h->next_id++;
     args[i].sub = -1;
     args[i].t = arg_types[i];
@@ -265,7 +269,7 @@ pj_status_t *pj_hlo_finish(pj_hlo_t *h, const pj_val_t *results, int n, const in
   pj_sb_t m = {0};
   pj_sb_puts(&m, "func.func @main(");
   for (int p = 0; p < h->nparams + h->has_last; p++) {
-    char tbuf[256];
+    char tbuf[PJ_TYPE_STR_CAP];
     const bool last = p == h->nparams;
     const pj_val_t v = last ? h->last : h->params[p];
     pj_sb_puts(&m, p ? ", " : "");

@@ -165,6 +165,15 @@ static pj_val_t unary_formula(pj_lower_t *L, const char *n, pj_val_t x) {
     return MUL(x, DIV(MIN(MAX(ADD(x, cst(L, x, 3)), cst(L, x, 0)), cst(L, x, 6)), cst(L, x, 6)));
   /* predicates */
   if (!strcmp(n, "logical_not")) return U("not", pj_convert(H, x, PJ_BOOL));
+  if (pj_dtype_info(dt)->is_complex &&
+      (!strcmp(n, "isnan") || !strcmp(n, "isinf") || !strcmp(n, "isfinite"))) {
+    /* CPU: a complex number is NaN (inf) when either part is, finite when both parts are.
+     * Comparing the complex value with itself does not find a NaN part on the XLA CPU plugin,
+     * so the predicates look at the parts. */
+    pj_val_t re = U("real", x), im = U("imag", x);
+    pj_val_t pr = unary_formula(L, n, re), pi = unary_formula(L, n, im);
+    return !strcmp(n, "isfinite") ? AND(pr, pi) : OR(pr, pi);
+  }
   if (!fl) {
     bool v = false;
     if (!strcmp(n, "isfinite")) v = true;
@@ -602,13 +611,9 @@ static pj_status_t *lower_to_copy(pj_lower_t *L) {
   return NULL;
 }
 
-static pj_status_t *lower_nan_to_num(pj_lower_t *L) {
-  pj_dtype_t ct = pj_out_type(L, 0).dtype;
-  pj_val_t x = arg_at_out(L, "self", ct);
-  if (!pj_dtype_info(ct)->is_float) {
-    pj_set_result(L, 0, x);
-    return NULL;
-  }
+/* nan_to_num of real float x (ct its dtype): NaN, +inf and -inf replaced. */
+static pj_val_t nan_to_num_real(pj_lower_t *L, pj_val_t x) {
+  pj_dtype_t ct = x.t.dtype;
   double big = ct == PJ_F64 ? 1.7976931348623157e308 : ct == PJ_F16 ? 65504.0
                : ct == PJ_BF16 ? 3.3895313892515355e38 : 3.4028234663852886e38;
   pj_val_t nan = cst(L, x, pj_float(L, "nan", 0));
@@ -616,7 +621,18 @@ static pj_status_t *lower_nan_to_num(pj_lower_t *L) {
   pj_val_t ninf = cst(L, x, pj_has(L, "neginf") ? pj_float(L, "neginf", -big) : -big);
   x = SEL(CMP("NE", x, x), nan, x);
   x = SEL(CMP("EQ", x, cst(L, x, INFINITY)), pinf, x);
-  x = SEL(CMP("EQ", x, cst(L, x, -INFINITY)), ninf, x);
+  return SEL(CMP("EQ", x, cst(L, x, -INFINITY)), ninf, x);
+}
+
+static pj_status_t *lower_nan_to_num(pj_lower_t *L) {
+  pj_dtype_t ct = pj_out_type(L, 0).dtype;
+  pj_val_t x = arg_at_out(L, "self", ct);
+  if (pj_dtype_info(ct)->is_complex) {
+    /* CPU replaces in the real and the imaginary part separately, with the part dtype's limits */
+    x = make_complex(L, nan_to_num_real(L, U("real", x)), nan_to_num_real(L, U("imag", x)));
+  } else if (pj_dtype_info(ct)->is_float) {
+    x = nan_to_num_real(L, x);
+  }
   pj_set_result(L, 0, x);
   return NULL;
 }

@@ -738,6 +738,13 @@ static void nll_parts(pj_lower_t *L, pj_type_t st, pj_dtype_t ct, nll_parts_t *p
   }
 }
 
+/* dims = 0, 1, ..., rank - 1 (every dim, for a full reduction); rank <= PJ_MAX_RANK holds for
+ * every value (the builder refuses larger types), the clamp keeps the array in bounds anyway. */
+static const int64_t *all_dims(int64_t dims[PJ_MAX_RANK], int rank) {
+  for (int i = 0; i < rank && i < PJ_MAX_RANK; i++) dims[i] = i;
+  return dims;
+}
+
 static pj_status_t *lower_nll_loss(pj_lower_t *L) {
   pj_val_t x = pj_tensor(L, "self");
   pj_dtype_t ct = acc_of(x.t.dtype);
@@ -750,10 +757,11 @@ static pj_status_t *lower_nll_loss(pj_lower_t *L) {
   pj_val_t picked = pj_reduce(H, SEL(p.onehot, x, cst(L, x, 0)), &cd, 1, "add");
   pj_val_t loss = U("negate", MUL(picked, p.wt));
   int64_t red = pj_int(L, "reduction", RED_MEAN);
-  pj_val_t tw = pj_reduce(H, p.wt, (int64_t[]){0, 1, 2, 3, 4, 5, 6, 7}, p.wt.t.rank, "add");
+  int64_t all[PJ_MAX_RANK];
+  pj_val_t tw = pj_reduce(H, p.wt, all_dims(all, p.wt.t.rank), p.wt.t.rank, "add");
   pj_val_t out = loss;
   if (red != RED_NONE) {
-    out = pj_reduce(H, loss, (int64_t[]){0, 1, 2, 3, 4, 5, 6, 7}, loss.t.rank, "add");
+    out = pj_reduce(H, loss, all_dims(all, loss.t.rank), loss.t.rank, "add");
     if (red == RED_MEAN) out = DIV(out, tw);
   } else {
     tw = cst(L, tw, 0); /* CPU leaves total_weight at 0 without reduction */
@@ -816,8 +824,8 @@ static void loss_operands(pj_lower_t *L, pj_dtype_t ct, pj_val_t *x, pj_val_t *t
 static pj_val_t apply_reduction(pj_lower_t *L, pj_val_t l) {
   int64_t red = pj_int(L, "reduction", RED_MEAN);
   if (red == RED_NONE) return l;
-  int64_t all[PJ_MAX_RANK] = {0, 1, 2, 3, 4, 5, 6, 7};
-  pj_val_t s = pj_reduce(H, l, all, l.t.rank, "add");
+  int64_t all[PJ_MAX_RANK];
+  pj_val_t s = pj_reduce(H, l, all_dims(all, l.t.rank), l.t.rank, "add");
   if (red == RED_MEAN) s = DIV(s, pj_full(H, s.t, (double)pj_type_numel(&l.t)));
   return s;
 }

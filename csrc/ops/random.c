@@ -185,6 +185,30 @@ static pj_val_t param(pj_lower_t *L, const char *name, double dflt, pj_type_t t,
   return pj_broadcast_to(H, v, t.rank, t.dims);
 }
 
+/* The parts of a complex distribution parameter as values of ct at shape t: a Tensor's real and
+ * imaginary parts; a float (or real tensor) stands for both parts (CPU draws a complex tensor's
+ * parts as one real tensor of twice the length, view_as_real, so normal_(mean) shifts both). */
+static void param_parts(pj_lower_t *L, const char *name, double dflt, pj_type_t t, pj_dtype_t ct,
+                        pj_val_t *re, pj_val_t *im) {
+  const pj_arg_t *a = pj_arg(L, name);
+  if (a && a->kind == PJ_ARG_TENSOR && pj_dtype_info(pj_tensor(L, name).t.dtype)->is_complex) {
+    pj_val_t v = pj_tensor(L, name);
+    *re = pj_broadcast_to(H, pj_convert(H, U("real", v), ct), t.rank, t.dims);
+    *im = pj_broadcast_to(H, pj_convert(H, U("imag", v), ct), t.rank, t.dims);
+    return;
+  }
+  *re = *im = param(L, name, dflt, t, ct);
+}
+
+/* Complex values of dtype dt from real parts re and im of the part dtype's compute type. */
+static pj_val_t complex_of(pj_lower_t *L, pj_val_t re, pj_val_t im, pj_dtype_t dt) {
+  pj_dtype_t part = dt == PJ_C128 ? PJ_F64 : PJ_F32;
+  pj_val_t parts[2] = {pj_convert(H, re, part), pj_convert(H, im, part)};
+  return pj_hlo_op(H, "stablehlo.complex", parts, 2, NULL, pj_type_with_dtype(re.t, dt));
+}
+
+static bool is_complex_out(pj_dtype_t dt) { return dt == PJ_C64 || dt == PJ_C128; }
+
 static bool require_float(pj_lower_t *L, pj_dtype_t dt, pj_code_t code, const char *what) {
   if (pj_dtype_info(dt)->is_float) return true;
   if (code == PJ_ERR_UNIMPLEMENTED)
@@ -198,27 +222,60 @@ static bool require_float(pj_lower_t *L, pj_dtype_t dt, pj_code_t code, const ch
 
 static pj_status_t *lower_uniform(pj_lower_t *L) {
   pj_type_t t = pj_out_type(L, 0);
-  if (!require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "check_uniform_bounds")) return NULL;
+  if (!is_complex_out(t.dtype) &&
+      !require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "check_uniform_bounds"))
+    return NULL;
   double from = pj_float(L, "from", 0.0), to = pj_float(L, "to", 1.0);
   if (from > to) {
     pj_fail(L, PJ_ERR_RUNTIME, "uniform_ expects to return a [from, to) range, but found from=%g "
             "> to=%g", from, to);
     return NULL;
   }
-  pj_dtype_t ct = compute_of(t.dtype);
+  /* complex: CPU draws the real and the imaginary part each uniform in [from, to) (a real
+   * draw over view_as_real); here the real part takes words 0-1, the imaginary part 2-3 */
+  bool cx = is_complex_out(t.dtype);
+  pj_dtype_t pt = !cx ? t.dtype : t.dtype == PJ_C128 ? PJ_F64 : PJ_F32;
+  pj_dtype_t ct = compute_of(pt);
   pj_val_t w[4];
   if (!philox(L, t, w)) return NULL;
-  pj_val_t u = unit_for(L, w, t.dtype, ct);
   /* CPU: from and to are cast to the dtype first, then x * (to - from) + from in ct */
-  pj_val_t lo = pj_convert(H, pj_const(H, t.dtype, from), ct);
-  pj_val_t hi = pj_convert(H, pj_const(H, t.dtype, to), ct);
+  pj_val_t lo = pj_convert(H, pj_const(H, pt, from), ct);
+  pj_val_t hi = pj_convert(H, pj_const(H, pt, to), ct);
+  pj_val_t u = unit_for(L, w, pt, ct);
   pj_val_t r = ADD(MUL(u, bcast(L, SUB(hi, lo), u.t)), bcast(L, lo, u.t));
+  if (cx) {
+    pj_val_t ui = unit_for(L, w + 2, pt, ct);
+    pj_val_t ri = ADD(MUL(ui, bcast(L, SUB(hi, lo), ui.t)), bcast(L, lo, ui.t));
+    r = complex_of(L, r, ri, t.dtype);
+  }
   pj_set_result(L, 0, r);
   return NULL;
 }
 
 static pj_status_t *lower_normal(pj_lower_t *L) {
   pj_type_t t = pj_out_type(L, 0);
+  if (is_complex_out(t.dtype)) {
+    /* CPU (normal_impl_): a complex tensor's parts are drawn as one real tensor (view_as_real)
+     * with std / sqrt(2), so that E|z - mean|^2 = std^2; a float mean shifts both parts, a
+     * complex Tensor mean each part by its own. Box-Muller's cosine and sine branches give the
+     * two independent normals from one element's four words. */
+    pj_dtype_t ct = t.dtype == PJ_C128 ? PJ_F64 : PJ_F32;
+    pj_val_t w[4];
+    if (!philox(L, t, w)) return NULL;
+    int d = digits_of(ct);
+    pj_val_t u0 = unit(L, w[0], w[1], d, ct);
+    pj_val_t u1 = SUB(fcst(L, u0, 1), u0);
+    pj_val_t u2 = unit(L, w[2], w[3], d, ct);
+    pj_val_t rad = U("sqrt", MUL(fcst(L, u1, -2.0), U("log", u1)));
+    pj_val_t th = MUL(fcst(L, u2, 2.0 * M_PI), u2);
+    pj_val_t s = MUL(param(L, "std", 1.0, t, ct), fcst(L, rad, M_SQRT1_2));
+    pj_val_t mre, mim;
+    param_parts(L, "mean", 0.0, t, ct, &mre, &mim);
+    pj_val_t re = ADD(MUL(MUL(rad, U("cosine", th)), s), mre);
+    pj_val_t im = ADD(MUL(MUL(rad, U("sine", th)), s), mim);
+    pj_set_result(L, 0, complex_of(L, re, im, t.dtype));
+    return NULL;
+  }
   if (!require_float(L, t.dtype, PJ_ERR_UNIMPLEMENTED, "normal_kernel_cpu")) return NULL;
   pj_dtype_t ct = compute_of(t.dtype);
   pj_val_t w[4];

@@ -7,6 +7,8 @@
 #include <string.h>
 
 #include "slices.h"
+#include <stdlib.h>
+
 #include "table.h"
 #include "emit.h"
 
@@ -15,7 +17,9 @@ static pj_status_t *lower_cat(pj_lower_t *L) {
   pj_type_t ot = pj_out_type(L, 0);
   int n = pj_list_len(L, "tensors");
   int dim = pj_norm_dim(L, pj_int(L, "dim", 0), ot.rank);
-  pj_val_t parts[PJ_CALL_MAX_TENSORS];
+  /* on the heap: a pj_val_t holds PJ_MAX_RANK dims */
+  pj_val_t *parts = malloc(sizeof(pj_val_t) * PJ_CALL_MAX_TENSORS);
+  if (!parts) return pj_status_new(PJ_ERR_OOM, "out of host memory lowering aten::cat");
   int k = 0;
   for (int i = 0; i < n && k < PJ_CALL_MAX_TENSORS; i++) {
     const pj_tensor_desc_t *d = &L->c->tensors[pj_arg(L, "tensors")->first + i];
@@ -26,11 +30,13 @@ static pj_status_t *lower_cat(pj_lower_t *L) {
     parts[k++] = pj_convert(H, pj_tensor_at(L, "tensors", i), ot.dtype);
   }
   if (k == 0) { /* then the result is empty too: nothing to write */
+    free(parts);
     if (pj_type_numel(&ot) == 0) return NULL;
     return pj_status_new(PJ_ERR_RUNTIME, "internal: cat with a non-empty result but "
                          "no non-empty input");
   }
   pj_set_result(L, 0, pj_concat(H, parts, k, dim));
+  free(parts);
   return NULL;
 }
 

@@ -15,7 +15,15 @@
 extern "C" {
 #endif
 
-#define PJ_MAX_RANK 8
+/* The highest tensor rank the runtime takes: PyTorch's own working limit (its reductions and
+ * dim lists are 64-bit masks, "only tensors with up to 64 dims are supported"). Types and call
+ * descriptors hold their dims inline at this size, so pj_type_t is 520 bytes: values are passed
+ * by value only while a program is built (a cache miss), never on a cache hit. Every array
+ * indexed by rank is sized by it, and every rank that an op derives (an unsqueeze, a gather's
+ * index dim) is checked against it: a larger rank is an error status, never an overflow. */
+#define PJ_MAX_RANK 64
+/* Room for the text of any pj_type_t ("tensor<" + 64 dims of up to 20 digits + "xcomplex<f64>>"). */
+#define PJ_TYPE_STR_CAP (22 * PJ_MAX_RANK + 32)
 
 typedef struct {
   pj_dtype_t dtype;
