@@ -3,13 +3,16 @@
 // at the call. Without them Strict raised another message from the lowering, and
 // defer_and_fuse raised it at the next flush, on an unrelated line (fuzz finding F9).
 #include "bridge.h"
+#include "meta_cache.h"
 
 #include <ATen/Dispatch_v2.h>
 #include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
+#include <mutex>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torch_pjrt {
@@ -212,6 +215,89 @@ void advanced_index_checks(const std::string& base, const c10::FunctionSchema& s
   for (int64_t s : shape)
     if (s == 0) return;
   TORCH_CHECK_INDEX(false, "index is out of bounds for dimension with size 0");
+}
+
+}  // namespace torch_pjrt
+
+namespace torch_pjrt {
+namespace {
+
+// The functional overload of an out= overload: the same name and the same arguments less the
+// out= ones (add.out -> add.Tensor, sum.IntList_out -> sum.dim_IntList). Looked up by scanning
+// the dispatcher's op names, so remembered per out= overload; error paths only.
+std::optional<c10::OperatorHandle> functional_of(const c10::FunctionSchema& out) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::optional<c10::OperatorHandle>> memo;  // mu
+  const std::string key = c10::toString(out.operator_name());
+  std::lock_guard<std::mutex> g(mu);
+  auto it = memo.find(key);
+  if (it != memo.end()) return it->second;
+  std::vector<const c10::Argument*> ins;
+  for (const c10::Argument& a : out.arguments())
+    if (!a.is_out()) ins.push_back(&a);
+  std::optional<c10::OperatorHandle> found;
+  auto& d = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : d.getAllOpNames()) {
+    if (name.name != out.name() || name.overload_name == out.overload_name()) continue;
+    auto op = d.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    const c10::FunctionSchema& f = op->schema();
+    bool same = f.arguments().size() == ins.size();
+    for (size_t i = 0; same && i < ins.size(); i++)
+      same = f.arguments()[i].name() == ins[i]->name() &&
+             *f.arguments()[i].type() == *ins[i]->type() && !f.arguments()[i].alias_info();
+    if (same) {
+      found = *op;
+      break;
+    }
+  }
+  memo.emplace(key, found);
+  return found;
+}
+
+void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) out.push_back(v.toTensor());
+  else if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+}
+
+}  // namespace
+
+// CPU's out= check: TensorIterator (and the reductions' out= helpers) refuse an out= tensor
+// whose dtype the result type cannot be cast to, "result type Float can't be cast to the
+// desired output type Long". PyTorch's Python Meta kernels (the refs' out_wrapper) refuse the
+// same calls with their own message, "Attempting to cast from torch.float32 to out tensor ...",
+// so when an out= call's Meta kernel has refused, the functional overload's Meta kernel gives
+// the result types and, where one does not cast, CPU's message is raised instead. One check for
+// every out= overload that has a functional twin; nothing on the path of a call that runs.
+void out_dtype_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  torch::jit::Stack ins;
+  std::vector<at::Tensor> outs;
+  for (size_t a = 0; a < nargs; a++) {
+    if (schema.arguments()[a].is_out()) collect(args[first + a], outs);
+    else ins.push_back(args[first + a]);
+  }
+  if (outs.empty()) return;
+  const std::optional<c10::OperatorHandle> functional = functional_of(schema);
+  if (!functional) return;
+  std::optional<std::vector<c10::IValue>> rets;
+  try {
+    rets = meta_returns(*functional, ins);
+  } catch (...) {
+    return;  // the inputs themselves are refused: the out= call's own error stands
+  }
+  if (!rets) return;
+  std::vector<at::Tensor> results;
+  for (const c10::IValue& r : *rets) collect(r, results);
+  for (size_t i = 0; i < outs.size() && i < results.size(); i++) {
+    if (!outs[i].defined() || !results[i].defined()) continue;
+    TORCH_CHECK(c10::canCast(results[i].scalar_type(), outs[i].scalar_type()), "result type ",
+                results[i].scalar_type(), " can't be cast to the desired output type ",
+                outs[i].scalar_type());
+  }
 }
 
 }  // namespace torch_pjrt
