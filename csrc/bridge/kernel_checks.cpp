@@ -232,6 +232,17 @@ void complex_refusals(const std::string& base, const c10::FunctionSchema& schema
     TORCH_CHECK_NOT_IMPLEMENTED(false, "\"", r.message, "\" not implemented for '",
                                 c10::toString(*t), "'");
   }
+  // div with a rounding mode is floor_divide or a truncating division, which CPU has no
+  // complex kernel for either (without one, it is true division, defined for complex).
+  if (base == "div") {
+    for (size_t a = 0; a < schema.arguments().size() && a < args.size(); a++) {
+      if (schema.arguments()[a].name() != "rounding_mode" || !args[a].isString()) continue;
+      const std::string mode = args[a].toStringRef();
+      const std::optional<c10::ScalarType> t = common_type(args, /*binary=*/true);
+      TORCH_CHECK_NOT_IMPLEMENTED(!t || !c10::isComplexType(*t), "\"div_", mode,
+                                  "_tpu\" not implemented for '", c10::toString(*t), "'");
+    }
+  }
 }
 
 // CPU's zero_numel_check_dims for the reductions that select an element along `dim` (their
