@@ -38,6 +38,8 @@ CASES = {
     "mean_out_long": lambda d: torch.mean(_t(d, [1.0, 2.0]), 0, out=_out(d, torch.long, 0)),
     "add_out_complex_to_double": lambda d: torch.add(_c(d), 1, out=_out(d, torch.double)),
     "pow_out_float_to_int": lambda d: torch.pow(_t(d, [1.0, 2.0]), 2, out=_out(d, torch.int)),
+    "max_dim_out_values_int": lambda d: torch.max(
+        _t(d, [[1.0, 2.0]]), 1, out=(_out(d, torch.int, 1), _out(d, torch.long, 1))),
     # integers to negative integer powers
     "pow_int_neg": lambda d: torch.pow(_t(d, [1, 2]), -2),
     "pow_uint8_neg": lambda d: _t(d, [1, 2], dtype=torch.uint8) ** -1,

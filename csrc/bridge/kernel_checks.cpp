@@ -501,6 +501,11 @@ void out_dtype_checks(const c10::FunctionSchema& schema, const torch::jit::Stack
   for (const c10::IValue& r : *rets) collect(r, results);
   for (size_t i = 0; i < outs.size() && i < results.size(); i++) {
     if (!outs[i].defined() || !results[i].defined()) continue;
+    // CPU's ops with several outputs (max.dim_max, sort.values, ...) take exact dtypes only
+    if (outs.size() > 1)
+      TORCH_CHECK(results[i].scalar_type() == outs[i].scalar_type(),
+                  "Expected out tensor to have dtype ", results[i].dtype().name(), ", but got ",
+                  outs[i].dtype().name(), " instead");
     TORCH_CHECK(c10::canCast(results[i].scalar_type(), outs[i].scalar_type()), "result type ",
                 results[i].scalar_type(), " can't be cast to the desired output type ",
                 outs[i].scalar_type());
