@@ -309,10 +309,7 @@ FAIL_CASES = _fail_cases()
 
 
 # Known failures, each with its reason (strict: they must keep failing until fixed).
-KNOWN_FAILURES = {
-    "out_result_type": "the exception type matches (RuntimeError) but the message is the one of "
-                       "PyTorch's Meta kernel for add.out, not TensorIterator's 'result type' text",
-}
+KNOWN_FAILURES: dict[str, str] = {}
 
 
 @pytest.mark.parametrize("name", [

@@ -41,6 +41,9 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
 // their variants) through an indexed dim of size 0, raised before any path runs the op.
 void advanced_index_checks(const std::string& base, const c10::FunctionSchema& schema,
                            const torch::jit::Stack& args);
+// kernel_checks.cpp: where an out= call's Meta kernel refused it, raises CPU's message when an
+// out= tensor's dtype cannot hold the result type (the functional form's); else returns.
+void out_dtype_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args);
 // lowp_ops.cpp: true when a call involving a low-precision dtype (float8, e8m0, float4) must
 // go to CPU's kernel (the fallback) because its lowering would treat their bytes as numbers;
 // For a call it keeps lowered, it raises CPU's errors that CPU's kernels give and the Meta

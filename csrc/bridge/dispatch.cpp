@@ -498,6 +498,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     if (!meta) meta = meta_returns(op, args);
   } catch (...) {  // c10::Error, or a Python Meta kernel's exception (python_error)
     meta_refused = true;  // see structured_kernel
+    out_dtype_checks(schema, args);  // CPU's message for an out= dtype the Meta kernel refused
     throw;
   }
   if (!meta) meta = returns_like_self(base, schema, args);

@@ -3,13 +3,17 @@
 // at the call. Without them Strict raised another message from the lowering, and
 // defer_and_fuse raised it at the next flush, on an unrelated line (fuzz finding F9).
 #include "bridge.h"
+#include "meta_cache.h"
 
 #include <ATen/Dispatch_v2.h>
 #include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
+#include <mutex>
+#include <cstring>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 namespace torch_pjrt {
@@ -99,6 +103,208 @@ void fill_value_check(const c10::FunctionSchema& schema, const torch::jit::Stack
                  AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), c10::kBool, c10::kHalf, c10::kBFloat16);
 }
 
+// The dtype an argument stands for in type promotion: a tensor's own, or a Scalar's category
+// (a Python bool counts as a bool tensor, as CPU's wrapped_scalar_tensor makes it).
+std::optional<c10::ScalarType> arg_type(const torch::jit::Stack& args, size_t i) {
+  if (i >= args.size()) return std::nullopt;
+  const c10::IValue& v = args[i];
+  if (v.isTensor()) {
+    if (!v.toTensor().defined()) return std::nullopt;
+    return v.toTensor().scalar_type();
+  }
+  if (!v.isScalar()) return std::nullopt;
+  const c10::Scalar s = v.toScalar();
+  if (s.isBoolean()) return c10::kBool;
+  if (s.isComplex()) return c10::kComplexDouble;
+  return s.isFloatingPoint() ? c10::kDouble : c10::kLong;
+}
+
+// The type CPU's kernel dispatches on: the first two arguments' result type (one, for unary).
+std::optional<c10::ScalarType> common_type(const torch::jit::Stack& args, bool binary) {
+  const c10::IValue* a = args.size() > 0 ? &args[0] : nullptr;
+  const c10::IValue* b = binary && args.size() > 1 ? &args[1] : nullptr;
+  if (!a || !(a->isTensor() || a->isScalar())) return std::nullopt;
+  if (a->isTensor() && !a->toTensor().defined()) return std::nullopt;
+  if (!b || !(b->isTensor() || b->isScalar()) || (b->isTensor() && !b->toTensor().defined()))
+    return arg_type(args, 0);
+  if (a->isTensor() && b->isTensor()) return at::result_type(a->toTensor(), b->toTensor());
+  if (a->isTensor()) return at::result_type(a->toTensor(), b->toScalar());
+  if (b->isTensor()) return at::result_type(a->toScalar(), b->toTensor());
+  return std::nullopt;
+}
+
+// Ops whose CPU kernels refuse complex tensors (no complex instantiation, or an explicit
+// check in a C++ meta function that PyTorch's Python Meta kernels lack). Their lowerings
+// would otherwise order complex numbers by their real parts (maximum, lt, cummax, clamp),
+// compute a formula CPU does not define (hypot, xlogy, logit), fail in XLA's verifier with
+// its own message (floor, erf) or crash (remainder). One row per op; its in-place and out=
+// forms share the base name and the row.
+struct ComplexRefusal {
+  const char* base;
+  const char* overloads;  // the overloads it covers, space-separated ("" is the default one);
+                          // nullptr: all
+  bool binary;            // CPU dispatches on the first two arguments' result type, else self's
+  bool not_implemented;   // NotImplementedError (an AT_DISPATCH miss), else RuntimeError
+  const char* message;    // an AT_DISPATCH miss names its kernel: "\"%s\" not implemented for
+                          // '<type>'" then, with the kernel's name here
+};
+
+constexpr bool kBinary = true, kUnary = false, kNotImpl = true, kRuntime = false;
+
+const ComplexRefusal kComplexRefusals[] = {
+    {"maximum", nullptr, kBinary, kRuntime, "maximum not implemented for complex tensors."},
+    {"minimum", nullptr, kBinary, kRuntime, "minimum not implemented for complex tensors."},
+    {"fmax", nullptr, kBinary, kRuntime, "fmax not implemented for complex tensors."},
+    {"fmin", nullptr, kBinary, kRuntime, "fmin not implemented for complex tensors."},
+    {"max", "other out", kBinary, kRuntime, "maximum not implemented for complex tensors."},
+    {"min", "other out", kBinary, kRuntime, "minimum not implemented for complex tensors."},
+    {"max", "dim dim_max names_dim names_dim_max", kUnary, kRuntime,
+     "max(): does not support complex input"},
+    {"min", "dim dim_min names_dim names_dim_min", kUnary, kRuntime,
+     "min(): does not support complex input"},
+    {"max", " unary_out", kUnary, kNotImpl, "max_all"},
+    {"min", " unary_out", kUnary, kNotImpl, "min_all"},
+    {"argmax", nullptr, kUnary, kRuntime, "argmax(): does not support complex input"},
+    {"argmin", nullptr, kUnary, kRuntime, "argmin(): does not support complex input"},
+    {"amax", nullptr, kUnary, kNotImpl, "max_values_tpu"},
+    {"amin", nullptr, kUnary, kNotImpl, "min_values_tpu"},
+    {"aminmax", nullptr, kUnary, kNotImpl, "aminmax_tpu"},
+    {"clamp", nullptr, kUnary, kNotImpl, "clamp is not supported for complex types"},
+    {"clamp_min", " out", kUnary, kNotImpl, "clamp is not supported for complex types"},
+    {"clamp_max", " out", kUnary, kNotImpl, "clamp is not supported for complex types"},
+    {"clamp_min", "Tensor Tensor_out", kBinary, kNotImpl, "maximum_tpu"},
+    {"clamp_max", "Tensor Tensor_out", kBinary, kNotImpl, "minimum_tpu"},
+    {"cummax", nullptr, kUnary, kNotImpl, "cummax_tpu"},
+    {"cummin", nullptr, kUnary, kNotImpl, "cummin_tpu"},
+    {"_cummax_helper", nullptr, kUnary, kNotImpl, "cummax_tpu"},
+    {"_cummin_helper", nullptr, kUnary, kNotImpl, "cummin_tpu"},
+    {"lt", nullptr, kBinary, kNotImpl, "lt_tpu"},
+    {"le", nullptr, kBinary, kNotImpl, "le_tpu"},
+    {"gt", nullptr, kBinary, kNotImpl, "gt_tpu"},
+    {"ge", nullptr, kBinary, kNotImpl, "ge_tpu"},
+    {"sort", nullptr, kUnary, kRuntime, "Sort does not support complex dtypes on tpu"},
+    {"topk", nullptr, kUnary, kRuntime, "topk does not support complex dtypes on tpu"},
+    {"median", nullptr, kUnary, kNotImpl, "median_tpu"},
+    {"nanmedian", nullptr, kUnary, kNotImpl, "median_tpu"},
+    {"mode", nullptr, kUnary, kNotImpl, "mode_tpu"},
+    {"searchsorted", nullptr, kBinary, kNotImpl, "searchsorted_out_tpu"},
+    {"bucketize", nullptr, kBinary, kNotImpl, "searchsorted_out_tpu"},
+    {"floor", nullptr, kUnary, kNotImpl, "floor is not supported for complex inputs"},
+    {"ceil", nullptr, kUnary, kNotImpl, "ceil is not supported for complex inputs"},
+    {"trunc", nullptr, kUnary, kNotImpl, "trunc is not supported for complex inputs"},
+    {"sign", nullptr, kUnary, kNotImpl,
+     "Unlike NumPy, torch.sign is not intended to support complex numbers. Please use "
+     "torch.sgn instead."},
+    {"signbit", nullptr, kUnary, kNotImpl, "signbit is not implemented for complex tensors."},
+    {"remainder", nullptr, kBinary, kNotImpl, "remainder_tpu"},
+    {"fmod", nullptr, kBinary, kNotImpl, "fmod_tpu"},
+    {"floor_divide", nullptr, kBinary, kNotImpl, "div_floor_tpu"},
+    {"atan2", nullptr, kBinary, kNotImpl, "atan2_tpu"},
+    {"copysign", nullptr, kBinary, kNotImpl, "copysign_tpu"},
+    {"hypot", nullptr, kBinary, kNotImpl, "hypot_tpu"},
+    {"nextafter", nullptr, kBinary, kNotImpl, "nextafter_tpu"},
+    {"xlogy", nullptr, kBinary, kNotImpl, "xlogy_tpu"},
+    {"round", nullptr, kUnary, kNotImpl, "round_tpu"},
+    {"erf", nullptr, kUnary, kNotImpl, "erf_tpu"},
+    {"lgamma", nullptr, kUnary, kNotImpl, "lgamma_tpu"},
+    {"digamma", nullptr, kUnary, kNotImpl, "digamma"},
+    {"logit", nullptr, kUnary, kNotImpl, "logit_tpu"},
+};
+
+bool covers(const char* overloads, const std::string& overload) {
+  if (!overloads) return true;
+  // tokens separated by single spaces; a leading space stands for the default overload ""
+  const std::string list = std::string(" ") + overloads + " ";
+  if (overload.empty()) return overloads[0] == ' ';
+  return list.find(" " + overload + " ") != std::string::npos;
+}
+
+void complex_refusals(const std::string& base, const c10::FunctionSchema& schema,
+                      const torch::jit::Stack& args) {
+  for (const ComplexRefusal& r : kComplexRefusals) {
+    if (base != r.base || !covers(r.overloads, schema.overload_name())) continue;
+    // CPU's clamp refuses a call without bounds first (its Meta kernel's error)
+    if (base == "clamp" && args.size() > 2 && args[1].isNone() && args[2].isNone()) return;
+    const std::optional<c10::ScalarType> t = common_type(args, r.binary);
+    if (!t || !c10::isComplexType(*t)) return;
+    if (!r.not_implemented) TORCH_CHECK(false, r.message);
+    if (std::strstr(r.message, " ")) TORCH_CHECK_NOT_IMPLEMENTED(false, r.message);
+    TORCH_CHECK_NOT_IMPLEMENTED(false, "\"", r.message, "\" not implemented for '",
+                                c10::toString(*t), "'");
+  }
+  // div with a rounding mode is floor_divide or a truncating division, which CPU has no
+  // complex kernel for either (without one, it is true division, defined for complex).
+  if (base == "div") {
+    for (size_t a = 0; a < schema.arguments().size() && a < args.size(); a++) {
+      if (schema.arguments()[a].name() != "rounding_mode" || !args[a].isString()) continue;
+      const std::string mode = args[a].toStringRef();
+      const std::optional<c10::ScalarType> t = common_type(args, /*binary=*/true);
+      TORCH_CHECK_NOT_IMPLEMENTED(!t || !c10::isComplexType(*t), "\"div_", mode,
+                                  "_tpu\" not implemented for '", c10::toString(*t), "'");
+    }
+  }
+}
+
+// CPU's zero_numel_check_dims for the reductions that select an element along `dim` (their
+// Python Meta kernels do not check it; the lowerings then built no result, or raised at the
+// flush under DeferAndFuse with the op's name prefixed): IndexError
+// "median(): Expected reduction dim 0 to have non-zero size." with the dim wrapped. nanmedian
+// reports itself as median(), as CPU's shared kernel does.
+void nonempty_dim_check(const std::string& base, const c10::FunctionSchema& schema,
+                        const torch::jit::Stack& args) {
+  static const char* const kNames[][2] = {{"median", "median()"}, {"nanmedian", "median()"},
+                                          {"mode", "mode()"},     {"kthvalue", "kthvalue()"},
+                                          {"max", "max()"},       {"min", "min()"}};
+  const char* fn = nullptr;
+  for (const auto& n : kNames)
+    if (base == n[0]) fn = n[1];
+  if (!fn) return;
+  const at::Tensor* self = tensor_arg(args, 0);
+  if (!self) return;
+  // max() and min() without a dim: CPU's RuntimeError for an empty input
+  if ((base == "max" || base == "min") &&
+      (schema.overload_name().empty() || schema.overload_name() == "unary_out"))
+    TORCH_CHECK(self->numel() != 0, fn,
+                ": Expected reduction dim to be specified for input.numel() == 0. Specify the "
+                "reduction dim with the 'dim' argument.");
+  if (self->dim() == 0) return;  // a 0-d input has its own dim check
+  for (size_t a = 0; a < schema.arguments().size() && a < args.size(); a++) {
+    if (schema.arguments()[a].name() != "dim" || !args[a].isInt()) continue;
+    const int64_t d = args[a].toInt(), n = self->dim();
+    if (d < -n || d >= n) return;  // out of range: the Meta kernel's IndexError
+    const int64_t w = d < 0 ? d + n : d;
+    TORCH_CHECK_INDEX(self->size(w) != 0, fn, ": Expected reduction dim ", w,
+                      " to have non-zero size.");
+  }
+}
+
+// CPU's pow meta function refuses an integral base (bool included) with a negative integral
+// Scalar exponent (NumPy's rule); the Python Meta kernel computes 1/x**n in integers instead.
+void pow_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  for (size_t a = 0; a < schema.arguments().size() && a < args.size(); a++) {
+    if (schema.arguments()[a].name() != "exponent" || !args[a].isScalar()) continue;
+    const at::Tensor* self = tensor_arg(args, 0);
+    const c10::Scalar e = args[a].toScalar();
+    TORCH_CHECK(!(self && c10::isIntegralType(self->scalar_type(), /*includeBool=*/true) &&
+                  e.isIntegral(/*includeBool=*/true) && e.toLong() < 0),
+                "Integers to negative integer powers are not allowed.");
+  }
+}
+
+// CPU's sub_check for sub and rsub (every overload; a Python bool counts as a bool tensor).
+// The Meta kernels of the Scalar overloads do not make it; the lowering does (a backstop for
+// captured graphs), but only at the flush under DeferAndFuse and with the op's name prefixed.
+void sub_check(const torch::jit::Stack& args) {
+  const std::optional<c10::ScalarType> a = arg_type(args, 0), b = arg_type(args, 1);
+  if (!a || !b) return;
+  TORCH_CHECK(*a != c10::kBool || *b != c10::kBool,
+              "Subtraction, the `-` operator, with two bool tensors is not supported. Use the "
+              "`^` or `logical_xor()` operator instead.");
+  TORCH_CHECK(*a != c10::kBool && *b != c10::kBool,
+              "Subtraction, the `-` operator, with a bool tensor is not supported. If you are "
+              "trying to invert a mask, use the `~` or `logical_not()` operator instead.");
+}
+
 bool is_bitwise(const std::string& base) {
   static const char* const names[] = {"bitwise_and", "bitwise_or", "bitwise_xor", "bitwise_not",
                                       "bitwise_left_shift", "bitwise_right_shift", "__lshift__",
@@ -112,6 +318,10 @@ bool is_bitwise(const std::string& base) {
 
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args) {
+  complex_refusals(base, schema, args);
+  nonempty_dim_check(base, schema, args);
+  if (base == "pow") pow_check(schema, args);
+  if (base == "sub" || base == "rsub") sub_check(args);
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
   } else if (is_fill(base)) {
@@ -212,6 +422,94 @@ void advanced_index_checks(const std::string& base, const c10::FunctionSchema& s
   for (int64_t s : shape)
     if (s == 0) return;
   TORCH_CHECK_INDEX(false, "index is out of bounds for dimension with size 0");
+}
+
+}  // namespace torch_pjrt
+
+namespace torch_pjrt {
+namespace {
+
+// The functional overload of an out= overload: the same name and the same arguments less the
+// out= ones (add.out -> add.Tensor, sum.IntList_out -> sum.dim_IntList). Looked up by scanning
+// the dispatcher's op names, so remembered per out= overload; error paths only.
+std::optional<c10::OperatorHandle> functional_of(const c10::FunctionSchema& out) {
+  static std::mutex mu;
+  static std::unordered_map<std::string, std::optional<c10::OperatorHandle>> memo;  // mu
+  const std::string key = c10::toString(out.operator_name());
+  std::lock_guard<std::mutex> g(mu);
+  auto it = memo.find(key);
+  if (it != memo.end()) return it->second;
+  std::vector<const c10::Argument*> ins;
+  for (const c10::Argument& a : out.arguments())
+    if (!a.is_out()) ins.push_back(&a);
+  std::optional<c10::OperatorHandle> found;
+  auto& d = c10::Dispatcher::singleton();
+  for (const c10::OperatorName& name : d.getAllOpNames()) {
+    if (name.name != out.name() || name.overload_name == out.overload_name()) continue;
+    auto op = d.findOp(name);
+    if (!op || !op->hasSchema()) continue;
+    const c10::FunctionSchema& f = op->schema();
+    bool same = f.arguments().size() == ins.size();
+    for (size_t i = 0; same && i < ins.size(); i++)
+      same = f.arguments()[i].name() == ins[i]->name() &&
+             *f.arguments()[i].type() == *ins[i]->type() && !f.arguments()[i].alias_info();
+    if (same) {
+      found = *op;
+      break;
+    }
+  }
+  memo.emplace(key, found);
+  return found;
+}
+
+void collect(const c10::IValue& v, std::vector<at::Tensor>& out) {
+  if (v.isTensor()) out.push_back(v.toTensor());
+  else if (v.isTensorList())
+    for (const at::Tensor& t : v.toTensorList()) out.push_back(t);
+}
+
+}  // namespace
+
+// CPU's out= check: TensorIterator (and the reductions' out= helpers) refuse an out= tensor
+// whose dtype the result type cannot be cast to, "result type Float can't be cast to the
+// desired output type Long". PyTorch's Python Meta kernels (the refs' out_wrapper) refuse the
+// same calls with their own message, "Attempting to cast from torch.float32 to out tensor ...",
+// so when an out= call's Meta kernel has refused, the functional overload's Meta kernel gives
+// the result types and, where one does not cast, CPU's message is raised instead. One check for
+// every out= overload that has a functional twin; nothing on the path of a call that runs.
+void out_dtype_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  torch::jit::Stack ins;
+  std::vector<at::Tensor> outs;
+  for (size_t a = 0; a < nargs; a++) {
+    if (schema.arguments()[a].is_out()) collect(args[first + a], outs);
+    else ins.push_back(args[first + a]);
+  }
+  if (outs.empty()) return;
+  const std::optional<c10::OperatorHandle> functional = functional_of(schema);
+  if (!functional) return;
+  std::optional<std::vector<c10::IValue>> rets;
+  try {
+    rets = meta_returns(*functional, ins);
+  } catch (...) {
+    return;  // the inputs themselves are refused: the out= call's own error stands
+  }
+  if (!rets) return;
+  std::vector<at::Tensor> results;
+  for (const c10::IValue& r : *rets) collect(r, results);
+  for (size_t i = 0; i < outs.size() && i < results.size(); i++) {
+    if (!outs[i].defined() || !results[i].defined()) continue;
+    // CPU's ops with several outputs (max.dim_max, sort.values, ...) take exact dtypes only
+    if (outs.size() > 1)
+      TORCH_CHECK(results[i].scalar_type() == outs[i].scalar_type(),
+                  "Expected out tensor to have dtype ", results[i].dtype().name(), ", but got ",
+                  outs[i].dtype().name(), " instead");
+    TORCH_CHECK(c10::canCast(results[i].scalar_type(), outs[i].scalar_type()), "result type ",
+                results[i].scalar_type(), " can't be cast to the desired output type ",
+                outs[i].scalar_type());
+  }
 }
 
 }  // namespace torch_pjrt
