@@ -26,6 +26,7 @@ import datetime
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -41,14 +42,29 @@ MAX_RESTARTS = 50
 # takes on `tpu` here (~1-2 s: most tests compile programs at new shapes).
 SUITES = {
     # scripts/test.sh (CI): the subset that fits CI's budget, checked against
-    # tests/upstream_baseline.json.
-    "ci": ["test_view_ops", "test_indexing", "test_torch@0.17", "test_unary_ufuncs@0.003",
-           "test_binary_ufuncs@0.006", "test_reductions@0.015"],
+    # tests/upstream_baseline.json; the same fractions as "docs", so that run's counts are CI's.
+    "ci": ["test_view_ops", "test_indexing", "test_torch@0.17", "test_binary_ufuncs@0.012"],
     # scripts/test.sh --upstream: every file, ~100-300 tests each; writes docs/upstream-tests.md.
-    "docs": ["test_view_ops", "test_indexing", "test_tensor_creation_ops@0.25",
-             "test_torch@0.17", "test_foreach@0.065", "test_nn@0.07", "test_modules@0.05",
-             "test_reductions@0.033", "test_binary_ufuncs@0.012",
-             "test_unary_ufuncs@0.0065", "test_ops@0.005"],
+    "docs": ["test_view_ops", "test_indexing", "test_tensor_creation_ops@0.12",
+             "test_torch@0.17", "test_foreach@0.03", "test_nn@0.035", "test_modules@0.025",
+             "test_reductions@0.016", "test_binary_ufuncs@0.012",
+             "test_unary_ufuncs@0.003", "test_ops@0.0025"],
+}
+
+
+# Tests a suite leaves out on both devices for their time alone (they pass or fail in "docs"
+# runs, which report them like any other): {suite: {file: {normalized id: reason}}}.
+SUITE_LEAVES_OUT = {
+    "ci": {
+        "test_indexing.py": {
+            "TestIndexingDEV::test_index_put_accumulate_duplicate_indices_dev":
+                "a loop over 511 sizes compiles 4,015 programs: 292 s on tpu with a cold cache",
+        },
+        "test_torch.py": {
+            "TestTorchDeviceTypeDEV::test_gather_backward_deterministic_path_dev":
+                "compiles a program per size of a loop: over the 300 s watchdog with a cold cache",
+        },
+    },
 }
 
 
@@ -108,7 +124,9 @@ def run_one(path, device, args, workdir, fallback=False, fraction=1.0):
     results = os.path.join(workdir, tag + ".jsonl")
     done = os.path.join(workdir, tag + ".done")
     open(results, "w").close()
-    open(done, "w").close()
+    left_out = list(getattr(args, "leave_out", {}).get(os.path.basename(path), {}))
+    with open(done, "w") as f:  # ids left out from the start (SUITE_LEAVES_OUT)
+        f.write("".join(i + "\n" for i in left_out))
     ini = os.path.join(workdir, "pytest.ini")
     if not os.path.exists(ini):
         with open(ini, "w") as f:
@@ -153,8 +171,8 @@ def run_one(path, device, args, workdir, fallback=False, fraction=1.0):
                else f"process died (exit {proc.returncode}): {_last_error(proc.stdout)}")
         tests[started] = {"id": started, "outcome": kind, "message": msg, "seconds": None}
         crashes.append({"id": started, "rc": proc.returncode, "message": msg})
-        with open(done, "w") as f:
-            f.write("\n".join(tests) + "\n")
+        with open(done, "w") as f:  # a restart runs only what has no result yet
+            f.write("".join(i + "\n" for i in left_out + list(tests)))
         if os.path.exists(results + ".hung"):
             os.remove(results + ".hung")
         restarts += 1
@@ -162,6 +180,9 @@ def run_one(path, device, args, workdir, fallback=False, fraction=1.0):
             crashes.append({"id": "<gave up>", "rc": proc.returncode,
                             "message": f"more than {MAX_RESTARTS} restarts"})
             break
+    for leftover in (results, done, results + ".hung"):
+        if os.path.exists(leftover):
+            os.remove(leftover)
     return {"tests": tests, "seconds": round(time.perf_counter() - t0, 2), "crashes": crashes,
             "restarts": restarts, "tail": tail}
 
@@ -233,12 +254,13 @@ def run(args):
     if not os.path.isdir(args.dir):
         raise SystemExit(f"no upstream test folder at {args.dir} (set TORCH_PJRT_UPSTREAM_DIR)")
     names = list(args.files) + (SUITES[args.suite] if args.suite else [])
+    args.leave_out = SUITE_LEAVES_OUT.get(args.suite, {}) if args.suite else {}
     files = resolve_files(names, args.dir, args.fraction)
     workdir = tempfile.mkdtemp(prefix="torch_pjrt_upstream_")
     report = {"date": datetime.date.today().isoformat(), "command": " ".join(sys.argv),
               "torch": _torch_version(), "fraction": args.fraction, "seed": args.seed,
               "k": args.k, "adaptations": upstream_compat.describe(),
-              "cache_dir": args.cache_dir, "files": {}}
+              "cache_dir": args.cache_dir, "left_out": args.leave_out, "files": {}}
     for path, fraction in files:
         name = os.path.basename(path)
         entry = {}
@@ -263,6 +285,7 @@ def run(args):
         report["files"][name] = summary
         if args.json:  # written after every file, so a long run leaves partial results
             _write_json(report, args.json)
+    shutil.rmtree(workdir, ignore_errors=True)
     return report
 
 
@@ -368,6 +391,11 @@ def markdown(report) -> str:
     if crashes:
         out += ["## Crashes and hangs", ""]
         out += [f"- {n} ({d}): `{c['id']}`: {c['message']}" for n, d, c in crashes]
+        out.append("")
+    if report.get("left_out"):
+        out += ["## Left out of this run for time", ""]
+        out += [f"- {n}: `{i}`: {why}" for n, ids in report["left_out"].items()
+                for i, why in ids.items()]
         out.append("")
     out += ["## Adaptations made at run time", "",
             "The files come from several PyTorch commits; where one imports a helper the "
