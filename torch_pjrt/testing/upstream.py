@@ -119,7 +119,7 @@ def _child_env(device, results, done, args, fallback, fraction):
 
 def run_one(path, device, args, workdir, fallback=False, fraction=1.0):
     """Runs one file on one device type; returns {"tests": {id: record}, "seconds": wall,
-    "crashes": [...], "restarts": n, "stderr_tail": text}."""
+    "crashes": [...], "restarts": n, "tail": the last child's output tail}."""
     tag = f"{os.path.basename(path)[:-3]}.{device}{'.fallback' if fallback else ''}"
     results = os.path.join(workdir, tag + ".jsonl")
     done = os.path.join(workdir, tag + ".done")
