@@ -46,8 +46,10 @@ at::Tensor whole_storage_to_host(const at::Tensor& src) {
   const pj_dtype_t dt = to_pj_dtype(src.scalar_type());
   if (!s || s->nbytes > kWholeStorageReadMax || s->nbytes % src.element_size() != 0)
     return at::Tensor();
-  check(pj_defer_flush());  // a read sees every recorded op (defer_and_fuse)
+  // Decided before the flush: while a recorded write is pending, dtype is the type it produces,
+  // and a view that falls back to the device copy must join the recorded ops (one execution).
   if ((s->buf || s->pending) && s->dtype != dt) return at::Tensor();
+  check(pj_defer_flush());  // a read sees every recorded op (defer_and_fuse)
   check(pj_storage_materialize(s, dt));
   const int64_t n = static_cast<int64_t>(s->nbytes / src.element_size());
   at::Tensor whole = at::empty({n}, src.options().device(c10::kCPU));
