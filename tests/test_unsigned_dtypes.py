@@ -215,3 +215,18 @@ def test_programs_keyed_by_dtype(dt):
         x = torch.tensor([1, 2, 3], dtype=t)
         assert_same((x.to(TPU) * 2), x * 2)
         assert_same(x.to(TPU).view(torch.uint8), x.view(torch.uint8))
+
+
+@pytest.mark.parametrize("dtype", [torch.uint16, torch.uint32, torch.uint64])
+def test_random_from_to_runs_on_tpu_within_bounds(dtype, fallbacks):
+    """random_(from, to) is CPU's from-to kernel, which takes these dtypes: lowered, every
+    value of [from, to) drawn; random_() without bounds raises CPU's NotImplementedError."""
+    t = torch.empty(4000, dtype=dtype, device="tpu").random_(3, 10)
+    assert t.dtype == dtype
+    v = t.cpu().long()
+    assert int(v.min()) == 3 and int(v.max()) == 9 and len(v.unique()) == 7
+    fallbacks.assert_none()
+    with pytest.raises(NotImplementedError, match="random_kernel_cpu"):
+        torch.empty(4, dtype=dtype).random_()
+    with pytest.raises(NotImplementedError):
+        torch.empty(4, dtype=dtype, device="tpu").random_()

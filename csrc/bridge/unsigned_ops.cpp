@@ -31,6 +31,8 @@ const char* const kLowered[] = {
     "ceil", "floor", "trunc",  // the identity on integers
     // reductions and sorting
     "sum", "prod", "cumsum", "any", "all", "equal", "isnan", "sort", "_unique2",
+    // random_(from, to) only: see unsigned_goes_to_cpu
+    "random",
 };
 
 // Elementwise ops whose CPU kernel is chosen by the operands' common dtype (TensorIterator):
@@ -121,6 +123,13 @@ bool unsigned_goes_to_cpu(const std::string& base, const c10::FunctionSchema& sc
   }
   if (in(base, kIntToFloat, sizeof kIntToFloat / sizeof *kIntToFloat)) return false;
   if (!in(base, kLowered, sizeof kLowered / sizeof *kLowered)) return true;
+  // random_ with both bounds: CPU's from-to kernel takes these dtypes; random_() and
+  // random_(from) (to=None) use kernels that do not ("random_kernel_cpu" not implemented)
+  if (base == "random") {
+    for (size_t i = 0; i < args.size() && i < schema.arguments().size(); i++)
+      if (schema.arguments()[i].name() == "to" && args[i].isInt()) return false;
+    return true;
+  }
   // div with rounding_mode="floor"/"trunc": CPU has no kernel ("div_floor_cpu")
   if (base == "div") {
     for (size_t i = 0; i < args.size() && i < schema.arguments().size(); i++)
