@@ -47,6 +47,7 @@ class PjrtAllocator final : public c10::DeviceAllocator {
     check_stats_device(device);
     // Storages are exact-size device buffers: allocated, reserved, active and requested bytes
     // are all the same number, the runtime's per-device live storage bytes.
+    check(pj_defer_flush_queued());  // queued Strict calls hold their storages
     const int64_t in_use = pj_storage_bytes_in_use(device);
     const int64_t peak = pj_storage_peak_bytes(device);
     c10::CachingDeviceAllocator::DeviceStats stats;

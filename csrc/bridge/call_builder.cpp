@@ -2,6 +2,7 @@
 
 #include <cstring>
 
+#include "bridge.h"
 #include "eager_mode.h"
 
 namespace torch_pjrt {
@@ -295,11 +296,23 @@ void CallBuilder::add_out(const at::Tensor& dst) {
   if (!whole) slot_partial_write_[d->slot] = true;
 }
 
+namespace {
+// The source line a Strict call queued behind a background compile names in its error.
+char* queued_call_line() {
+  const std::string where = python_line();
+  return where.empty() ? nullptr : strdup(where.c_str());
+}
+}  // namespace
+
 void CallBuilder::run() {
   for (int s = 0; s < c_->nslots; s++) c_->slots[s].read = slot_read_[s] || slot_partial_write_[s];
-  // defer_and_fuse records the call; CHECK_NAN needs each op's results, so it runs them now
-  if (eager_mode() == EagerMode::kDeferAndFuse && !check_nan())
+  // defer_and_fuse records the call; CHECK_NAN needs each op's results, so it runs them now;
+  // Strict compiles a new program in the background (Debug is synchronous: it runs the call).
+  const EagerMode mode = eager_mode();
+  if (mode == EagerMode::kDeferAndFuse && !check_nan())
     check(pj_call_defer(c_.get()));
+  else if (mode == EagerMode::kStrict && !check_nan())
+    check(pj_call_run_async(c_.get(), queued_call_line));
   else
     check(pj_call_run(c_.get()));
 }

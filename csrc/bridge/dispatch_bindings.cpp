@@ -7,6 +7,7 @@
 #include "eager_mode.h"
 extern "C" {
 #include "torch_pjrt/call.h"
+#include "torch_pjrt/compile_async.h"
 #include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/metrics.h"
 }
@@ -44,6 +45,12 @@ void bind_dispatch(pybind11::module_& m) {
   m.def("_set_call_memo", [](bool on) { set_call_memo_enabled(on); },
         "Whether repeated eager calls run from the call memo (call_memo.h); on by default.");
   m.def("_call_memo", [] { return call_memo_enabled(); });
+  m.def("_set_compile_threads", [](int n) {
+    check(pj_defer_flush_queued());  // calls queued behind compiles run first
+    pj_async_compile_set_threads(n);
+  }, "Threads compiling Strict mode's new programs in the background (0: compile in the op; "
+     "TORCH_PJRT_COMPILE_THREADS sets the start value).");
+  m.def("_compile_threads", [] { return pj_async_compile_threads(); });
   m.def("_set_source_lines", [](const std::string& file, std::unordered_map<int, std::string> lines) {
     set_source_lines(file, std::move(lines));
   }, "A compiled graph's generated-code lines -> its nodes' user source lines (index-check "

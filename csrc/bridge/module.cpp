@@ -108,7 +108,10 @@ int stats_device(int device) {
 void bind_memory(py::module_& m) {
   // Counters are kept per device index by the runtime; these do not start it.
   m.def("memory_allocated",
-        wrap_pybind_function([](int device) { return pj_storage_bytes_in_use(stats_device(device)); }),
+        wrap_pybind_function([](int device) {
+          check(pj_defer_flush_queued());  // queued Strict calls hold their storages
+          return pj_storage_bytes_in_use(stats_device(device));
+        }),
         py::arg("device"));
   m.def("max_memory_allocated",
         wrap_pybind_function([](int device) { return pj_storage_peak_bytes(stats_device(device)); }),
@@ -129,6 +132,7 @@ void bind_memory(py::module_& m) {
         py::arg("device"));
   m.def("live_storages",
         wrap_pybind_function([](int device) {
+          check(pj_defer_flush_queued());
           return device < 0 ? pj_storage_live_count()
                             : pj_storage_live_count_on(stats_device(device));
         }),
@@ -183,6 +187,7 @@ void bind_sync(py::module_& m) {
 
 void bind_metrics(py::module_& m) {
   m.def("metrics", [] {
+    check(pj_defer_flush_queued());  // Strict calls queued behind compiles count as run
     py::dict d;
     for (int i = 0; i < PJ_NUM_METRICS; i++) {
       const auto metric = static_cast<pj_metric_t>(i);

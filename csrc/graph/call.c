@@ -6,8 +6,10 @@
 #include <string.h>
 
 #include "call_internal.h"
+#include "torch_pjrt/compile_async.h"
 #include "../ops/lower.h"
 #include "../ops/no_kernel.h"
+#include "torch_pjrt/capture.h"
 #include "torch_pjrt/defer.h"
 #include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/exec.h"
@@ -482,8 +484,15 @@ pj_status_t *pj_program_for_hashed_key(uint64_t hash, const unsigned char *key, 
     *out = p;
     return NULL;
   }
-  pj_status_t *st = NULL;
-  pj_disk_cache_lookup(key, len, &p);
+  /* A background compile of this key (compile_async.h): wait for it. */
+  bool queued = false;
+  pj_status_t *st = pj_async_compile_take(hash, key, len, &queued, &p);
+  if (st) return what ? pj_status_wrap(st, "%s: ", what) : st;
+  if (queued && !p && (p = pj_cache_lookup_hashed(hash, key, len))) { /* another thread took it */
+    *out = p;
+    return NULL;
+  }
+  if (!p) pj_disk_cache_lookup(key, len, &p);
   if (!p) {
     char *text = NULL;
     size_t tlen = 0;
@@ -594,36 +603,106 @@ static pj_status_t *execute_slots(pj_program_t *prog, int device, const pj_slot_
   return st;
 }
 
-pj_status_t *pj_call_run(pj_call_t *c) {
-  pj_lower_fn fn = pj_lowering_find(c->op);
-  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
-  /* Ops recorded by the defer_and_fuse mode come first. */
-  PJ_TRY(pj_defer_flush());
+/* The call's key (runtime identity) and written slots (a pure function of the key: slots with a
+ * non-empty destination, in slot order; build_single checks that the program agrees). */
+static pj_status_t *call_key(const pj_call_t *c, pj_keybuf_t *k, int *written, int *nwritten) {
   pj_runtime_t *rt;
   PJ_TRY(pj_runtime_get(&rt));
-  pj_keybuf_t k = {0};
-  if (!pj_call_key(c, pj_runtime_key_identity(rt), &k)) {
-    free(k.p);
+  if (!pj_call_key(c, pj_runtime_key_identity(rt), k)) {
+    free(k->p);
+    k->p = NULL;
     return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
   }
-  /* The written-slot list is a pure function of the key (slots with a non-empty destination,
-   * in slot order); build_single checks that the program agrees. */
-  int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
+  *nwritten = 0;
   for (int s = 0; s < c->nslots; s++)
-    if (pj_call_writes_slot(c, s)) written[nwritten++] = s;
+    if (pj_call_writes_slot(c, s)) written[(*nwritten)++] = s;
+  return NULL;
+}
+
+/* Finds or builds and compiles the call's program and runs it now (nothing may be pending). */
+static pj_status_t *run_keyed(pj_call_t *c, pj_lower_fn fn, const pj_keybuf_t *k,
+                              const int *written, int nwritten) {
   single_build_t b = {c, fn, written, nwritten};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
   /* the op's name is put on an error here, not formatted for every call */
-  pj_status_t *st = pj_program_for_key(k.p, k.len, build_single, &b, NULL, &prog);
+  pj_status_t *st = pj_program_for_key(k->p, k->len, build_single, &b, NULL, &prog);
   if (st) st = pj_status_wrap(st, "aten::%s: ", c->op);
   const pj_check_site_t site = {0, c->display ? c->display : c->op, c->where};
   if (!st)
     st = execute_slots(prog, c->device, c->slots, c->nslots, written, nwritten, c->scalars,
                        c->nscalars, &site);
   pthread_mutex_unlock(&pj_run_lock);
+  return st;
+}
+
+pj_status_t *pj_call_run(pj_call_t *c) {
+  pj_lower_fn fn = pj_lowering_find(c->op);
+  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+  /* Ops recorded by the defer_and_fuse mode come first. */
+  PJ_TRY(pj_defer_flush());
+  pj_keybuf_t k = {0};
+  int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
+  PJ_TRY(call_key(c, &k, written, &nwritten));
+  pj_status_t *st = run_keyed(c, fn, &k, written, nwritten);
   free(k.p);
   return st;
+}
+
+pj_status_t *pj_call_run_async(pj_call_t *c, char *(*where_fn)(void)) {
+  if (!pj_async_compile_enabled() || pj_capture_active()) return pj_call_run(c);
+  pj_lower_fn fn = pj_lowering_find(c->op);
+  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+  pj_keybuf_t k = {0};
+  int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
+  PJ_TRY(call_key(c, &k, written, &nwritten));
+  const uint64_t hash = pj_hash_bytes(k.p, k.len, 0);
+  pj_status_t *st = NULL;
+  bool compiling = false;
+  if (!pj_cache_lookup_hashed(hash, k.p, k.len)) {
+    compiling = pj_async_compile_pending(hash, k.p, k.len);
+    pj_program_t *p = NULL;
+    if (!compiling) pj_disk_cache_lookup(k.p, k.len, &p);
+    if (p) {
+      pthread_mutex_lock(&pj_run_lock); /* inserts (evictions) happen under the run lock */
+      pj_cache_insert(k.p, k.len, p);
+      pthread_mutex_unlock(&pj_run_lock);
+    } else if (!compiling) {
+      /* The program is built here, so a lowering's error is the op's own, raised now; only
+       * the compile runs in the background. */
+      single_build_t b = {c, fn, written, nwritten};
+      char *text = NULL;
+      size_t tlen = 0;
+      st = build_single(&b, &text, &tlen);
+      if (st) {
+        free(text);
+        free(k.p);
+        return pj_status_wrap(st, "aten::%s: ", c->op);
+      }
+      st = pj_async_compile_submit(hash, k.p, k.len, text, tlen, NULL);
+      if (st) { /* nothing queued: compile in the op, as without a pool */
+        pj_status_free(st);
+        st = NULL;
+      } else {
+        compiling = true;
+      }
+    }
+  }
+  if (!compiling && !pj_defer_each_pending()) {
+    st = pj_defer_flush(); /* a defer_and_fuse graph of another thread's mode, if any */
+    if (!st) st = run_keyed(c, fn, &k, written, nwritten);
+    free(k.p);
+    return st;
+  }
+  /* Queued behind its compile, or behind earlier queued calls (program order). */
+  bool writes[PJ_CALL_MAX_SLOTS];
+  for (int s = 0; s < c->nslots; s++) writes[s] = false;
+  for (int i = 0; i < nwritten; i++) writes[written[i]] = true;
+  char *where = c->where ? NULL : compiling && where_fn ? where_fn() : NULL;
+  char *site = pj_defer_site(c->display ? c->display : c->op, c->where ? c->where : where);
+  free(where);
+  return pj_defer_record(k.p, k.len, hash, pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2), c->device,
+                         c->slots, c->nslots, writes, c->scalars, c->nscalars, site, true);
 }
 
 /* ---- prepared calls (call.h) ---- */
@@ -702,7 +781,17 @@ pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storag
     if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
     memcpy(key, p->key, p->keylen);
     return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
-                           p->writes, scalars, p->nscalars, pj_defer_site(p->op, where));
+                           p->writes, scalars, p->nscalars, pj_defer_site(p->op, where), false);
+  }
+  /* Strict behind background compiles (pj_call_run_async): queued, in program order. */
+  if (pj_defer_each_pending() ||
+      (!pj_cache_lookup_hashed(p->hash, p->key, p->keylen) &&
+       pj_async_compile_pending(p->hash, p->key, p->keylen))) {
+    unsigned char *key = malloc(p->keylen);
+    if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
+    memcpy(key, p->key, p->keylen);
+    return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
+                           p->writes, scalars, p->nscalars, pj_defer_site(p->op, where), true);
   }
   PJ_TRY(pj_defer_flush());
   pthread_mutex_lock(&pj_run_lock);

@@ -51,10 +51,16 @@ char *pj_defer_site(const char *op, const char *where);
 /* Records a call in the defer_and_fuse graph (defer.c): key (made by pj_call_key with an empty
  * identity; owned by the recorder from here on, freed on failure too) with its two hashes, the
  * slots (storages borrowed), which slots it writes, its scalar values (copied) and its
- * index-check site ("op\0where\0", owned from here on; NULL for none). */
+ * index-check site ("op\0where\0", owned from here on; NULL for none).
+ * each: a Strict call queued behind a background compile (compile_async.h; its key may carry
+ * the runtime identity): it joins a graph of such calls, run one by one at the flush; a graph
+ * of the other kind is flushed first. */
 pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
                              int device, const pj_slot_t *slots, int nslots, const bool *writes,
-                             const pj_scalar_t *scalars, int nscalars, char *site);
+                             const pj_scalar_t *scalars, int nscalars, char *site, bool each);
+/* Whether the pending graph holds Strict calls queued behind background compiles: a later
+ * Strict call is queued behind them too, to keep program order. */
+bool pj_defer_each_pending(void);
 /* Serializes program execution and the scalar-buffer cache. */
 extern pthread_mutex_t pj_run_lock;
 

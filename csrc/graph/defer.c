@@ -53,6 +53,7 @@ static pj_draw_t *draws;
 static int ndraws, cap_draws;
 static detector_t D;
 static atomic_int pending_ops;
+static atomic_bool each_pending; /* G.each && G.nops > 0 */
 /* Default size bound. Small on purpose: a graph that reaches it runs asynchronously while the
  * host records the next one, so device work overlaps host dispatch as in Strict (a whole
  * training step as one graph leaves the device idle until the final read). Measured on the
@@ -412,6 +413,14 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
   if (st && !c) fail_writes_from(g, 0, st, NULL);
   else if (st) fail_after_op(g, k, st, c);
   free(c);
+  if (st && g->each) { /* Strict: the op raises at this synchronizing point, naming its line */
+    pj_status_free(why);
+    const char *where = k < g->nops && g->ops[k].site
+                            ? g->ops[k].site + strlen(g->ops[k].site) + 1
+                            : "";
+    return pj_status_wrap(st, "tpu op called%s, run at this synchronizing point after its "
+                              "program compiled in the background: ", where);
+  }
   if (st) {
     const bool fused_failed = why != NULL;
     pj_status_free(why);
@@ -431,9 +440,15 @@ static pj_status_t *flush_locked(void) {
   graph_t g = G;
   memset(&G, 0, sizeof G);
   atomic_store(&pending_ops, 0);
+  atomic_store(&each_pending, false);
   if (g.nops == 0) {
     pj_graph_clear(&g);
     return NULL;
+  }
+  if (g.each) { /* Strict ops behind background compiles: one by one, as Strict runs them */
+    pj_status_t *st = pj_graph_run_each(&g, NULL);
+    pj_graph_clear(&g);
+    return st;
   }
   pj_status_t *st = NULL;
   bool *live = calloc((size_t)g.nst + 1, sizeof(bool));
@@ -622,12 +637,12 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
   /* (site_of gives NULL also when out of memory: the error then names no line) */
   return pj_defer_record(k.p, k.len, pj_hash_bytes(k.p, k.len, 0),
                          pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2), c->device, c->slots,
-                         c->nslots, writes, c->scalars, c->nscalars, site_of(c));
+                         c->nslots, writes, c->scalars, c->nscalars, site_of(c), false);
 }
 
 pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
                              int device, const pj_slot_t *slots, int nslots, const bool *writes,
-                             const pj_scalar_t *scalars, int nscalars, char *site) {
+                             const pj_scalar_t *scalars, int nscalars, char *site, bool each) {
   dop_t op = {.key = key, .keylen = keylen, .hash = hash, .hash2 = hash2, .nslots = nslots,
               .nscalars = nscalars, .site = site};
   op.gslot = malloc(sizeof(int) * (size_t)(nslots + 1));
@@ -643,11 +658,13 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
   pj_status_t *st = NULL;
   pthread_mutex_lock(&mu);
   const bool cap = atomic_load(&capturing);
-  bool cut = !cap && detector_step(op.hash);
+  /* the loop detector learns fused graphs only; a Strict queue is cut at the size bound */
+  bool cut = !cap && !each && detector_step(op.hash);
   const bool full = !cap && G.nops >= max_ops;
-  if (G.nops > 0 && (cut || full || G.device != device)) {
+  if (G.nops > 0 && G.each != each) st = flush_locked();
+  if (!st && G.nops > 0 && (cut || full || G.device != device)) {
     if (cut) pj_metric_add(PJ_METRIC_DEFER_CUTS, 1);
-    else if (full && !D.active) {
+    else if (full && !each && !D.active) {
       D.active = true; /* a loop without reads, perhaps: learn its period from here */
       detector_restart();
     }
@@ -692,9 +709,11 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
       g->s->pending = 1;
     }
   G.device = device;
+  G.each = each;
   G.ops[G.nops++] = op;
   atomic_store(&pending_ops, G.nops);
-  pj_metric_add(PJ_METRIC_DEFER_OPS, 1);
+  atomic_store(&each_pending, each);
+  if (!each) pj_metric_add(PJ_METRIC_DEFER_OPS, 1);
   pthread_mutex_unlock(&mu);
   return NULL;
 }
@@ -723,6 +742,16 @@ pj_status_t *pj_defer_flush(void) {
 }
 
 int pj_defer_pending_ops(void) { return atomic_load(&pending_ops); }
+
+bool pj_defer_each_pending(void) { return atomic_load(&each_pending); }
+
+pj_status_t *pj_defer_flush_queued(void) {
+  if (!atomic_load(&each_pending)) return NULL;
+  pthread_mutex_lock(&mu);
+  pj_status_t *st = G.each ? flush_locked() : NULL;
+  pthread_mutex_unlock(&mu);
+  return st;
+}
 
 /* ---- capture (capture.h; the plan itself is capture.c's) ---- */
 

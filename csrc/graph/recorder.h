@@ -45,6 +45,9 @@ typedef struct {
   int *index; /* open-addressing map storage pointer -> st index (-1 empty) */
   int index_cap;
   int device;
+  /* Strict ops recorded while their programs compile in the background (compile_async.h):
+   * the flush runs them one by one, each its own program, never fused. */
+  bool each;
 } graph_t;
 
 /* Releases everything the graph holds (storages it still references are released and marked

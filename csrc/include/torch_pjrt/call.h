@@ -115,6 +115,15 @@ void pj_lowering_each(void (*fn)(const char *name, void *user), void *user);
  * slot's storage holds its new buffer. Thread-safe. */
 pj_status_t *pj_call_run(pj_call_t *c);
 
+/* pj_call_run for Strict mode with background compiles (csrc/graph/compile_async.h): when the
+ * call's program is not cached, its text is built now (a lowering error returns now) and
+ * compiled by a worker while the call is queued, with the calls after it, until the next
+ * synchronizing point (a read, a sync, an event, the queue's size bound). where_fn (may be
+ * NULL) gives the Python source line (" at file:line", malloc'd) a queued call's error names;
+ * it is called only for a call that waits for a compile. With background compiles off, or
+ * during a capture, this is pj_call_run. */
+pj_status_t *pj_call_run_async(pj_call_t *c, char *(*where_fn)(void));
+
 /* A call made ready for reuse (the bridge's call memo, csrc/bridge/call_memo.cpp): its program
  * key and slot roles, taken once from a full call that has run (so its program is cached), for
  * later calls that differ from it only in storage identities and scalar values. Running one

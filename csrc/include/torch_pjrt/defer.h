@@ -26,6 +26,10 @@ extern "C" {
 pj_status_t *pj_call_defer(pj_call_t *c);
 /* Runs the pending graph, if any. Cheap when nothing is pending. */
 pj_status_t *pj_defer_flush(void);
+/* Runs the pending graph if it holds Strict calls queued behind background compiles (see
+ * pj_call_run_async), leaving a defer_and_fuse graph alone: what reads counters or memory
+ * statistics calls it, so they count what Strict would have run by then. */
+pj_status_t *pj_defer_flush_queued(void);
 /* Number of recorded ops not yet run. */
 int pj_defer_pending_ops(void);
 /* The pending graph as text, one recorded op per line (malloc'd; the caller frees it). */
