@@ -126,8 +126,21 @@ static void at_exit(void) {
   while (busy > 0) pthread_cond_wait(&done_cv, &mu);
   pthread_mutex_unlock(&mu);
 }
+/* In a child forked while workers existed: none of them survived the fork, and the mutex may
+ * have been held by one of them. The child starts with an empty pool (the runtime refuses the
+ * child's ops anyway; this keeps it from hanging on the way there). Jobs are leaked. */
+static void on_fork_child(void) {
+  pthread_mutex_init(&mu, NULL);
+  pthread_cond_init(&work_cv, NULL);
+  pthread_cond_init(&done_cv, NULL);
+  jobs = queue_head = queue_tail = NULL;
+  busy = started = 0;
+}
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
-static void install_at_exit(void) { atexit(at_exit); }
+static void install_at_exit(void) {
+  atexit(at_exit);
+  pthread_atfork(NULL, NULL, on_fork_child);
+}
 
 pj_status_t *pj_async_compile_submit(uint64_t hash, const unsigned char *key, size_t keylen,
                                      char *text, size_t textlen, const char *what) {

@@ -435,12 +435,27 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
 /* Builds (or finds) and runs the graph's program, installs the live results, and empties the
  * graph. Caller holds mu. If the fused program cannot be built or compiled, the ops are
  * replayed one by one (see pj_graph_run_each). */
+static pj_status_t *flush_graph(void);
+/* Set on the thread running a flush: the ops it runs call pj_defer_flush, which must not wait
+ * for that same flush. */
+static _Thread_local bool in_flush;
+
+/* Another thread that asks for a flush while one runs must wait for it (the ops being run may
+ * write what it reads next): pending_ops and each_pending keep their values until the flush
+ * has run everything, so such a thread takes mu, which the flushing thread holds. */
 static pj_status_t *flush_locked(void) {
+  in_flush = true;
+  pj_status_t *st = flush_graph();
+  in_flush = false;
+  atomic_store(&pending_ops, G.nops);
+  atomic_store(&each_pending, G.nops > 0 && G.each);
+  return st;
+}
+
+static pj_status_t *flush_graph(void) {
   if (G.nops > 0 && atomic_load(&capturing)) capture_broken = true;
   graph_t g = G;
   memset(&G, 0, sizeof G);
-  atomic_store(&pending_ops, 0);
-  atomic_store(&each_pending, false);
   if (g.nops == 0) {
     pj_graph_clear(&g);
     return NULL;
@@ -727,7 +742,7 @@ pj_status_t *pj_defer_flush(void) {
     if (atomic_load(&capturing)) capture_broken = true;
     pthread_mutex_unlock(&mu);
   }
-  if (atomic_load_explicit(&pending_ops, memory_order_acquire) == 0) return NULL;
+  if (in_flush || atomic_load_explicit(&pending_ops, memory_order_acquire) == 0) return NULL;
   pthread_mutex_lock(&mu);
   /* a flush at a natural boundary (a read, a sync) is a boundary the loop already has */
   if (D.plen == 0) {
@@ -746,7 +761,7 @@ int pj_defer_pending_ops(void) { return atomic_load(&pending_ops); }
 bool pj_defer_each_pending(void) { return atomic_load(&each_pending); }
 
 pj_status_t *pj_defer_flush_queued(void) {
-  if (!atomic_load(&each_pending)) return NULL;
+  if (in_flush || !atomic_load(&each_pending)) return NULL;
   pthread_mutex_lock(&mu);
   pj_status_t *st = G.each ? flush_locked() : NULL;
   pthread_mutex_unlock(&mu);

@@ -11,7 +11,22 @@ or ``{generic class name: "*"}`` for a whole class (with the reason in ``CLASS_R
 """
 from __future__ import annotations
 
-EXCLUSIONS: dict = {}
+# An index out of range that lives in a device tensor is found by the device-side bounds check
+# (csrc/runtime/index_checks.c) and raised as CPU's IndexError at the next synchronizing point,
+# as CUDA's device-side assert is: both tests skip CUDA for that reason (their out-of-bounds
+# asserts expect the error at the call). Debug mode raises at the call.
+_ASYNC_INDEX_ERROR = ("expects an IndexError at the call for an out-of-range index held in a "
+                      "device tensor; tpu checks it on the device and raises at the next "
+                      "synchronization, like CUDA's device-side assert (the test skips CUDA "
+                      "for this reason)")
+
+EXCLUSIONS: dict = {
+    "TestIndexing": {
+        "test_trivial_fancy_out_of_bounds": _ASYNC_INDEX_ERROR,
+        # the whole test goes: its out-of-bounds part cannot be left out from here
+        "test_advancedindex": _ASYNC_INDEX_ERROR,
+    },
+}
 
 CLASS_REASONS: dict = {}
 
