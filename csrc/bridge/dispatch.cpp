@@ -12,6 +12,7 @@
 #include <algorithm>
 #include <cstring>
 #include <mutex>
+#include <optional>
 #include <sstream>
 #include <set>
 #include <unordered_map>
@@ -362,12 +363,25 @@ bool checks_indices(const std::string& base) {
 // Set when a Meta kernel refused an op's arguments (the error is then the Meta kernel's).
 thread_local bool meta_refused = false;
 
-void check_like_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args) {
+// A Python-side warning handler that drops what it is given.
+struct DropWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+bool takes_cpu_indices(const std::string& base);
+
+// drop_warnings: the call gives CPU's warnings itself (advanced indexing's uint8 deprecation,
+// index_tensor_checks), so the replay's are dropped.
+void check_like_cpu(const c10::OperatorHandle& op, const torch::jit::Stack& args,
+                    bool drop_warnings) {
   auto host = [](const at::Tensor& t) {
     return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1 ? t.cpu() : t;
   };
   torch::jit::Stack cpu;
   for (const c10::IValue& v : args) cpu.push_back(map_tensors(v, host, c10::Device(c10::kCPU)));
+  DropWarnings drop;
+  std::optional<c10::WarningUtils::WarningHandlerGuard> guard;
+  if (drop_warnings) guard.emplace(&drop);
   op.callBoxed(&cpu);  // CPU's checks; the results are discarded
 }
 
@@ -413,7 +427,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   const size_t nargs = schema.arguments().size();
   torch::jit::Stack args(stack->end() - nargs, stack->end());
   const bool debug = eager_mode() == EagerMode::kDebug;
-  if (debug && checks_indices(base)) check_like_cpu(op, args);
+  if (debug && checks_indices(base)) check_like_cpu(op, args, takes_cpu_indices(base));
   cpu_kernel_checks(base, schema, args);  // CPU kernels' checks their Meta kernels lack
   const int device = call_device(args);
   c10::DeviceGuard guard(c10::Device(c10::DeviceType::PrivateUse1, device));
@@ -821,6 +835,39 @@ bool takes_cpu_indices(const std::string& base) {
          base == "_unsafe_index" || base == "_unsafe_index_put";
 }
 
+// An index_put form (self, indices, values, ...) with one defined index tensor, a mask of
+// rank k > 0 after n None entries: its indexing result has self's dims with dims n..n+k-1
+// replaced by one dim of the mask's count, at position n. Whether values (right-aligned to
+// that result) have a size other than 1 at that position.
+bool rows_per_mask_element(const c10::OperatorHandle& op, const torch::jit::Stack& stack) {
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack.size() - nargs;
+  at::Tensor self, values, mask;
+  int64_t before = 0;  // None entries before the mask
+  for (size_t a = 0; a < nargs; a++) {
+    const std::string& name = schema.arguments()[a].name();
+    const c10::IValue& v = stack[first + a];
+    if (name == "self" && v.isTensor()) self = v.toTensor();
+    if (name == "values" && v.isTensor()) values = v.toTensor();
+    if (name != "indices" || !v.isList()) continue;
+    for (const c10::IValue& e : v.toListRef()) {
+      if (!e.isTensor() || !e.toTensor().defined()) {
+        if (!mask.defined()) before++;
+        continue;
+      }
+      if (mask.defined()) return false;
+      mask = e.toTensor();
+    }
+  }
+  if (!self.defined() || !values.defined() || !mask.defined() || mask.dim() == 0 ||
+      before + mask.dim() > self.dim())
+    return false;
+  const int64_t result_rank = self.dim() - mask.dim() + 1;
+  const int64_t at = before - (result_rank - values.dim());
+  return at >= 0 && at < values.dim() && values.size(at) != 1;
+}
+
 void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                        const std::string& base) {
   if (!takes_cpu_indices(base)) return;
@@ -839,9 +886,11 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   c10::IValue& v = (*stack)[first + *at_indices];
   const c10::impl::GenericList given = v.toList();
   auto defined_tensor = [](const c10::IValue& e) { return e.isTensor() && e.toTensor().defined(); };
+  // (uint8 masks too: CPU treats them as bool masks, deprecation warning aside)
   auto tpu_bool_mask = [&](const c10::IValue& e) {
-    return defined_tensor(e) && !e.toTensor().is_cpu() &&
-           e.toTensor().scalar_type() == at::kBool && e.toTensor().dim() > 0;
+    if (!defined_tensor(e) || e.toTensor().is_cpu() || e.toTensor().dim() == 0) return false;
+    const at::ScalarType st = e.toTensor().scalar_type();
+    return st == at::kBool || st == at::kByte;
   };
   bool any_cpu = false, tpu_mask = false;
   int defined = 0;
@@ -853,8 +902,11 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   }
   // The lowerings take one mask alone (index_put writes through it without a host sync); a
   // mask beside other index tensors becomes its nonzero columns here (one host read for the
-  // count, which the result's shape needs anyway), as CPU's expandTensors does.
-  const bool split_tpu_mask = tpu_mask && defined > 1;
+  // count, which the result's shape needs anyway), as CPU's expandTensors does. So does a
+  // lone mask of an index_put whose values do not broadcast along the mask's count dim (a size
+  // other than 1 there): they must have exactly count rows, which only the count can tell (the
+  // integer path then checks values' shape against the result's and raises CPU's error).
+  const bool split_tpu_mask = tpu_mask && (defined > 1 || rows_per_mask_element(op, *stack));
   if (!any_cpu && !split_tpu_mask) return;
   c10::impl::GenericList moved(given.elementType());  // a new list: the caller's stays as it is
   for (const c10::IValue& e : given) {
@@ -864,8 +916,9 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       continue;
     }
     const at::Tensor& index = e.toTensor();
-    if (index.scalar_type() != at::kBool || index.dim() == 0) {
-      // uint8 masks keep their (deprecated) path, warning included; 0-d masks too
+    const bool mask = index.scalar_type() == at::kBool || index.scalar_type() == at::kByte;
+    if (!mask || index.dim() == 0 || (index.scalar_type() == at::kByte && !split_tpu_mask)) {
+      // a lone uint8 mask keeps its path (the lowerings take one mask); 0-d masks too
       moved.push_back(index.to(self.device()));
       continue;
     }
@@ -878,6 +931,7 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                         " does not match the shape of the indexed tensor ", self.sizes(),
                         " at index ", at_dim + j);
     const at::Tensor nz = index.nonzero().to(self.device());  // [count, mask dims]
+    // (a uint8 mask's nonzero elements are its true ones, whatever their value)
     // (a tpu mask's nonzero runs on the device; .to is then a no-op)
     for (const auto j : c10::irange(index.dim())) moved.push_back(nz.select(1, j));
   }
@@ -904,6 +958,61 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   v = c10::IValue(std::move(moved));
 }
 
+// CPU's first checks of advanced indexing's index tensors, in its order (checkIndexTensorTypes,
+// then expandTensors, IndexingUtils.h), at the call in every eager mode: every index tensor
+// must be of an index dtype; then, one index tensor after another, a uint8 one gives a
+// deprecation warning (each call) and a mask's sizes must match the self dims it covers
+// (IndexError; a mask reaching past self's rank raises self.size()'s IndexError, as on CPU).
+// The lowerings would raise the mask error from the count program, with its name before the
+// message. index_put's masked_fill_ path (view_index_put.h) checks its mask's shape with the
+// same message and gives no warning. Debug mode's replay on CPU (check_like_cpu) drops its
+// warnings, so the call warns once in every mode.
+void index_tensor_checks(const c10::OperatorHandle& op, const torch::jit::Stack& stack,
+                         const std::string& base) {
+  if (!takes_cpu_indices(base)) return;
+  const c10::FunctionSchema& schema = op.schema();
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack.size() - nargs;
+  at::Tensor self;
+  const c10::IValue* indices = nullptr;
+  for (size_t a = 0; a < nargs; a++) {
+    const c10::IValue& v = stack[first + a];
+    if (schema.arguments()[a].name() == "self" && v.isTensor()) self = v.toTensor();
+    if (schema.arguments()[a].name() == "indices" && v.isList()) indices = &v;
+  }
+  if (!indices || !self.defined()) return;
+  auto defined = [](const c10::IValue& e) { return e.isTensor() && e.toTensor().defined(); };
+  for (const c10::IValue& e : indices->toListRef()) {
+    if (!defined(e)) continue;
+    const at::ScalarType st = e.toTensor().scalar_type();
+    TORCH_CHECK_INDEX(st == at::kLong || st == at::kInt || st == at::kByte || st == at::kBool,
+                      "tensors used as indices must be long, int, byte or bool tensors");
+  }
+  const bool masked_fill = index_put_takes_masked_fill(schema, stack);
+  int64_t dim = 0;  // self dims covered by the entries so far
+  for (const c10::IValue& e : indices->toListRef()) {
+    if (!defined(e)) {
+      dim++;
+      continue;
+    }
+    const at::Tensor& index = e.toTensor();
+    const at::ScalarType st = index.scalar_type();
+    if (st != at::kByte && st != at::kBool) {
+      dim++;
+      continue;
+    }
+    if (st == at::kByte && !masked_fill)
+      TORCH_WARN("indexing with dtype torch.uint8 is now deprecated, please use a dtype "
+                 "torch.bool instead.");
+    for (int64_t j = 0; j < index.dim(); j++)
+      TORCH_CHECK_INDEX(index.size(j) == self.size(dim + j), "The shape of the mask ",
+                        index.sizes(), " at index ", j,
+                        " does not match the shape of the indexed tensor ", self.sizes(),
+                        " at index ", dim + j);
+    dim += index.dim();
+  }
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   sync_product_precision();  // before the memo: its signature holds the precision
   if (run_memoized(op, stack)) return;
@@ -917,6 +1026,7 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     if (unsigned_goes_to_cpu(base, op.schema(), args))
       return run_cpu_fallback(op, stack, "no lowering for its unsigned dtype");
   }
+  index_tensor_checks(op, *stack, base);
   indices_to_device(op, stack, base);
   advanced_index_checks(base, op.schema(), *stack);  // before any path below runs the op
   if (index_put_into_view(op, stack)) return;

@@ -72,6 +72,17 @@ void bitwise_dtype_check(const std::string& base, const c10::FunctionSchema& sch
 // "value cannot be converted to type int8_t without overflow" (torch.full((2,), 1000,
 // dtype=torch.int8), x.fill_(1e10) of a float16 x). The lowering takes the value as a 0-d
 // argument of the element type, which wraps or saturates silently, so the check is made here.
+// CPU's masked_fill kernel takes bool masks only (its Meta kernel takes uint8 ones too; a
+// uint8 mask also reaches it from index_put's masked_fill_ path, view_index_put.cpp). A value
+// tensor of rank > 0 is refused first, by the Meta kernel's own check as on CPU. The dtype is
+// printed as its type name ("unsigned char"), as CPU prints it.
+void masked_fill_mask_check(const torch::jit::Stack& args) {
+  const at::Tensor* mask = tensor_arg(args, 1);
+  if (!mask || (args.size() > 2 && args[2].isTensor() && args[2].toTensor().dim() != 0)) return;
+  TORCH_CHECK(mask->scalar_type() == at::kBool,
+              "masked_fill_ only supports boolean masks, but got mask with dtype ", mask->dtype());
+}
+
 bool is_fill(const std::string& base) {
   return base == "fill" || base == "masked_fill" || base == "index_fill" || base == "full" ||
          base == "new_full" || base == "full_like";
@@ -325,6 +336,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
   } else if (is_fill(base)) {
+    if (base == "masked_fill") masked_fill_mask_check(args);
     fill_value_check(schema, args);
   } else if (base == "mm") {
     const at::Tensor *a = tensor_arg(args, 0), *b = tensor_arg(args, 1);

@@ -137,29 +137,209 @@ void run_view_put(const c10::FunctionSchema& schema, const at::Tensor& self, con
   b.run();
 }
 
-bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+// The arguments of an index_put form (index_put_, _index_put_impl_, index_put,
+// _unsafe_index_put: self, indices, values, accumulate), or nullopt for any other call.
+struct IndexPutArgs {
+  bool in_place;
+  size_t nargs;
+  at::Tensor self, values;
+  c10::List<std::optional<at::Tensor>> indices;
+  bool accumulate;
+};
+
+std::optional<IndexPutArgs> index_put_args(const c10::FunctionSchema& schema,
+                                           const torch::jit::Stack& stack) {
   const std::string& name = schema.name();
   const bool in_place = name == "aten::index_put_" || name == "aten::_index_put_impl_";
-  if (!in_place && name != "aten::index_put" && name != "aten::_unsafe_index_put") return false;
+  if (!in_place && name != "aten::index_put" && name != "aten::_unsafe_index_put")
+    return std::nullopt;
   const size_t nargs = schema.arguments().size();
-  const size_t first = stack->size() - nargs;
-  const c10::IValue& self_v = (*stack)[first];
-  const c10::IValue& indices_v = (*stack)[first + 1];
-  const c10::IValue& values_v = (*stack)[first + 2];
-  if (!self_v.isTensor() || !indices_v.isList() || !values_v.isTensor()) return false;
-  const at::Tensor self = self_v.toTensor();
-  const at::Tensor values = values_v.toTensor();
-  // CPU's check (the lowering would convert silently), for every index_put form.
-  TORCH_CHECK(values.scalar_type() == self.scalar_type(),
-              "Index put requires the source and destination dtypes match, got ",
-              self.scalar_type(), " for the destination and ", values.scalar_type(),
+  if (nargs < 3 || stack.size() < nargs) return std::nullopt;
+  const size_t first = stack.size() - nargs;
+  const c10::IValue& self_v = stack[first];
+  const c10::IValue& indices_v = stack[first + 1];
+  const c10::IValue& values_v = stack[first + 2];
+  if (!self_v.isTensor() || !indices_v.isList() || !values_v.isTensor()) return std::nullopt;
+  const bool accumulate = nargs > 3 && stack[first + 3].isBool() && stack[first + 3].toBool();
+  // element by element: TorchScript passes the list as a generic one
+  c10::List<std::optional<at::Tensor>> indices;
+  for (const c10::IValue& e : indices_v.toListRef()) {
+    if (e.isTensor()) indices.push_back(e.toTensor());
+    else if (e.isNone()) indices.push_back(std::nullopt);
+    else return std::nullopt;
+  }
+  return IndexPutArgs{in_place, nargs, self_v.toTensor(), values_v.toTensor(),
+                      std::move(indices), accumulate};
+}
+
+// CPU's index_put writes a one-element value held on the CPU through a lone bool or uint8 mask
+// on self's device as self.masked_fill_(mask, value) (no accumulate, no other index tensor;
+// None entries before the mask shift it, the mask is widened over self's trailing dims). That
+// path converts the value to self's dtype (no dtype check), skips the shape check of values
+// against the indexing result, gives no uint8 deprecation warning, and masked_fill_ refuses a
+// uint8 mask with its own error. Returns the mask to fill through, or an undefined tensor where
+// CPU takes its general path. Raises CPU's IndexError for a mask whose shape does not match
+// self's dims.
+at::Tensor masked_fill_mask(const IndexPutArgs& a) {
+  if (a.accumulate || a.values.numel() != 1 || !a.values.is_cpu()) return {};
+  at::Tensor mask;
+  int64_t covered = 0;  // self dims before the mask, then through it
+  for (const std::optional<at::Tensor>& t : a.indices) {
+    if (!t.has_value() || !t->defined()) {
+      if (!mask.defined()) covered++;
+      continue;
+    }
+    const at::ScalarType st = t->scalar_type();
+    if ((st != at::kBool && st != at::kByte) || t->device() != a.self.device() || mask.defined())
+      return {};
+    mask = *t;
+  }
+  if (!mask.defined()) return {};
+  for (int64_t j = 0; j < mask.dim(); j++)  // self.size raises CPU's IndexError past self's rank
+    TORCH_CHECK_INDEX(mask.size(j) == a.self.size(covered + j), "The shape of the mask ",
+                      mask.sizes(), " at index ", j,
+                      " does not match the shape of the indexed tensor ", a.self.sizes(),
+                      " at index ", covered + j);
+  covered += mask.dim();
+  at::Tensor widened = mask;
+  for (int64_t d = covered; d < a.self.dim(); d++) widened = widened.unsqueeze(-1);
+  return widened;
+}
+
+// A Python-side warning handler that drops what it is given.
+struct DropWarnings : c10::WarningHandler {
+  void process(const c10::Warning&) override {}
+};
+
+// values' dtype differs from self's, so CPU raises; but before its dtype check it checks the
+// index tensors (types, mask shapes, that they broadcast together, an indexed dim of size 0)
+// and that values broadcast to the indexing result, and the first of these to fail is its
+// error. That error is found by CPU's own kernel on host stand-ins: the index tensors copied
+// (their values decide a mask's count, so the result's shape) and uninitialized tensors of
+// self's and values' shapes and dtypes; nothing is written, as the dtype check comes before
+// any write. accumulate=true keeps CPU off its masked_fill_ path, which masked_fill_mask has
+// already decided against with the real devices. The stand-in call's warnings are dropped
+// (the call itself gives its own).
+[[noreturn]] void raise_index_put_dtype_error(const IndexPutArgs& a) {
+  {
+    c10::List<std::optional<at::Tensor>> host;
+    for (const std::optional<at::Tensor>& t : a.indices)
+      host.push_back(t.has_value() && t->defined() ? std::optional<at::Tensor>(t->cpu())
+                                                   : std::nullopt);
+    DropWarnings drop;
+    c10::WarningUtils::WarningHandlerGuard guard(&drop);
+    at::Tensor self = at::empty(a.self.sizes(), at::TensorOptions().dtype(a.self.scalar_type()));
+    at::Tensor values =
+        at::empty(a.values.sizes(), at::TensorOptions().dtype(a.values.scalar_type()));
+    self.index_put_(host, values, /*accumulate=*/true);
+  }
+  TORCH_CHECK(false, "Index put requires the source and destination dtypes match, got ",
+              a.self.scalar_type(), " for the destination and ", a.values.scalar_type(),
               " for the source.");
+}
+
+// CPU checks that an index_put's values broadcast to its indexing result (after its checks of
+// the index tensors, before the dtype check and any write), which the lowerings can only make
+// at build time, with the op's name before the message, or, through a lone mask, not at all
+// where values broadcast along the mask's count dim. So it is made here, where the index
+// tensors are integer tensors, or one mask (dispatch.cpp's indices_to_device has split a mask
+// beside others, or with values not of size 1 along its count dim). Index tensors CPU refuses
+// (dtype, too many, not broadcasting together) are left to the lowering's errors, which come
+// first on CPU. The count of a mask is read (a host sync) only to name the result's shape in
+// the error.
+void values_shape_check(const IndexPutArgs& a) {
+  const int64_t rank = a.self.dim();
+  std::vector<int64_t> bshape;  // the index tensors' broadcast shape
+  std::vector<bool> indexed(static_cast<size_t>(rank), false);
+  at::Tensor mask;
+  int64_t dim = 0, first = -1, last = -1, n = 0, given = 0;  // n: indexed dims
+  for (const std::optional<at::Tensor>& t : a.indices) {
+    if (!t.has_value() || !t->defined()) {
+      dim++;
+      continue;
+    }
+    const at::ScalarType st = t->scalar_type();
+    const bool is_mask = st == at::kBool || st == at::kByte;
+    if (!is_mask && st != at::kLong && st != at::kInt) return;
+    if (is_mask && (mask.defined() || t->dim() == 0)) return;
+    const int64_t covers = is_mask ? t->dim() : 1;
+    if (dim + covers > rank) return;
+    if (is_mask) {
+      mask = *t;
+      for (int64_t j = 0; j < covers; j++)
+        if (t->size(j) != a.self.size(dim + j)) return;
+    }
+    // a mask's count stands as size 1 until it is known
+    const std::vector<int64_t> s = is_mask ? std::vector<int64_t>{1} : t->sizes().vec();
+    if (given++ == 0) {
+      bshape = s;
+    } else {
+      try {
+        bshape = at::infer_size(bshape, s);
+      } catch (const c10::Error&) {
+        return;
+      }
+    }
+    for (int64_t j = 0; j < covers; j++) indexed[static_cast<size_t>(dim + j)] = true;
+    if (first < 0) first = dim;
+    last = dim + covers - 1;
+    n += covers;
+    dim += covers;
+  }
+  if (given == 0 || (mask.defined() && given != 1)) return;
+  // the result: the broadcast dims in place of the indexed dims when those are adjacent, else
+  // first; the other dims of self in order
+  const bool adjacent = last - first + 1 == n;
+  auto result_shape = [&]() {
+    std::vector<int64_t> r;
+    if (!adjacent) r.insert(r.end(), bshape.begin(), bshape.end());
+    for (int64_t d = 0; d < rank; d++) {
+      if (adjacent && d == first) r.insert(r.end(), bshape.begin(), bshape.end());
+      if (!indexed[static_cast<size_t>(d)]) r.push_back(a.self.size(d));
+    }
+    return r;
+  };
+  std::vector<int64_t> result = result_shape();
+  auto fits = [&]() {  // right-aligned, each dim equal or 1
+    const at::IntArrayRef v = a.values.sizes();
+    if (v.size() > result.size()) return false;
+    for (size_t i = 1; i <= v.size(); i++)
+      if (v[v.size() - i] != 1 && v[v.size() - i] != result[result.size() - i]) return false;
+    return true;
+  };
+  if (fits()) return;  // with a mask: values of size 1 at its count dim fit any count
+  if (mask.defined()) {
+    bshape = {(mask != 0).sum().item<int64_t>()};
+    result = result_shape();
+  }
+  TORCH_CHECK(false, "shape mismatch: value tensor of shape ", a.values.sizes(),
+              " cannot be broadcast to indexing result of shape ", at::IntArrayRef(result));
+}
+
+bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const std::optional<IndexPutArgs> args = index_put_args(schema, *stack);
+  if (!args) return false;
+  const bool in_place = args->in_place;
+  const size_t nargs = args->nargs;
+  const at::Tensor& self = args->self;
+  const at::Tensor& values = args->values;
+  if (const at::Tensor mask = masked_fill_mask(*args); mask.defined()) {
+    const c10::Scalar value = values.item();
+    at::Tensor out = in_place ? self : self.clone(at::MemoryFormat::Preserve);
+    out.masked_fill_(mask, value);
+    torch::jit::drop(*stack, nargs);
+    stack->push_back(out);
+    return true;
+  }
+  // CPU's check (the lowering would convert silently), for every index_put form.
+  if (values.scalar_type() != self.scalar_type()) raise_index_put_dtype_error(*args);
+  values_shape_check(*args);
   if (!in_place || eager_mode() == EagerMode::kDebug) return false;
-  const bool accumulate = nargs > 3 && (*stack)[first + 3].isBool() && (*stack)[first + 3].toBool();
+  const bool accumulate = args->accumulate;
   if (!partial_view(self) || !same_kind(self, values)) return false;
 
   const int64_t ndim = self.dim();
-  const c10::List<std::optional<at::Tensor>> list = indices_v.toOptionalTensorList();
+  const c10::List<std::optional<at::Tensor>>& list = args->indices;
   if (list.size() == 0 || static_cast<int64_t>(list.size()) > ndim) return false;
   std::vector<int64_t> indexed;  // dims with an index tensor
   std::vector<at::Tensor> idx;
@@ -327,6 +507,18 @@ bool view_put_candidate(const std::string& base) {
   return base == "index_put" || base == "_index_put_impl" || base == "_unsafe_index_put" ||
          base == "index_copy" || base == "index_add" || base == "index_fill" ||
          base == "scatter" || base == "scatter_add";
+}
+
+bool index_put_takes_masked_fill(const c10::FunctionSchema& schema,
+                                 const torch::jit::Stack& stack) {
+  const std::optional<IndexPutArgs> args = index_put_args(schema, stack);
+  if (!args || args->accumulate || args->values.numel() != 1 || !args->values.is_cpu())
+    return false;
+  try {
+    return masked_fill_mask(*args).defined();
+  } catch (const c10::Error&) {
+    return true;  // its mask-shape error, raised when the call takes that path
+  }
 }
 
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
