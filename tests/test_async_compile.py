@@ -2,6 +2,8 @@
 new shape returns before its program is compiled, later ops queue behind it, and everything
 runs in program order at the next synchronizing point. Values, errors and counters must be
 what synchronous compiles give."""
+import gc
+
 import pytest
 import torch
 
@@ -87,6 +89,7 @@ def test_lowering_errors_are_raised_at_the_op(background):
 
 
 def test_memory_and_counters_see_queued_ops_as_run(background):
+    gc.collect()  # tensors of earlier tests in reference cycles: freed now, not mid-test
     torch.tpu.synchronize()
     base = torch.tpu.memory_allocated()
     x = torch.randn(19, 3).to(TPU)
