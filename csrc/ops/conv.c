@@ -977,6 +977,8 @@ static pj_val_t scatter_add_axis(pj_lower_t *L, pj_val_t u, int axis, const doub
   return r;
 }
 
+static pj_val_t resample_u8(pj_lower_t *L, pj_val_t x, pj_type_t ot, bool cubic, bool aa);
+
 static pj_status_t *lower_upsample(pj_lower_t *L) {
   const char *op = L->c->op;
   bool backward = strstr(op, "backward") != NULL;
@@ -986,14 +988,20 @@ static pj_status_t *lower_upsample(pj_lower_t *L) {
   int nsp = name_nsp(op);
   pj_val_t x = pj_tensor(L, backward ? "grad_output" : "self");
   pj_type_t ot = pj_out_type(L, 0);
-  /* uint8 nearest is a copy and matches CPU; CPU's uint8 linear kernel is a fixed-point
-   * algorithm whose rounding we do not reproduce, so it is refused rather than approximated */
-  if (x.id < 0 || !dtype_ok(L, x.t.dtype, mode == UP_LINEAR || backward ? DT_FLOAT
-                                                                      : DT_FLOAT | DT_U8))
+  /* uint8: nearest is a copy; bilinear (2-d only, as on CPU) is CPU's fixed-point kernel
+   * (resample_u8); CPU refuses uint8 linear 1-d / trilinear and every backward */
+  bool u8_linear = mode == UP_LINEAR && nsp == 2 && !backward;
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, (mode != UP_LINEAR && !backward) || u8_linear
+                                              ? DT_FLOAT | DT_U8
+                                              : DT_FLOAT))
     return NULL;
   int lead = ot.rank - nsp;
   if (nsp < 1 || lead < 0 || x.t.rank != ot.rank) {
     pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", op, ot.rank);
+    return NULL;
+  }
+  if (u8_linear && x.t.dtype == PJ_U8) {
+    set_checked(L, 0, resample_u8(L, x, ot, false, false));
     return NULL;
   }
   static const char *const names1[] = {"scales"};
@@ -1102,16 +1110,194 @@ static void interp_weights(bool aa, bool cubic, bool align, bool has_scale, doub
   }
 }
 
+/* ---- uint8 bilinear / bicubic: CPU's fixed-point separable resampling ----
+ *
+ * CPU resamples uint8 images (bilinear and bicubic, with or without antialias, forward only)
+ * in integers: per resized dim, each output is the sum over its taps of x[first + k] * q_k,
+ * where q_k is the double weight scaled by 2^prec and rounded (half away from zero) to an
+ * int16; the int32 sum plus 2^(prec-1), shifted right arithmetically by prec and clamped to
+ * [0, 255], is stored as uint8. The last dim is resampled first, then the one before it, from
+ * the stored uint8 intermediate; a dim whose size does not change is not resampled. Weights,
+ * precision and tap ranges below repeat CPU's double arithmetic step for step (casts to
+ * integers truncate, as C++'s do), so the integer result equals CPU's bit for bit. int32
+ * cannot overflow: |q_k| < 2^15 and the q_k of one output sum to about 2^prec <= 2^22 (the
+ * weights are normalized near 1), times at most 255. */
+
+/* CPU's uint8 filters: the triangle, or the Keys cubic with a = -0.5 (antialias) or -0.75
+ * (plain bicubic, the constant of its float kernel). */
+static double u8_filter(double x, bool cubic, double a) {
+  if (x < 0) x = -x;
+  if (!cubic) return x < 1 ? 1 - x : 0;
+  if (x < 1) return cubic_near(x, a);
+  if (x < 2) return cubic_far(x, a);
+  return 0;
+}
+
+/* Weights of one resized dim: w[o * kmax + k] for the cnt[o] taps of output o, which read
+ * input indices first[o] + k; slots past cnt[o] stay 0. kmax bounds the taps: 2 or 4, or
+ * 2 * ceil(support) + 1 with antialias. Returns the largest weight CPU's precision rule
+ * sees. */
+static double u8_dim_weights(bool cubic, bool aa, bool align, double scale, int64_t in,
+                             int64_t out, int64_t kmax, int64_t *first, int64_t *cnt,
+                             double *w) {
+  double wmax = 0;
+  int64_t ntap = cubic ? 4 : 2;
+  for (int64_t o = 0; o < out; o++) {
+    double *wo = w + o * kmax;
+    if (aa) {
+      /* the filter stretched by the scale when shrinking, on the inputs under its support
+       * (clipped to the input), normalized to sum 1 */
+      double support = ((double)ntap * 0.5) * (scale >= 1.0 ? scale : 1.0);
+      double center = scale * ((double)o + 0.5);
+      double inv = scale >= 1.0 ? 1.0 / scale : 1.0;
+      int64_t lo = (int64_t)(center - support + 0.5), hi = (int64_t)(center + support + 0.5);
+      if (lo < 0) lo = 0;
+      if (hi > in) hi = in;
+      int64_t n = hi - lo;
+      n = n < 0 ? 0 : n > kmax ? kmax : n;
+      double total = 0;
+      for (int64_t k = 0; k < n; k++) {
+        wo[k] = u8_filter(((double)(k + lo) - center + 0.5) * inv, cubic, -0.5);
+        total += wo[k];
+      }
+      if (total != 0)
+        for (int64_t k = 0; k < n; k++) {
+          wo[k] /= total;
+          if (wo[k] > wmax) wmax = wo[k];
+        }
+      first[o] = lo;
+      cnt[o] = n;
+      continue;
+    }
+    /* plain: the float kernel's source position and fraction, ntap taps around it; a tap
+     * outside the input adds its weight to the edge sample it would be clamped to (the float
+     * kernel's index clamping, with fewer distinct taps) */
+    double src = align ? scale * (double)o : scale * ((double)o + 0.5) - 0.5;
+    if (!align && !cubic && src < 0) src = 0;
+    int64_t i0 = (int64_t)floor(src);
+    if (i0 > in - 1) i0 = in - 1;
+    double t = src - (double)i0;
+    t = t < 0 ? 0 : t > 1 ? 1 : t;
+    int64_t half = ntap / 2, lo = i0 - half + 1;
+    int64_t f = lo < 0 ? 0 : lo, e = lo + ntap < in ? lo + ntap : in;
+    int64_t n = e - f;
+    n = n < 0 ? 0 : n > ntap ? ntap : n;
+    for (int64_t k = 0; k < ntap; k++) wo[k] = 0;
+    for (int64_t k = 0; k < ntap; k++) {
+      int64_t pos = lo + k;
+      pos = pos < 0 ? 0 : pos > in - 1 ? in - 1 : pos;
+      double *slot = wo + (pos - f); /* pos - f < n: f <= pos < e */
+      *slot += u8_filter((double)(k + 1 - half) - t, cubic, -0.75);
+      /* CPU takes the maximum over the partial sums of a folded slot too */
+      if (*slot > wmax) wmax = *slot;
+    }
+    first[o] = f;
+    cnt[o] = n;
+  }
+  return wmax;
+}
+
+/* CPU's precision: the first prec (at most 22) at which one bit more would round wmax * 2^prec
+ * to 2^15 or beyond, so the largest scaled weight lies in [2^14, 2^15): int16, as fine as
+ * that allows. */
+static int u8_precision(double wmax) {
+  int p = 0;
+  while (p < 22 && (int64_t)(0.5 + wmax * (double)(1 << (p + 1))) < (1 << 15)) p++;
+  return p;
+}
+
+/* x (int32 holding uint8 values) resampled along `axis` to `out` samples, clamped to
+ * [0, 255]: the taps are one gather of out * K indices (K the most taps of any output; a
+ * tap past an output's own count reads a valid index with weight 0), split into [out, K],
+ * weighted and summed over K. Integer sums are exact in any order. */
+static pj_val_t u8_resample_dim(pj_lower_t *L, pj_val_t x, int axis, bool cubic, bool aa,
+                                bool align, bool has_scale, double sc, int64_t out) {
+  if (x.id < 0) return kBad;
+  int64_t in = x.t.dims[axis];
+  double scale = interp_scale(in, out, align, has_scale, sc, true);
+  int64_t ntap = cubic ? 4 : 2;
+  int64_t kmax = aa ? 2 * (int64_t)ceil(((double)ntap * 0.5) * (scale >= 1.0 ? scale : 1.0)) + 1
+                    : ntap;
+  double *w = dalloc(L, out * kmax);
+  if (!w) return kBad;
+  int64_t *first = calloc((size_t)out, sizeof(int64_t)), *cnt = calloc((size_t)out, sizeof(int64_t));
+  double *idx = NULL, *q = NULL;
+  pj_val_t r = kBad;
+  if (!first || !cnt) {
+    pj_fail(L, PJ_ERR_OOM, "out of host memory building a constant table");
+    goto done;
+  }
+  double wmax = u8_dim_weights(cubic, aa, align, scale, in, out, kmax, first, cnt, w);
+  int prec = u8_precision(wmax);
+  int64_t K = 1;
+  for (int64_t o = 0; o < out; o++)
+    if (cnt[o] > K) K = cnt[o];
+  idx = dalloc(L, out * K);
+  q = dalloc(L, out * K);
+  if (!idx || !q) goto done;
+  for (int64_t o = 0; o < out; o++)
+    for (int64_t k = 0; k < K; k++) {
+      int64_t i = first[o] + k;
+      idx[o * K + k] = (double)(i < in - 1 ? i : in - 1);
+      if (k >= cnt[o]) continue; /* weight 0 */
+      double v = w[o * kmax + k] * (double)(1 << prec);
+      q[o * K + k] = (double)(v < 0 ? (int64_t)(v - 0.5) : (int64_t)(v + 0.5));
+    }
+  int rk = x.t.rank;
+  int64_t d[PJ_MAX_RANK], wd[2] = {out, K}, bd[2] = {axis, axis + 1}, kd = axis + 1;
+  for (int i = 0; i < rk; i++) d[i < axis ? i : i + 1] = x.t.dims[i];
+  d[axis] = out;
+  d[axis + 1] = K;
+  pj_val_t g = pj_reshape(H, gather_axis(L, x, axis, idx, out * K), rk + 1, d);
+  pj_val_t wv = pj_reshape(H, const_vec(L, PJ_I32, q, out * K), 2, wd);
+  pj_val_t s = pj_binary(H, "stablehlo.multiply", g, pj_broadcast_in_dim(H, wv, g.t, bd));
+  s = pj_reduce(H, s, &kd, 1, "add");
+  s = pj_binary(H, "stablehlo.add", s, pj_full(H, s.t, prec > 0 ? (double)(1 << (prec - 1)) : 0));
+  s = pj_binary(H, "stablehlo.shift_right_arithmetic", s, pj_full(H, s.t, prec));
+  s = pj_binary(H, "stablehlo.maximum", s, pj_full(H, s.t, 0));
+  r = pj_binary(H, "stablehlo.minimum", s, pj_full(H, s.t, 255));
+done:
+  free(w);
+  free(first);
+  free(cnt);
+  free(idx);
+  free(q);
+  return r;
+}
+
+/* Forward uint8 bilinear / bicubic (antialiased or not) of x to ot's shape; the last two dims
+ * are the spatial ones. */
+static pj_val_t resample_u8(pj_lower_t *L, pj_val_t x, pj_type_t ot, bool cubic, bool aa) {
+  static const char *const names[2] = {"scales_h", "scales_w"};
+  bool align = pj_bool(L, "align_corners", false);
+  int lead = ot.rank - 2;
+  for (int i = 0; i < ot.rank; i++)
+    if (ot.dims[i] == 0) return pj_full(H, ot, 0); /* nothing to compute */
+  pj_val_t v = x;
+  for (int j = 1; j >= 0; j--) { /* width, then height */
+    int axis = lead + j;
+    if (x.t.dims[axis] == ot.dims[axis]) continue;
+    v = u8_resample_dim(L, pj_convert(H, v, PJ_I32), axis, cubic, aa, align, pj_has(L, names[j]),
+                        pj_float(L, names[j], 0), ot.dims[axis]);
+  }
+  return pj_convert(H, v, PJ_U8);
+}
+
 static pj_status_t *lower_interp_matrix(pj_lower_t *L) {
   const char *op = L->c->op;
   bool backward = strstr(op, "backward") != NULL, aa = strstr(op, "_aa") != NULL;
   bool cubic = strstr(op, "bicubic") != NULL;
   pj_val_t x = pj_tensor(L, backward ? "grad_output" : "self");
   pj_type_t ot = pj_out_type(L, 0);
-  if (x.id < 0 || !dtype_ok(L, x.t.dtype, DT_FLOAT)) return NULL;
+  /* uint8 forward is CPU's fixed-point kernel; CPU refuses uint8 backwards */
+  if (x.id < 0 || !dtype_ok(L, x.t.dtype, backward ? DT_FLOAT : DT_FLOAT | DT_U8)) return NULL;
   int nsp = 2, lead = ot.rank - nsp;
   if (lead < 0 || x.t.rank != ot.rank) {
     pj_fail(L, PJ_ERR_UNIMPLEMENTED, "%s of a rank-%d input", op, ot.rank);
+    return NULL;
+  }
+  if (x.t.dtype == PJ_U8) {
+    set_checked(L, 0, resample_u8(L, x, ot, cubic, aa));
     return NULL;
   }
   static const char *const names[2] = {"scales_h", "scales_w"};
