@@ -768,6 +768,17 @@ pj_prepared_t *pj_prepared_new(const pj_call_t *c, bool deferred) {
 
 void pj_prepared_free(pj_prepared_t *p) { free(p); }
 
+/* Records the prepared call in the pending graph: defer_and_fuse's, or (each) Strict's queue
+ * behind background compiles. */
+static pj_status_t *record_prepared(const pj_prepared_t *p, const pj_slot_t *slots,
+                                    const pj_scalar_t *scalars, const char *where, bool each) {
+  unsigned char *key = malloc(p->keylen);
+  if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
+  memcpy(key, p->key, p->keylen);
+  return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
+                         p->writes, scalars, p->nscalars, pj_defer_site(p->op, where), each);
+}
+
 pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storages,
                              const pj_scalar_t *scalars, const char *where, bool *missed) {
   *missed = false;
@@ -776,34 +787,26 @@ pj_status_t *pj_prepared_run(const pj_prepared_t *p, pj_storage_t *const *storag
   pj_slot_t slots[PJ_PREPARED_MAX_SLOTS];
   for (int s = 0; s < p->nslots; s++)
     slots[s] = (pj_slot_t){storages[s], p->dtype[s], p->numel[s], p->read[s]};
-  if (p->deferred) {
-    unsigned char *key = malloc(p->keylen);
-    if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
-    memcpy(key, p->key, p->keylen);
-    return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
-                           p->writes, scalars, p->nscalars, pj_defer_site(p->op, where), false);
-  }
+  if (p->deferred) return record_prepared(p, slots, scalars, where, false);
   /* Strict behind background compiles (pj_call_run_async): queued, in program order. */
-  if (pj_defer_each_pending() ||
-      (!pj_cache_lookup_hashed(p->hash, p->key, p->keylen) &&
-       pj_async_compile_pending(p->hash, p->key, p->keylen))) {
-    unsigned char *key = malloc(p->keylen);
-    if (!key) return pj_status_new(PJ_ERR_OOM, "out of host memory recording an op");
-    memcpy(key, p->key, p->keylen);
-    return pj_defer_record(key, p->keylen, p->hash, p->hash2, p->device, slots, p->nslots,
-                           p->writes, scalars, p->nscalars, pj_defer_site(p->op, where), true);
+  if (!pj_defer_each_pending()) {
+    PJ_TRY(pj_defer_flush());
+    pj_status_t *st = NULL;
+    pthread_mutex_lock(&pj_run_lock);
+    pj_program_t *prog = pj_cache_lookup_hashed(p->hash, p->key, p->keylen);
+    if (prog) {
+      const pj_check_site_t site = {0, p->op, where};
+      st = execute_slots(prog, p->device, slots, p->nslots, p->written, p->nwritten, scalars,
+                         p->nscalars, &site);
+    }
+    pthread_mutex_unlock(&pj_run_lock);
+    if (prog) return st;
+    /* not in the memory cache: still compiling (queue behind it) or evicted (the caller
+     * builds the call again) */
+    if (!pj_async_compile_pending(p->hash, p->key, p->keylen)) {
+      *missed = true;
+      return NULL;
+    }
   }
-  PJ_TRY(pj_defer_flush());
-  pthread_mutex_lock(&pj_run_lock);
-  pj_program_t *prog = pj_cache_lookup_hashed(p->hash, p->key, p->keylen);
-  pj_status_t *st = NULL;
-  if (!prog) {
-    *missed = true; /* evicted from the memory cache: the caller builds the call again */
-  } else {
-    const pj_check_site_t site = {0, p->op, where};
-    st = execute_slots(prog, p->device, slots, p->nslots, p->written, p->nwritten, scalars,
-                       p->nscalars, &site);
-  }
-  pthread_mutex_unlock(&pj_run_lock);
-  return st;
+  return record_prepared(p, slots, scalars, where, true);
 }
