@@ -235,22 +235,23 @@ def test_result_of_an_op_that_failed_at_the_flush_raises_on_every_read(defer, ca
 
 
 def test_ops_recorded_after_a_failed_op_never_ran_and_their_results_raise(defer):
-    # index_put_'s value-shape check is the lowering's: it fails at the flush. The ops before
-    # it ran; its in-place destination keeps its contents (as CPU's when the op raises); what
-    # the ops recorded after it were to write never got written, so reading it raises too
-    # (it read back stale or zero contents before).
-    a = torch.arange(3.0, device=TPU)
-    before = a * 2
-    a.index_put_((torch.tensor([0, 1], device=TPU),), torch.ones(3, device=TPU))
-    after = a + 1
+    # CPU has no bool kernel for floor_: the check is the lowering's, so the recorded op fails
+    # at the flush. The ops before it ran; its in-place destination keeps its contents (as
+    # CPU's when the op raises); what the ops recorded after it were to write never got
+    # written, so reading it raises too (it read back stale or zero contents before).
+    mask = torch.tensor([True, False, True])
+    a = mask.to(TPU)
+    before = a.float() * 2
+    a.floor_()
+    after = a.logical_not()
     b = torch.ones(3, device=TPU)
     b.add_(1)                                        # in place, on a tensor with contents
-    with pytest.raises(RuntimeError, match="shape mismatch"):
+    with pytest.raises(NotImplementedError, match="floor"):
         a.cpu()
-    assert torch.equal(a.cpu(), torch.arange(3.0))
-    assert torch.equal(before.cpu(), torch.arange(3.0) * 2)
+    assert torch.equal(a.cpu(), mask)
+    assert torch.equal(before.cpu(), mask.float() * 2)
     for t in (after, b):
-        with pytest.raises(RuntimeError, match="never ran.*shape mismatch"):
+        with pytest.raises(NotImplementedError, match="never ran.*floor"):
             t.cpu()
     b.copy_(torch.full((3,), 5.0))                   # a whole write defines it again
     assert torch.equal(b.cpu(), torch.full((3,), 5.0))
