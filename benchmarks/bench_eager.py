@@ -92,6 +92,8 @@ def _ops():
 
 
 def compile_latency(base: int, reps: int):
+    """Per op: the first call at a new shape (its Python return, then synchronized), a cache
+    hit, and the runtime's counters for the first call."""
     rows = []
     for k, (name, (make, op)) in enumerate(_ops().items()):
         args = make(base + 3 * k)
@@ -100,6 +102,7 @@ def compile_latency(base: int, reps: int):
         t0 = time.perf_counter_ns()
         try:
             out = op(*args)
+            ret = time.perf_counter_ns() - t0
             sync(TPU)
         except Exception as e:  # noqa: BLE001 - an op the device cannot run yet: report it
             rows.append((name, f"{type(e).__name__}: {str(e).splitlines()[0][:80]}"))
@@ -114,10 +117,32 @@ def compile_latency(base: int, reps: int):
             hits.append(time.perf_counter_ns() - t0)
         del out
         hit = median_us(hits)
-        rows.append((name, first / 1e3, hit, first / 1e3 - hit, m1["compiles"] - m0["compiles"],
-                     (m1["compile_ns"] - m0["compile_ns"]) / 1e3,
+        rows.append((name, ret / 1e3, first / 1e3, hit, first / 1e3 - hit,
+                     m1["compiles"] - m0["compiles"], (m1["compile_ns"] - m0["compile_ns"]) / 1e3,
                      m1["cpu_fallbacks"] - m0["cpu_fallbacks"]))
     return rows
+
+
+def burst_latency(base: int):
+    """Every op of _ops() at a new shape, called back to back, then one synchronize: the
+    Python time to issue them all and the time until all results are ready (independent
+    programs compile in parallel when background compiles are on)."""
+    made = [(make(base + 3 * k), op) for k, (make, op) in enumerate(_ops().values())]
+    sync(TPU)
+    m0 = torch.tpu.metrics()
+    t0 = time.perf_counter_ns()
+    outs = [op(*args) for args, op in made]
+    issued = time.perf_counter_ns() - t0
+    sync(TPU)
+    done = time.perf_counter_ns() - t0
+    m1 = torch.tpu.metrics()
+    del outs
+    return issued / 1e6, done / 1e6, m1["compiles"] - m0["compiles"]
+
+
+def _pct(values, q):
+    v = sorted(values)
+    return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
 
 
 # --- 3. training steps in each eager mode --------------------------------------------------------
@@ -185,7 +210,15 @@ def main(argv=None) -> str:
     steps = 10 if args.quick else 30
 
     disp = dispatch_latency(iters)
-    comp = compile_latency(40, 20 if args.quick else 50)
+    # first calls with compiles in the op, then in the background (Strict's default), each at
+    # shapes of its own; then the same for a burst of new ops before one synchronize
+    threads = torch_pjrt._C._compile_threads()
+    comp, burst = {}, {}
+    for label, n, base in (("in the op", 0, 40), ("background", threads or 2, 80)):
+        torch_pjrt._C._set_compile_threads(n)
+        comp[label] = compile_latency(base, 20 if args.quick else 50)
+        burst[label] = burst_latency(base + 80)
+    torch_pjrt._C._set_compile_threads(threads)
     train = {}
     for name, setup in WORKLOADS.items():
         rows = {mode: train_steps(setup, TPU, steps, 5, mode)
@@ -214,22 +247,36 @@ def main(argv=None) -> str:
         f"| ratio tpu/CPU | {disp['tpu'][0] / disp['cpu'][0]:.1f}x | "
         f"{disp['tpu'][1] / disp['cpu'][1]:.1f}x |",
         "",
-        "## First-compile latency (first synchronized call at a new shape)",
+        "## First-call latency (first call at a new shape)",
         "",
-        "`first - hit` is the cost of the first call beyond a cache hit; `programs` and "
-        "`compile` are the runtime's own counters for that first call (a composite op may build "
-        "several programs; a CPU fallback compiles nothing).",
+        "Each op once with its program compiled in the op (background compiles off: "
+        "`torch_pjrt._C._set_compile_threads(0)`), once with Strict's background compiles "
+        f"({threads or 2} threads), at shapes of its own. `return` is the call's Python time, "
+        "`synced` until its result is ready; `first - hit` the synchronized first call beyond a "
+        "cache hit; `programs` and `compile` are the runtime's counters for the first call.",
         "",
-        "| op | first call (ms) | cache hit (us) | first - hit (ms) | programs | compile (ms) | CPU fallbacks |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| op | compiles | return (ms) | synced (ms) | cache hit (us) | first - hit (ms) | programs | compile (ms) | CPU fallbacks |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for row in comp:
-        if len(row) == 2:
-            lines.append(f"| {row[0]} | failed: {row[1]} | | | | | |")
-            continue
-        name, first, hit, extra, progs, cns, fb = row
-        lines.append(f"| {name} | {first / 1e3:.1f} | {hit:.0f} | {extra / 1e3:.1f} | {progs} | "
-                     f"{cns / 1e3:.1f} | {fb} |")
+    for label, rows in comp.items():
+        for row in rows:
+            if len(row) == 2:
+                lines.append(f"| {row[0]} | {label} | failed: {row[1]} | | | | | | |")
+                continue
+            name, ret, first, hit, extra, progs, cns, fb = row
+            lines.append(f"| {name} | {label} | {ret / 1e3:.1f} | {first / 1e3:.1f} | {hit:.0f} | "
+                         f"{extra / 1e3:.1f} | {progs} | {cns / 1e3:.1f} | {fb} |")
+    lines += ["", "| compiles | median return (ms) | p90 return (ms) | median synced (ms) | "
+              "p90 synced (ms) | burst: issue all (ms) | burst: all ready (ms) | burst programs |",
+              "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for label, rows in comp.items():
+        ok = [r for r in rows if len(r) != 2]
+        rets = [r[1] / 1e3 for r in ok]
+        syncs = [r[2] / 1e3 for r in ok]
+        issued, done, progs = burst[label]
+        lines.append(f"| {label} | {statistics.median(rets):.1f} | {_pct(rets, 0.9):.1f} | "
+                     f"{statistics.median(syncs):.1f} | {_pct(syncs, 0.9):.1f} | {issued:.1f} | "
+                     f"{done:.1f} | {progs} |")
     lines += [
         "",
         f"## Training step in each eager mode (median of {steps} steps after 5 warm-up steps; "

@@ -24,11 +24,11 @@ Variables (the README's table lists all of them):
     Size bound of that directory; least recently used entries are evicted (default 4 GiB).
 
 PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
-``import torch``; it is read by torch, not here. Native code reads two switches where they act:
+``import torch``; it is read by torch, not here. Native code reads these switches where they act:
 ``TORCH_PJRT_CPU_FALLBACK`` (csrc/bridge/dispatch.cpp), ``TORCH_PJRT_DUMP_ON_ERROR``
 (csrc/graph/call.c), ``TORCH_PJRT_CHECK_BOUNDS`` (csrc/runtime/index_checks.c),
-``TORCH_PJRT_SMALL_GEMM`` (csrc/runtime/ffi_kernels.c) and ``TORCH_PJRT_GEMM_THREADS``
-(csrc/runtime/small_gemm.c); the C runtime reads ``TORCH_PJRT_PLUGIN`` itself only when Python configured
+``TORCH_PJRT_SMALL_GEMM`` (csrc/runtime/ffi_kernels.c), ``TORCH_PJRT_GEMM_THREADS``
+(csrc/runtime/small_gemm.c) and ``TORCH_PJRT_COMPILE_THREADS`` (csrc/graph/compile_async.c); the C runtime reads ``TORCH_PJRT_PLUGIN`` itself only when Python configured
 no plugin (a path), e.g. in C tests.
 
 The values are read when :func:`load` is called (once, at registration), so a process sees
