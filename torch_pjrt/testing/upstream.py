@@ -362,7 +362,9 @@ def markdown(report) -> str:
     out += ["", "## Time", "",
             "Wall time of each child process (collection included; restarts after a crash or "
             "hang included), and what the `tpu` tests spent compiling programs (the runtime's "
-            "own counters, summed over tests). Persistent compile cache: "
+            "own counters, summed over tests; Strict mode compiles on background threads "
+            "while tests run, so the compile seconds can exceed the tests' own). Persistent "
+            "compile cache: "
             + (f"`{report['cache_dir']}`" if report.get("cache_dir") else "the default one")
             + ".", "",
             "| file | CPU s | tpu s | tpu / CPU | programs compiled | compiling s | share of "
