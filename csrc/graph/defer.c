@@ -417,9 +417,10 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
     pj_status_free(why);
     const char *where = k < g->nops && g->ops[k].site
                             ? g->ops[k].site + strlen(g->ops[k].site) + 1
-                            : "";
-    return pj_status_wrap(st, "tpu op called%s, run at this synchronizing point after its "
-                              "program compiled in the background: ", where);
+                            : NULL;
+    return pj_status_wrap(st, "tpu op%s%s%s run at this synchronizing point after its program "
+                              "compiled in the background: ", where ? " (called" : "",
+                          where ? where : "", where ? ")" : "");
   }
   if (st) {
     const bool fused_failed = why != NULL;
@@ -432,9 +433,6 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
   return NULL;
 }
 
-/* Builds (or finds) and runs the graph's program, installs the live results, and empties the
- * graph. Caller holds mu. If the fused program cannot be built or compiled, the ops are
- * replayed one by one (see pj_graph_run_each). */
 static pj_status_t *flush_graph(void);
 /* Set on the thread running a flush: the ops it runs call pj_defer_flush, which must not wait
  * for that same flush. */
@@ -452,6 +450,10 @@ static pj_status_t *flush_locked(void) {
   return st;
 }
 
+/* Builds (or finds) and runs the graph's program, installs the live results, and empties the
+ * graph. Caller holds mu (through flush_locked). If the fused program cannot be built or
+ * compiled, the ops are replayed one by one (see pj_graph_run_each); a Strict queue ("each")
+ * always is. */
 static pj_status_t *flush_graph(void) {
   if (G.nops > 0 && atomic_load(&capturing)) capture_broken = true;
   graph_t g = G;
