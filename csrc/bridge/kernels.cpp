@@ -104,12 +104,14 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
 }
 
 // Grows the storage if the new shape needs more bytes; sizes/strides become contiguous (or the
-// requested memory format), as CPU's resize_ does With the deterministic fill on (fill_uninitialized), the
-// elements the storage gained are filled, those it had keep their values.
+// requested memory format), as CPU's resize_ does. With the deterministic fill on
+// (fill_uninitialized), the elements the storage gained are filled, those it had keep theirs.
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
+  // CPU keeps the strides when the sizes do not change (a resize_ to the same sizes is a
+  // no-op, unless a memory format is asked for): an expanded or strided tensor stays so
+  if (!self.sizes().equals(size)) impl->set_sizes_contiguous(size);
   if (memory_format && *memory_format != at::MemoryFormat::Preserve)
     impl->empty_tensor_restride(*memory_format);
   if (self.numel() > 0) {
