@@ -62,6 +62,32 @@ def _reenters_itself(fn, lowered: set) -> bool:
     return False
 
 
+def _heaviside_out_check(input, values, *, out):
+    # CPU's heaviside meta function, which the reference's out= wrapper lacks: it promotes the
+    # dtypes and then refuses the out= cast with its own message. CPU refuses complex tensors
+    # first, then any two of input, values and out that differ, before any cast check.
+    torch._check(not (input.is_complex() or values.is_complex() or out.is_complex()),
+                 lambda: "heaviside is not yet implemented for complex tensors.")
+    torch._check(input.dtype == values.dtype == out.dtype,
+                 lambda: "heaviside is not yet implemented for tensors with different dtypes.")
+
+
+# Checks that CPU's kernel makes before computing and the decomposition does not (its refusal
+# differs or is missing), run before it: op name -> function of the op's own arguments. The
+# functional and in-place forms of these ops keep their C++ composite kernels, whose meta
+# functions make the checks, and reach the decomposition only as the out= form.
+_CPU_CHECKS = {
+    "aten::heaviside.out": _heaviside_out_check,
+}
+
+
+def _checked(check, fn):
+    def decomposition(*args, **kwargs):
+        check(*args, **kwargs)
+        return fn(*args, **kwargs)
+    return decomposition
+
+
 def register(lowered: set) -> None:
     """Registers decompositions once per process (idempotent)."""
     global _LIB
@@ -81,6 +107,8 @@ def register(lowered: set) -> None:
             continue
         if _reenters_itself(fn, lowered):
             continue
+        if name in _CPU_CHECKS:
+            fn = _checked(_CPU_CHECKS[name], fn)
         try:
             _LIB.impl(op, fn, "PrivateUse1")
         except RuntimeError:

@@ -114,6 +114,40 @@ void fill_value_check(const c10::FunctionSchema& schema, const torch::jit::Stack
                  AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), c10::kBool, c10::kHalf, c10::kBFloat16);
 }
 
+// CPU's index_fill_ refuses a complex value for a self that is not complex, before converting
+// it (so before the overflow check above, which would otherwise name the conversion) and for
+// bool self too (where the conversion has no overflow check). The Tensor overload takes the
+// 0-d value's item(), a complex Scalar exactly when the tensor is complex, so its dtype decides
+// without reading it. Left to the other checks: a value tensor of rank > 0 (the Meta kernel's
+// error comes first on CPU) and an index that is not int64 (CPU checks the index first).
+// index_fill (functional) is index_fill_ on a clone on CPU, so it names index_fill_ too.
+void index_fill_complex_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  const at::Tensor *self = nullptr, *index = nullptr;
+  const c10::IValue* value = nullptr;
+  for (size_t a = 0; a < nargs; a++) {
+    const std::string& name = schema.arguments()[a].name();
+    const c10::IValue& v = args[first + a];
+    const bool t = v.isTensor() && v.toTensor().defined();
+    if (name == "self" && t) self = &v.toTensor();
+    if (name == "index" && t) index = &v.toTensor();
+    if (name == "value") value = &v;
+  }
+  if (!self || !index || !value || self->is_complex() || index->scalar_type() != at::kLong)
+    return;
+  bool complex = false;
+  if (value->isScalar()) {
+    complex = value->toScalar().isComplex();
+  } else if (value->isTensor() && value->toTensor().defined()) {
+    const at::Tensor& v = value->toTensor();
+    complex = v.dim() == 0 && v.is_complex();
+  }
+  TORCH_CHECK(!complex,
+              "index_fill_(): Converting complex Scalar to non-complex type is not supported");
+}
+
 // The dtype an argument stands for in type promotion: a tensor's own, or a Scalar's category
 // (a Python bool counts as a bool tensor, as CPU's wrapped_scalar_tensor makes it).
 std::optional<c10::ScalarType> arg_type(const torch::jit::Stack& args, size_t i) {
@@ -337,6 +371,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
     bitwise_dtype_check(base, schema, args);
   } else if (is_fill(base)) {
     if (base == "masked_fill") masked_fill_mask_check(args);
+    if (base == "index_fill") index_fill_complex_check(schema, args);
     fill_value_check(schema, args);
   } else if (base == "mm") {
     const at::Tensor *a = tensor_arg(args, 0), *b = tensor_arg(args, 1);

@@ -1,5 +1,6 @@
 // The kernels PyTorch requires a backend to provide itself (tensor creation, metadata-only
 // views, resize/set_, copies, item()). Everything else goes through dispatch.cpp's fallback.
+#include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
 #include <ATen/ops/as_strided_native.h>
@@ -14,12 +15,66 @@
 
 #include "call_builder.h"
 
+#include <limits>
+
 namespace torch_pjrt {
 namespace {
 
 c10::Device tpu_device(std::optional<c10::Device> d) {
   int idx = d && d->has_index() ? d->index() : c10::impl::getDeviceGuardImpl(c10::DeviceType::PrivateUse1)->getDevice().index();
   return c10::Device(c10::DeviceType::PrivateUse1, idx);
+}
+
+// With torch.use_deterministic_algorithms(True) and
+// torch.utils.deterministic.fill_uninitialized_memory (both read from ATen's global context, as
+// CPU's kernels read them), new memory holds NaN (floating and complex types), the largest
+// value (integer types) or true (bool) instead of whatever the allocator returned.
+bool fill_uninitialized() {
+  const at::Context& ctx = at::globalContext();
+  return ctx.deterministicAlgorithms() && ctx.deterministicFillUninitializedMemory();
+}
+
+// The fill value for elements of type t (see fill_uninitialized).
+c10::Scalar uninitialized_value(at::ScalarType t) {
+  if (c10::isFloatingType(t) || c10::isComplexType(t))
+    return c10::Scalar(std::numeric_limits<double>::quiet_NaN());
+  if (t == at::kBool) return c10::Scalar(true);
+  c10::Scalar max;
+  AT_DISPATCH_V2(t, "uninitialized_value",
+                 AT_WRAP([&] { max = c10::Scalar(std::numeric_limits<scalar_t>::max()); }),
+                 AT_EXPAND(AT_INTEGRAL_TYPES), AT_EXPAND(AT_BAREBONES_UNSIGNED_TYPES));
+  return max;
+}
+
+// Fills elements [begin, end) of `storage` read as a flat array of t (its first byte is element
+// 0, whatever the offset of the tensors that use it). Filling the storage rather than a tensor
+// covers every element of a tensor with gaps or overlapping strides (empty_strided) with one
+// dense write: the bytes outside the tensor are uninitialized memory as well. The fill itself
+// is a tpu op, whose own allocations (its 0-d value) are internal and are not filled again:
+// `filling` stops that recursion.
+void fill_storage(const c10::Storage& storage, at::ScalarType t, int64_t begin, int64_t end) {
+  static thread_local bool filling = false;
+  if (filling || end <= begin) return;
+  auto flat = at::detail::make_tensor<c10::TensorImpl>(
+      c10::Storage(storage), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+      c10::scalarTypeToTypeMeta(t));
+  const int64_t n = end - begin, one = 1;
+  flat.unsafeGetTensorImpl()->set_sizes_and_strides(c10::IntArrayRef(n), c10::IntArrayRef(one),
+                                                    begin);
+  filling = true;
+  try {
+    flat.fill_(uninitialized_value(t));
+  } catch (...) {
+    filling = false;
+    throw;
+  }
+  filling = false;
+}
+
+void fill_new_tensor(const at::Tensor& t) {
+  if (!fill_uninitialized()) return;
+  fill_storage(t.storage(), t.scalar_type(), 0,
+               static_cast<int64_t>(t.storage().nbytes() / t.element_size()));
 }
 
 at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
@@ -29,9 +84,11 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
   c10::DeviceGuard g(tpu_device(device));
   auto dt = c10::dtype_or_default(dtype);
   to_pj_dtype(dt);  // unsupported dtypes fail here, with a TypeError
-  return at::detail::empty_generic(size, device_allocator(),
-                                   c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt,
-                                   memory_format);
+  at::Tensor t = at::detail::empty_generic(size, device_allocator(),
+                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
+                                           dt, memory_format);
+  fill_new_tensor(t);
+  return t;
 }
 
 at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
@@ -40,24 +97,38 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
   c10::DeviceGuard g(tpu_device(device));
   auto dt = c10::dtype_or_default(dtype);
   to_pj_dtype(dt);
-  return at::detail::empty_strided_generic(size, stride, device_allocator(),
-                                           c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt);
+  at::Tensor t = at::detail::empty_strided_generic(
+      size, stride, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt);
+  fill_new_tensor(t);
+  return t;
 }
 
 // Grows the storage if the new shape needs more bytes; sizes/strides become contiguous (or the
-// requested memory format), as CPU's resize_ does.
+// requested memory format), as CPU's resize_ does. With the deterministic fill on
+// (fill_uninitialized), the elements the storage gained are filled, those it had keep theirs.
 const at::Tensor& resize_(const at::Tensor& self, c10::IntArrayRef size,
                           std::optional<at::MemoryFormat> memory_format) {
   auto* impl = self.unsafeGetTensorImpl();
-  impl->set_sizes_contiguous(size);
+  // CPU keeps the strides when the sizes do not change (a resize_ to the same sizes is a
+  // no-op, unless a memory format is asked for): an expanded or strided tensor stays so
+  if (!self.sizes().equals(size)) impl->set_sizes_contiguous(size);
   if (memory_format && *memory_format != at::MemoryFormat::Preserve)
     impl->empty_tensor_restride(*memory_format);
   if (self.numel() > 0) {
     size_t needed = static_cast<size_t>(
         (impl->storage_offset() + at::detail::computeStorageNbytes(self.sizes(), self.strides(), 1)) *
         self.element_size());
-    if (needed > self.storage().nbytes())
+    const size_t old_nbytes = self.storage().nbytes();
+    if (needed > old_nbytes) {
       resize_storage_bytes(self.storage().unsafeGetStorageImpl(), needed);
+      if (fill_uninitialized()) {
+        // whole elements only: an element the old size held in part is counted as kept
+        const auto item = static_cast<size_t>(self.element_size());
+        fill_storage(self.storage(), self.scalar_type(),
+                     static_cast<int64_t>((old_nbytes + item - 1) / item),
+                     static_cast<int64_t>(self.storage().nbytes() / item));
+      }
+    }
   }
   return self;
 }

@@ -421,6 +421,9 @@ bool slices(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   ViewPut p{"slices", {index}, {dim}, {}, {}, {}, add, fill, PJ_CHECK_INDEX_COPY};
   const c10::IValue& v = (*stack)[first + 3];
   if (fill) {
+    // the checks lowered_call makes (a complex value into a real self, a value self's dtype
+    // cannot hold): this path returns before it
+    cpu_kernel_checks("index_fill", schema, torch::jit::Stack(stack->end() - nargs, stack->end()));
     p.kind = PJ_CHECK_DIM;
     if (v.isScalar()) {
       p.value = v.toScalar();

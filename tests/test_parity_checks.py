@@ -1,0 +1,268 @@
+"""CPU's argument checks and deterministic-mode fills, on tpu: the same Python exception type and
+message where CPU refuses a call, the same values where it accepts one.
+
+Covered: index_fill_'s refusal of a complex value for a self that is not complex (before the
+value's overflow check, on the general and the view path, Scalar and 0-d Tensor values);
+heaviside's refusal of complex tensors and of mixed dtypes, out= included (before any out= cast
+check); and, with torch.use_deterministic_algorithms(True) and
+torch.utils.deterministic.fill_uninitialized_memory, the fill of new memory by empty,
+empty_strided, empty_like, empty_permuted, empty(out=) and resize_ (NaN for floating and
+complex types, the largest value for integer types, true for bool).
+"""
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+import torch.utils.deterministic
+
+
+def _error(fn, device):
+    try:
+        fn(device)
+    except Exception as e:  # noqa: BLE001 (the type is what is compared)
+        return e
+    return None
+
+
+def _same_error(fn):
+    expected = _error(fn, "cpu")
+    assert expected is not None, "CPU accepts it, so it checks nothing"
+    got = _error(fn, "tpu")
+    assert got is not None, f"CPU raises {type(expected).__name__}: {expected}; tpu runs it"
+    assert type(got) is type(expected), (type(got), got, type(expected), expected)
+    assert str(got) == str(expected)
+
+
+# ---- index_fill_ -------------------------------------------------------------------------
+
+def _m(d, dtype):
+    return torch.tensor([[1, 2], [4, 5]], dtype=dtype, device=d)
+
+
+def _i(d, *values):
+    return torch.tensor(list(values) or [0], device=d)
+
+
+INDEX_FILL_REFUSED = {
+    "scalar_inplace": lambda d, t: _m(d, t).index_fill_(1, _i(d), 1 + 1j),
+    "scalar_functional": lambda d, t: _m(d, t).index_fill(1, _i(d), 1 + 1j),
+    "tensor_value": lambda d, t: _m(d, t).index_fill_(1, _i(d), torch.tensor(1 + 1j, device=d)),
+    "cpu_tensor_value": lambda d, t: _m(d, t).index_fill_(1, _i(d), torch.tensor(2 + 0j)),
+    # a partial view takes the view path (view_index_put.cpp), which makes the same checks
+    "view": lambda d, t: _m(d, t)[:, :1].index_fill_(1, _i(d), 1 + 1j),
+    # CPU refuses the complex value before it looks at the index's values
+    "index_out_of_range": lambda d, t: _m(d, t).index_fill_(1, _i(d, 5), 1 + 1j),
+}
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32, torch.float16, torch.bfloat16,
+                                   torch.int64, torch.int8, torch.uint8, torch.bool])
+@pytest.mark.parametrize("case", sorted(INDEX_FILL_REFUSED))
+def test_index_fill_complex_value_refused_like_cpu(case, dtype, mode):
+    _same_error(lambda d: INDEX_FILL_REFUSED[case](d, dtype))
+
+
+def test_index_fill_overflow_still_refused_like_cpu():
+    # a real value self's dtype cannot hold: the conversion's own message, on both paths
+    _same_error(lambda d: _m(d, torch.float32).index_fill_(1, _i(d), 1e300))
+    _same_error(lambda d: _m(d, torch.float32)[:, :1].index_fill_(1, _i(d), 1e300))
+    _same_error(lambda d: _m(d, torch.complex64).index_fill_(1, _i(d), 1e300))
+
+
+@pytest.mark.parametrize("make", [
+    lambda d: _m(d, torch.complex64).index_fill_(1, _i(d), 1 + 1j),
+    lambda d: _m(d, torch.complex128)[:, :1].index_fill_(1, _i(d), 2 - 3j),
+    lambda d: _m(d, torch.float64).index_fill_(1, _i(d), 1e300),
+    lambda d: _m(d, torch.bool).index_fill_(1, _i(d), True),
+    lambda d: torch.tensor(1.0, device=d).index_fill_(0, _i(d), -1),
+], ids=["complex", "complex_view", "double_large", "bool", "zero_dim"])
+def test_index_fill_accepted_like_cpu(make):
+    expected, got = make("cpu"), make("tpu")
+    assert got.device.type == "tpu" and got.dim() == expected.dim()
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+# ---- heaviside ---------------------------------------------------------------------------
+
+def _h(d, dtype, values=(-1, 0, 2)):
+    return torch.tensor(values, dtype=dtype, device=d)
+
+
+def _heaviside_forms(a, b, out_dtype):
+    return {
+        "functional": lambda d: torch.heaviside(_h(d, a), _h(d, b, (5, 6, 7))),
+        "method": lambda d: _h(d, a).heaviside(_h(d, b, (5, 6, 7))),
+        "inplace": lambda d: _h(d, a).heaviside_(_h(d, b, (5, 6, 7))),
+        "out": lambda d: torch.heaviside(_h(d, a), _h(d, b, (5, 6, 7)),
+                                         out=torch.empty(3, dtype=out_dtype, device=d)),
+    }
+
+
+@pytest.mark.parametrize("form", ["functional", "method", "inplace", "out"])
+@pytest.mark.parametrize("a,b,out_dtype", [
+    (torch.float32, torch.float64, torch.float32),
+    (torch.bool, torch.float32, torch.bool),     # the out= cast is refused too: CPU names dtypes
+    (torch.int64, torch.int32, torch.int64),
+    (torch.complex64, torch.float32, torch.complex64),
+    (torch.float32, torch.complex64, torch.float32),
+    (torch.complex64, torch.complex64, torch.complex64),
+])
+def test_heaviside_refused_like_cpu(a, b, out_dtype, form):
+    _same_error(_heaviside_forms(a, b, out_dtype)[form])
+
+
+@pytest.mark.parametrize("out_dtype", [torch.float64, torch.int64, torch.complex64])
+def test_heaviside_out_dtype_must_match_like_cpu(out_dtype):
+    # same input dtypes, an out= tensor of another dtype (even one the result casts to)
+    _same_error(_heaviside_forms(torch.float32, torch.float32, out_dtype)["out"])
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int64, torch.bool])
+@pytest.mark.parametrize("form", ["functional", "inplace", "out"])
+def test_heaviside_accepted_like_cpu(dtype, form):
+    values = (True, False, True) if dtype is torch.bool else (-1, 0, 2)
+
+    def run(d):
+        x, v = _h(d, dtype, values), _h(d, dtype, (True, True, False) if dtype is torch.bool
+                                         else (5, 6, 7))
+        if form == "functional":
+            return torch.heaviside(x, v)
+        if form == "inplace":
+            return x.heaviside_(v)
+        return torch.heaviside(x, v, out=torch.empty(3, dtype=dtype, device=d))
+
+    expected, got = run("cpu"), run("tpu")
+    assert got.device.type == "tpu"
+    torch.testing.assert_close(got.cpu(), expected)
+
+
+# ---- deterministic fill of new memory ----------------------------------------------------
+
+@contextlib.contextmanager
+def _deterministic(fill=True):
+    old = (torch.are_deterministic_algorithms_enabled(),
+           torch.is_deterministic_algorithms_warn_only_enabled(),
+           torch.utils.deterministic.fill_uninitialized_memory)
+    torch.use_deterministic_algorithms(True)
+    torch.utils.deterministic.fill_uninitialized_memory = fill
+    try:
+        yield
+    finally:
+        torch.use_deterministic_algorithms(old[0], warn_only=old[1])
+        torch.utils.deterministic.fill_uninitialized_memory = old[2]
+
+
+FILL_DTYPES = [torch.float32, torch.float64, torch.float16, torch.bfloat16, torch.complex64,
+               torch.int8, torch.uint8, torch.int16, torch.int32, torch.int64, torch.bool]
+
+NEW_TENSORS = {
+    "empty": lambda d, t: torch.empty(10, 9, device=d, dtype=t),
+    "empty_out": lambda d, t: torch.empty(10, 9, out=torch.zeros(1, device=d, dtype=t)),
+    "empty_like": lambda d, t: torch.empty_like(torch.zeros(10, 9, device=d, dtype=t)),
+    "empty_strided_overlapping": lambda d, t: torch.empty_strided((10, 9), (1, 5), device=d,
+                                                                  dtype=t),
+    "empty_strided_gaps": lambda d, t: torch.empty_strided((4, 3), (7, 2), device=d, dtype=t),
+    "empty_permuted": lambda d, t: torch.empty_permuted((2, 3, 5), (1, 0, 2), device=d,
+                                                        dtype=t),
+    "new_empty": lambda d, t: torch.zeros(2, device=d, dtype=t).new_empty(3, 4),
+}
+
+
+def _filled_value(dtype):
+    if dtype.is_floating_point or dtype.is_complex:
+        return float("nan")
+    return True if dtype is torch.bool else torch.iinfo(dtype).max
+
+
+@pytest.mark.parametrize("dtype", FILL_DTYPES)
+@pytest.mark.parametrize("case", sorted(NEW_TENSORS))
+def test_deterministic_empty_filled_like_cpu(case, dtype):
+    with _deterministic():
+        expected, got = NEW_TENSORS[case]("cpu", dtype), NEW_TENSORS[case]("tpu", dtype)
+    assert got.device.type == "tpu"
+    assert got.shape == expected.shape and got.stride() == expected.stride()
+    torch.testing.assert_close(got.cpu(), expected, equal_nan=True)
+    want = _filled_value(dtype)
+    if want != want:  # NaN
+        assert got.isnan().all().item()
+    else:
+        assert got.eq(want).all().item()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.int32, torch.bool, torch.complex64])
+@pytest.mark.parametrize("size,stride,new_size", [
+    ((10,), (1,), (5,)),
+    ((10,), (0,), (10,)),
+    ((10,), (1,), (20,)),
+    ((2, 3, 4), None, (3, 4, 5)),
+    ((2, 3, 4), (1, 4, 12), (4, 3, 4)),
+    ((2, 3, 4), (1, 0, 1), (2, 4, 5)),
+])
+def test_deterministic_resize_like_cpu(dtype, size, stride, new_size):
+    # The storage's old elements keep their values, the elements it gains are filled. A strided
+    # tensor's storage has gaps no element covers (uninitialized on both devices), so each
+    # device's storage is compared with its own contents before the resize, as CPU's own
+    # guarantee reads.
+    def run(d):
+        if stride is None:
+            a = torch.zeros(size, dtype=dtype, device=d)
+        else:
+            a = torch.empty_strided(size, stride, dtype=dtype, device=d).fill_(0)
+        before = a.untyped_storage().clone()
+        with _deterministic():
+            a.resize_(new_size)
+        old = torch.empty(0, dtype=dtype).set_(before.cpu())
+        new = torch.empty(0, dtype=dtype).set_(a.untyped_storage().cpu())
+        return a, old, new
+
+    (ce, c_old, c_new), (te, t_old, t_new) = run("cpu"), run("tpu")
+    assert te.device.type == "tpu"
+    assert te.shape == ce.shape and te.stride() == ce.stride()
+    assert t_new.numel() == c_new.numel() and t_old.numel() == c_old.numel()
+    n = t_old.numel()
+    if t_new.numel() <= n:
+        torch.testing.assert_close(t_new, t_old, equal_nan=True)
+        return
+    torch.testing.assert_close(t_new[:n], t_old, equal_nan=True)
+    want = _filled_value(dtype)
+    gained = t_new[n:]
+    assert (gained.isnan().all() if want != want else gained.eq(want).all()).item()
+
+
+def test_no_fill_without_the_flag():
+    # fill_uninitialized_memory off: nothing is written (the allocator's memory is returned)
+    with _deterministic(fill=False):
+        t = torch.empty(4, device="tpu")
+    assert t.device.type == "tpu" and t.shape == (4,)
+
+
+def test_fill_and_zero_of_overlapping_tensor_like_cpu():
+    # CPU's fill_ and zero_ write through overlapping strides without an overlap error
+    def run(d):
+        a = torch.empty_strided((10,), (0,), device=d).fill_(3)
+        b = torch.empty_strided((2, 3, 4), (1, 0, 1), device=d).fill_(7)
+        c = torch.empty_strided((2, 3, 4), (1, 0, 1), device=d).zero_()
+        return a, b, c
+
+    for e, g in zip(run("cpu"), run("tpu"), strict=True):
+        torch.testing.assert_close(g.cpu(), e)
+
+
+@pytest.mark.parametrize("make,size,fmt", [
+    (lambda d: torch.empty_strided((10,), (0,), device=d), (10,), None),
+    (lambda d: torch.empty_strided((2, 3, 4), (1, 4, 12), device=d), (2, 3, 4), None),
+    (lambda d: torch.empty_strided((2, 3, 4), (1, 4, 12), device=d), (2, 3, 4),
+     torch.contiguous_format),
+    (lambda d: torch.empty(2, 3, 4, 5, device=d), (2, 3, 4, 5), torch.channels_last),
+    (lambda d: torch.empty_strided((2, 3), (1, 2), device=d), (3, 2), None),
+], ids=["stride0_same", "strided_same", "strided_same_contiguous", "channels_last", "other"])
+def test_resize_strides_like_cpu(make, size, fmt):
+    # a resize_ to the same sizes keeps the strides, as on CPU, unless a memory format is given
+    def run(d):
+        a = make(d)
+        return a.resize_(size) if fmt is None else a.resize_(size, memory_format=fmt)
+
+    e, g = run("cpu"), run("tpu")
+    assert g.shape == e.shape and g.stride() == e.stride()
