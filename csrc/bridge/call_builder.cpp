@@ -209,6 +209,13 @@ void CallBuilder::describe(const at::Tensor& t, pj_tensor_desc_t* d, bool readin
   d->offset = t.storage_offset();
   d->slot = slot_for(t, reading);
   keep_alive_.push_back(t);
+  // A view at a nonzero offset passes its offset as a runtime scalar, so one program serves
+  // every offset (x[i] in a loop compiled a program per i).
+  if (d->offset > 0 && t.numel() > 0 && c_->nscalars < PJ_CALL_MAX_SCALARS) {
+    d->dyn_offset = true;
+    d->offset_scalar = c_->nscalars++;
+    c_->scalars[d->offset_scalar] = pj_scalar_t{PJ_I64, 0.0, d->offset, 0.0};
+  }
 }
 
 void CallBuilder::add_none(const std::string& name) { new_arg(name, PJ_ARG_NONE); }

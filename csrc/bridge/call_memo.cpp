@@ -248,6 +248,13 @@ struct Memo {
   std::vector<OutputSpec> outputs;  // the fresh destinations, in CallBuilder's order
   c10::SmallVector<ReturnSource, 4> returns;
   bool names_line = false;  // take python_line() for each run (index checks name it)
+  // Views at a runtime offset (pj_tensor_desc_t.dyn_offset) add scalars the signature does not
+  // hold: the call's scalars, with offset[i] saying which are such offsets. The signature holds
+  // every tensor's storage offset, so on a hit the kept offset values are still the call's;
+  // the other scalars come from the signature, in order. Empty: the signature's scalars are
+  // the call's.
+  std::vector<pj_scalar_t> scalars;
+  std::vector<bool> offset;
 };
 
 struct ThreadMemos {
@@ -255,6 +262,7 @@ struct ThreadMemos {
   // ops with at least one memo: a call of any other op skips the signature
   std::unordered_map<const c10::FunctionSchema*, bool> memoized_ops;
   CallSignature sig;  // reused by run_memoized: no allocation per call once warm
+  std::vector<pj_scalar_t> scalars;  // a memo's scalars with its kept offsets (Memo::offset)
 };
 thread_local ThreadMemos tls;
 std::atomic<bool> enabled{true};
@@ -316,8 +324,15 @@ bool run_memoized(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   }
   std::string where;
   if (memo.names_line) where = python_line();
+  const pj_scalar_t* scalars = sig.scalars.data();
+  if (!memo.offset.empty()) {
+    tls.scalars = memo.scalars;
+    for (size_t i = 0, j = 0; i < memo.offset.size(); i++)
+      if (!memo.offset[i]) tls.scalars[i] = sig.scalars[j++];
+    scalars = tls.scalars.data();
+  }
   bool missed = false;
-  check(pj_prepared_run(memo.prepared.get(), storages, sig.scalars.data(),
+  check(pj_prepared_run(memo.prepared.get(), storages, scalars,
                         memo.names_line ? where.c_str() : nullptr, &missed));
   if (missed) {  // its program left the memory cache: the full path makes a new memo
     tls.memos.erase(it);
@@ -346,6 +361,16 @@ void store_memo(const c10::OperatorHandle& op, const CallSignature& sig, const p
                 const torch::jit::Stack& args, const std::vector<at::Tensor>& dests,
                 const std::vector<c10::IValue>& returns, bool names_line) {
   if (!call_memo_enabled() || call.nout == 0 || call.nslots > PJ_PREPARED_MAX_SLOTS) return;
+  // Views at a runtime offset: their offset scalars are kept (Memo::offset).
+  std::vector<bool> offset(static_cast<size_t>(call.nscalars), false);
+  size_t noffsets = 0;
+  auto mark = [&](const pj_tensor_desc_t& d) {
+    if (d.rank >= 0 && d.dyn_offset && !offset[static_cast<size_t>(d.offset_scalar)])
+      offset[static_cast<size_t>(d.offset_scalar)] = true, noffsets++;
+  };
+  for (int i = 0; i < call.ntensors; i++) mark(call.tensors[i]);
+  for (int o = 0; o < call.nout; o++) mark(call.outs[o]);
+  if (sig.scalars.size() + noffsets != static_cast<size_t>(call.nscalars)) return;
   // The arguments must still have the signature they had (an in-place destination that the
   // full path resized would not).
   CallSignature after;
@@ -407,6 +432,10 @@ void store_memo(const c10::OperatorHandle& op, const CallSignature& sig, const p
       if (args[a].isTensor() && same(args[a].toTensor(), t)) index = static_cast<int>(a);
     if (index < 0) return;
     memo.returns.push_back({ReturnSource::kArgument, index, {}});
+  }
+  if (noffsets > 0) {
+    memo.scalars.assign(call.scalars, call.scalars + call.nscalars);
+    memo.offset = std::move(offset);
   }
   memo.prepared.reset(pj_prepared_new(&call, eager_mode() == EagerMode::kDeferAndFuse));
   if (!memo.prepared) return;

@@ -49,7 +49,12 @@ static void ktensor(pj_keybuf_t *k, const pj_tensor_desc_t *d) {
   if (d->rank < 0) return;
   pj_key_put(k, d->sizes, sizeof(int64_t) * (size_t)d->rank);
   pj_key_put(k, d->strides, sizeof(int64_t) * (size_t)d->rank);
-  pj_key_int(k, d->offset);
+  if (d->dyn_offset) { /* a runtime offset: the marker and its scalar, never the value */
+    pj_key_int(k, INT64_MIN);
+    pj_key_int(k, d->offset_scalar);
+  } else {
+    pj_key_int(k, d->offset);
+  }
   pj_key_int(k, d->slot);
   pj_key_int(k, d->wrapped);
   if (d->slot < 0) pj_key_int(k, d->scalar);
@@ -151,6 +156,11 @@ static void rtensor(reader_t *r, pj_tensor_desc_t *d) {
   rbytes(r, d->sizes, sizeof(int64_t) * (size_t)d->rank);
   rbytes(r, d->strides, sizeof(int64_t) * (size_t)d->rank);
   d->offset = rint64(r);
+  if (d->offset == INT64_MIN) {
+    d->dyn_offset = true;
+    d->offset_scalar = (int)rint64(r);
+    d->offset = 0;
+  }
   d->slot = (int)rint64(r);
   d->wrapped = rint64(r) != 0;
   if (d->slot < 0) d->scalar = (int)rint64(r);
@@ -295,14 +305,15 @@ pj_status_t *pj_call_emit(pj_hlo_t *h, const pj_call_t *c, pj_lower_fn fn, const
     const pj_tensor_desc_t *d = &c->outs[o];
     if (!has_result[o] || desc_numel(d) == 0) continue; /* empty: nothing to write */
     const pj_slot_t *sl = &c->slots[d->slot];
+    const pj_val_t *off = d->dyn_offset ? &scalar_vals[d->offset_scalar] : NULL;
     if (d->dtype == sl->dtype) {
-      full[d->slot] = pj_view_write(h, full[d->slot], sl->numel, sl->dtype, d, results[o]);
+      full[d->slot] = pj_view_write_at(h, full[d->slot], sl->numel, sl->dtype, d, off, results[o]);
     } else {
       /* a destination viewing the storage as another dtype: write in that dtype's elements */
       int64_t n = sl->numel * (int64_t)pj_dtype_info(sl->dtype)->itemsize /
                   (int64_t)pj_dtype_info(d->dtype)->itemsize;
       pj_val_t as_view = pj_view_bitcast(h, full[d->slot], d->dtype);
-      pj_val_t w = pj_view_write(h, as_view, n, d->dtype, d, results[o]);
+      pj_val_t w = pj_view_write_at(h, as_view, n, d->dtype, d, off, results[o]);
       full[d->slot] = pj_view_bitcast(h, w, sl->dtype);
     }
     written[d->slot] = true;

@@ -9,6 +9,7 @@
  * (expanded) and size-1 dims are restored with broadcast_in_dim. */
 #include "view_io.h"
 
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -226,4 +227,54 @@ pj_val_t pj_view_bitcast(pj_hlo_t *h, pj_val_t full, pj_dtype_t dt) {
   int64_t d2[2] = {n / k, k}, m = n / k;
   pj_val_t x = pj_reshape(h, full, 2, d2);
   return pj_hlo_op(h, "stablehlo.bitcast_convert", &x, 1, NULL, pj_type(dt, 1, &m));
+}
+
+/* ---- views at a runtime offset (pj_tensor_desc_t.dyn_offset) ---- */
+
+int64_t pj_view_span(const pj_tensor_desc_t *d) {
+  int64_t span = 1;
+  for (int i = 0; i < d->rank; i++) {
+    if (d->sizes[i] == 0) return 0;
+    span += (d->sizes[i] - 1) * d->strides[i];
+  }
+  return span;
+}
+
+/* full[off : off + span] (a valid view lies inside its storage, so dynamic_slice's clamping of
+ * the start never applies). */
+static pj_val_t span_at(pj_hlo_t *h, pj_val_t full, pj_val_t off, int64_t span) {
+  char attrs[64];
+  snprintf(attrs, sizeof attrs, "slice_sizes = array<i64: %lld>", (long long)span);
+  pj_val_t ins[2] = {full, pj_convert(h, off, PJ_I64)};
+  return pj_hlo_op(h, "stablehlo.dynamic_slice", ins, 2, attrs,
+                   pj_type(full.t.dtype, 1, &span));
+}
+
+pj_val_t pj_view_read_at(pj_hlo_t *h, pj_val_t full, const pj_tensor_desc_t *d, pj_val_t off) {
+  const int64_t span = pj_view_span(d);
+  pj_tensor_desc_t at = *d;
+  at.offset = 0;
+  at.dyn_offset = false;
+  if (span == 0 || full.id < 0) return pj_view_read(h, full, &at);
+  if (span > full.t.dims[0])
+    return pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: a view reaching %lld elements of a storage "
+                       "of %lld", (long long)span, (long long)full.t.dims[0]);
+  return pj_view_read(h, span_at(h, full, off, span), &at);
+}
+
+pj_val_t pj_view_write_at(pj_hlo_t *h, pj_val_t full, int64_t numel, pj_dtype_t dt,
+                          const pj_tensor_desc_t *d, const pj_val_t *off, pj_val_t v) {
+  const int64_t span = pj_view_span(d);
+  if (!off || span == 0) return pj_view_write(h, full, numel, dt, d, v);
+  if (span > numel)
+    return pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: a view reaching %lld elements of a storage "
+                       "of %lld", (long long)span, (long long)numel);
+  if (full.id < 0) full = pj_full(h, pj_type(dt, 1, &numel), 0); /* a fresh storage: zeros */
+  pj_tensor_desc_t at = *d;
+  at.offset = 0;
+  at.dyn_offset = false;
+  pj_val_t start = pj_convert(h, *off, PJ_I64);
+  pj_val_t part = pj_view_write(h, span_at(h, full, start, span), span, dt, &at, v);
+  pj_val_t ins[3] = {full, part, start};
+  return pj_hlo_op(h, "stablehlo.dynamic_update_slice", ins, 3, NULL, full.t);
 }

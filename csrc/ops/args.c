@@ -26,7 +26,10 @@ static pj_val_t materialize(pj_lower_t *L, int ti) {
     /* a 0-d CPU tensor / wrapped number passed by value: convert to the tensor's dtype */
     *cached = pj_convert(L->h, L->scalar_vals[d->scalar], d->dtype);
   } else {
-    *cached = pj_view_read(L->h, pj_view_bitcast(L->h, L->slot_vals[d->slot], d->dtype), d);
+    pj_val_t full = pj_view_bitcast(L->h, L->slot_vals[d->slot], d->dtype);
+    *cached = d->dyn_offset
+                  ? pj_view_read_at(L->h, full, d, L->scalar_vals[d->offset_scalar])
+                  : pj_view_read(L->h, full, d);
   }
   return *cached;
 }

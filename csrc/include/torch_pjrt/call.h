@@ -49,6 +49,12 @@ typedef struct {
   int slot;        /* storage slot; -1 for a scalar tensor passed by value (see scalar) */
   int scalar;      /* for slot == -1: index into scalars */
   bool wrapped;    /* a Python number wrapped as a 0-d tensor (type promotion treats it so) */
+  /* The offset is a runtime value, scalars[offset_scalar] (an int64), not part of the program:
+   * one program serves a view at every offset (x[i] in a loop). The key then holds neither
+   * offset nor its value; `offset` is still the true value where the caller knows it (a call
+   * decoded from a key has 0). Set by the bridge for views of a storage at a nonzero offset. */
+  bool dyn_offset;
+  int offset_scalar;
 } pj_tensor_desc_t;
 
 typedef struct {
