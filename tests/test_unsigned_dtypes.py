@@ -230,3 +230,25 @@ def test_random_from_to_runs_on_tpu_within_bounds(dtype, fallbacks):
         torch.empty(4, dtype=dtype).random_()
     with pytest.raises(NotImplementedError):
         torch.empty(4, dtype=dtype, device="tpu").random_()
+
+
+POLYNOMIALS = ["chebyshev_polynomial_t", "shifted_chebyshev_polynomial_v",
+               "hermite_polynomial_he", "laguerre_polynomial_l", "legendre_polynomial_p"]
+
+
+@pytest.mark.parametrize("name", POLYNOMIALS)
+@pytest.mark.parametrize("dt", [torch.uint16, torch.uint32])
+def test_orthogonal_polynomials_of_unsigned_operands(name, dt, fallbacks):
+    """CPU computes them in float32 for unsigned operands of one dtype and refuses to promote
+    an unsigned dtype with another integer type; tpu lowers them the same way (no fallback)."""
+    f = getattr(torch.special, name)
+    x, n = torch.tensor([0, 1, 2, 5], dtype=dt), torch.tensor([0, 1, 3, 4], dtype=dt)
+    want = f(x, n)
+    got = f(x.to(TPU), n.to(TPU))
+    assert got.dtype == want.dtype
+    torch.testing.assert_close(got.cpu(), want)
+    with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64 types"):
+        f(x, n.long())
+    with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64 types"):
+        f(x.to(TPU), n.long().to(TPU))
+    fallbacks.assert_none()

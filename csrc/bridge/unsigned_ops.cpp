@@ -51,6 +51,13 @@ const Binary kBinary[] = {
     {"bitwise_and", 0}, {"bitwise_or", 0}, {"bitwise_xor", 0},
     {"pow", 0},       {"fmod", 0},      {"remainder", 0},   {"floor_divide", 0},
     {"hypot", 0},     {"where", 1},
+    // the orthogonal polynomials (x, n): promotion first (their float kernel is kIntToFloat's)
+    {"special_chebyshev_polynomial_t", 0}, {"special_chebyshev_polynomial_u", 0},
+    {"special_chebyshev_polynomial_v", 0}, {"special_chebyshev_polynomial_w", 0},
+    {"special_shifted_chebyshev_polynomial_t", 0}, {"special_shifted_chebyshev_polynomial_u", 0},
+    {"special_shifted_chebyshev_polynomial_v", 0}, {"special_shifted_chebyshev_polynomial_w", 0},
+    {"special_hermite_polynomial_h", 0}, {"special_hermite_polynomial_he", 0},
+    {"special_laguerre_polynomial_l", 0}, {"special_legendre_polynomial_p", 0},
 };
 
 // Ops that compute in the default float dtype for integer inputs (CPU converts first and runs
@@ -59,6 +66,13 @@ const char* const kIntToFloat[] = {
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "erfinv",
     "exp", "exp2", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "sigmoid",
     "sin", "sinc", "sinh", "sqrt", "tan", "tanh", "lgamma", "digamma", "copysign", "atan2",
+    // the orthogonal polynomials (x, n): float32 for integer operands on CPU
+    "special_chebyshev_polynomial_t", "special_chebyshev_polynomial_u",
+    "special_chebyshev_polynomial_v", "special_chebyshev_polynomial_w",
+    "special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_u",
+    "special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_w",
+    "special_hermite_polynomial_h", "special_hermite_polynomial_he",
+    "special_laguerre_polynomial_l", "special_legendre_polynomial_p",
 };
 
 bool in(const std::string& base, const char* const* names, size_t n) {
