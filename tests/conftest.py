@@ -116,6 +116,15 @@ def tpu() -> torch.device:
     return TPU
 
 
+def raised_by(fn, device):
+    """The exception fn(device) raises, or None (error-parity tests compare CPU's with tpu's)."""
+    try:
+        fn(device)
+    except Exception as e:  # noqa: BLE001 (the type is what is compared)
+        return e
+    return None
+
+
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with `env` added to this process's environment. A job
     that asks for several CPU-plugin devices is skipped under another plugin (one GPU has one

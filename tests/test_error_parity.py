@@ -13,6 +13,8 @@ import re
 import pytest
 import torch
 
+from conftest import raised_by
+
 
 def _t(d, data, **kw):
     return torch.tensor(data, device=d, **kw)
@@ -119,20 +121,12 @@ def _normalized(message: str) -> str:
     return message.replace(" on CPU", " on tpu")
 
 
-def _error(fn, device):
-    try:
-        fn(device)
-    except Exception as e:  # noqa: BLE001 (the type is what is compared)
-        return e
-    return None
-
-
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_same_error_as_cpu(case, mode):
     fn = CASES[case]
-    expected = _error(fn, "cpu")
+    expected = raised_by(fn, "cpu")
     assert expected is not None, f"{case}: CPU accepts it, so it checks nothing"
-    got = _error(fn, "tpu")  # raised by the call itself: nothing is read back here
+    got = raised_by(fn, "tpu")  # raised by the call itself: nothing is read back here
     assert got is not None, f"{case}: CPU raises {type(expected).__name__}: {expected}; tpu runs it"
     assert type(got) is type(expected), (type(got), got, type(expected), expected)
     assert _normalized(str(got)) == _normalized(str(expected))

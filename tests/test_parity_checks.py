@@ -17,19 +17,13 @@ import pytest
 import torch
 import torch.utils.deterministic
 
-
-def _error(fn, device):
-    try:
-        fn(device)
-    except Exception as e:  # noqa: BLE001 (the type is what is compared)
-        return e
-    return None
+from conftest import raised_by
 
 
 def _same_error(fn):
-    expected = _error(fn, "cpu")
+    expected = raised_by(fn, "cpu")
     assert expected is not None, "CPU accepts it, so it checks nothing"
-    got = _error(fn, "tpu")
+    got = raised_by(fn, "tpu")
     assert got is not None, f"CPU raises {type(expected).__name__}: {expected}; tpu runs it"
     assert type(got) is type(expected), (type(got), got, type(expected), expected)
     assert str(got) == str(expected)
