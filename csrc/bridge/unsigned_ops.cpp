@@ -51,13 +51,6 @@ const Binary kBinary[] = {
     {"bitwise_and", 0}, {"bitwise_or", 0}, {"bitwise_xor", 0},
     {"pow", 0},       {"fmod", 0},      {"remainder", 0},   {"floor_divide", 0},
     {"hypot", 0},     {"where", 1},
-    // the orthogonal polynomials (x, n): promotion first (their float kernel is kIntToFloat's)
-    {"special_chebyshev_polynomial_t", 0}, {"special_chebyshev_polynomial_u", 0},
-    {"special_chebyshev_polynomial_v", 0}, {"special_chebyshev_polynomial_w", 0},
-    {"special_shifted_chebyshev_polynomial_t", 0}, {"special_shifted_chebyshev_polynomial_u", 0},
-    {"special_shifted_chebyshev_polynomial_v", 0}, {"special_shifted_chebyshev_polynomial_w", 0},
-    {"special_hermite_polynomial_h", 0}, {"special_hermite_polynomial_he", 0},
-    {"special_laguerre_polynomial_l", 0}, {"special_legendre_polynomial_p", 0},
 };
 
 // Ops that compute in the default float dtype for integer inputs (CPU converts first and runs
@@ -66,7 +59,11 @@ const char* const kIntToFloat[] = {
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "erfinv",
     "exp", "exp2", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "sigmoid",
     "sin", "sinc", "sinh", "sqrt", "tan", "tanh", "lgamma", "digamma", "copysign", "atan2",
-    // the orthogonal polynomials (x, n): float32 for integer operands on CPU
+};
+
+// The orthogonal polynomials (x, n): float32 for integer operands of one type on CPU, after
+// its promotion check (an unsigned dtype with another integer type raises).
+const char* const kPolynomials[] = {
     "special_chebyshev_polynomial_t", "special_chebyshev_polynomial_u",
     "special_chebyshev_polynomial_v", "special_chebyshev_polynomial_w",
     "special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_u",
@@ -136,6 +133,10 @@ bool unsigned_goes_to_cpu(const std::string& base, const c10::FunctionSchema& sc
     at::native::result_type(tensors);
   }
   if (in(base, kIntToFloat, sizeof kIntToFloat / sizeof *kIntToFloat)) return false;
+  if (in(base, kPolynomials, sizeof kPolynomials / sizeof *kPolynomials)) {
+    if (args.size() >= 2 && operand(args[0]) && operand(args[1])) common_dtype(args[0], args[1]);
+    return false;
+  }
   if (!in(base, kLowered, sizeof kLowered / sizeof *kLowered)) return true;
   // random_ with both bounds: CPU's from-to kernel takes these dtypes; random_() and
   // random_(from) (to=None) use kernels that do not ("random_kernel_cpu" not implemented)
