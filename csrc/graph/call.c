@@ -631,13 +631,14 @@ static pj_status_t *call_key(const pj_call_t *c, pj_keybuf_t *k, int *written, i
 }
 
 /* Finds or builds and compiles the call's program and runs it now (nothing may be pending). */
-static pj_status_t *run_keyed(pj_call_t *c, pj_lower_fn fn, const pj_keybuf_t *k,
+static pj_status_t *run_keyed(pj_call_t *c, pj_lower_fn fn, const pj_keybuf_t *k, uint64_t hash,
                               const int *written, int nwritten) {
   single_build_t b = {c, fn, written, nwritten};
   pj_program_t *prog = NULL;
   pthread_mutex_lock(&pj_run_lock);
   /* the op's name is put on an error here, not formatted for every call */
-  pj_status_t *st = pj_program_for_key(k->p, k->len, build_single, &b, NULL, &prog);
+  pj_status_t *st =
+      pj_program_for_hashed_key(hash, k->p, k->len, build_single, &b, NULL, &prog);
   if (st) st = pj_status_wrap(st, "aten::%s: ", c->op);
   const pj_check_site_t site = {0, c->display ? c->display : c->op, c->where};
   if (!st)
@@ -655,7 +656,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));
-  pj_status_t *st = run_keyed(c, fn, &k, written, nwritten);
+  pj_status_t *st = run_keyed(c, fn, &k, pj_hash_bytes(k.p, k.len, 0), written, nwritten);
   free(k.p);
   return st;
 }
@@ -701,7 +702,7 @@ pj_status_t *pj_call_run_async(pj_call_t *c, char *(*where_fn)(void)) {
   }
   if (!compiling && !pj_defer_each_pending()) {
     st = pj_defer_flush(); /* a defer_and_fuse graph of another thread's mode, if any */
-    if (!st) st = run_keyed(c, fn, &k, written, nwritten);
+    if (!st) st = run_keyed(c, fn, &k, hash, written, nwritten); /* the key hashed once */
     free(k.p);
     return st;
   }
