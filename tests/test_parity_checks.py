@@ -260,3 +260,55 @@ def test_resize_strides_like_cpu(make, size, fmt):
 
     e, g = run("cpu"), run("tpu")
     assert g.shape == e.shape and g.stride() == e.stride()
+
+
+# ---- masked_scatter's mask dtype, gcd / lcm of floating operands -----------------------------
+
+@pytest.mark.parametrize("inplace", [True, False])
+def test_masked_scatter_uint8_mask_refused_like_cpu(inplace):
+    def call(d):
+        x = torch.zeros(4, device=d)
+        mask = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device=d)
+        src = torch.arange(4.0, device=d)
+        return x.masked_scatter_(mask, src) if inplace else x.masked_scatter(mask, src)
+
+    _same_error(call)
+
+
+@pytest.mark.parametrize("op", [torch.gcd, torch.lcm])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.complex64])
+def test_gcd_lcm_of_floating_refused_like_cpu(op, dtype):
+    expected = raised_by(lambda d: op(torch.ones(2, dtype=dtype, device=d),
+                                      torch.ones(2, dtype=dtype, device=d)), "cpu")
+    got = raised_by(lambda d: op(torch.ones(2, dtype=dtype, device=d),
+                                 torch.ones(2, dtype=dtype, device=d)), "tpu")
+    assert isinstance(expected, NotImplementedError)
+    assert type(got) is type(expected), got
+
+
+@pytest.mark.parametrize("op", [torch.gcd, torch.lcm])
+def test_gcd_lcm_of_integers_still_computed(op):
+    a, b = torch.tensor([12, -18, 0, 7]), torch.tensor([8, 12, 5, 0])
+    assert torch.equal(op(a.to("tpu"), b.to("tpu")).cpu(), op(a, b))
+
+
+# ---- reflection / replication padding keep self's memory format, as CPU's kernels do ----------
+
+@pytest.mark.parametrize("mode", ["reflect", "replicate"])
+@pytest.mark.parametrize("shape,fmt,pad", [
+    ((2, 3, 5, 6), torch.channels_last, (1, 2, 3, 4)),
+    ((2, 3, 5, 6, 5), torch.channels_last_3d, (1, 2, 3, 2, 1, 1)),
+    ((2, 3, 5, 6), torch.contiguous_format, (1, 2, 3, 4)),
+])
+def test_pad_memory_format_like_cpu(mode, shape, fmt, pad):
+    x = torch.randn(*shape).contiguous(memory_format=fmt)
+    g = torch.randn(torch.nn.functional.pad(x, pad, mode=mode).shape)
+    results = {}
+    for d in ("cpu", "tpu"):
+        xd = x.to(d).requires_grad_()
+        y = torch.nn.functional.pad(xd, pad, mode=mode)
+        (gx,) = torch.autograd.grad(y, xd, g.to(d))
+        results[d] = (y, gx)
+    for ours, cpus in zip(results["tpu"], results["cpu"]):
+        assert ours.stride() == cpus.stride()
+        torch.testing.assert_close(ours.cpu(), cpus)

@@ -16,6 +16,7 @@
 #include <sstream>
 #include <set>
 #include <unordered_map>
+#include <unordered_set>
 
 #include "call_builder.h"
 #include "eager_mode.h"
@@ -178,6 +179,25 @@ void cpu_norm_stat_returns(const std::string& base, const c10::FunctionSchema& s
       meta[r] = at::empty_strided(m.sizes(), m.strides(), m.options().dtype(dt));
     else
       meta[r] = at::empty({0}, m.options().dtype(dt));
+  }
+}
+
+// CPU's reflection / replication padding kernels (2-d and 3-d, and their backward) write their
+// result in `self`'s suggested memory format, where the Meta kernels return contiguous ones.
+void cpu_pad_memory_format_returns(const std::string& base, const c10::FunctionSchema& schema,
+                                   const torch::jit::Stack& args, std::vector<c10::IValue>& meta) {
+  static const std::unordered_set<std::string> pads = {
+      "reflection_pad2d",          "reflection_pad3d",          "replication_pad2d",
+      "replication_pad3d",         "reflection_pad2d_backward", "reflection_pad3d_backward",
+      "replication_pad2d_backward", "replication_pad3d_backward"};
+  if (meta.empty() || !meta[0].isTensor() || !pads.count(base)) return;
+  for (size_t i = 0; i < schema.arguments().size(); i++) {
+    if (schema.arguments()[i].name() != "self" || !args[i].isTensor()) continue;
+    const at::MemoryFormat mf = args[i].toTensor().suggest_memory_format();
+    const at::Tensor& m = meta[0].toTensor();
+    if (mf != at::MemoryFormat::Contiguous && !m.is_contiguous(mf))
+      meta[0] = at::empty(m.sizes(), m.options().memory_format(mf));
+    return;
   }
 }
 
@@ -524,6 +544,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     meta.emplace(schema.returns().size(), c10::IValue());  // returns alias the arguments
   }
   cpu_norm_stat_returns(base, schema, args, *meta);
+  cpu_pad_memory_format_returns(base, schema, args, *meta);
   const std::vector<c10::IValue>& meta_returns_ = *meta;
 
   // 2. Destinations: returns first (fresh tensors, or the mutated arguments they alias), then

@@ -373,6 +373,13 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
     if (base == "masked_fill") masked_fill_mask_check(args);
     if (base == "index_fill") index_fill_complex_check(schema, args);
     fill_value_check(schema, args);
+  } else if (base == "masked_scatter") {
+    // CPU's kernel (not its Meta kernel) refuses a uint8 mask, naming the dtype's enum name
+    const at::Tensor* mask = tensor_arg(args, 1);
+    if (mask)
+      TORCH_CHECK(mask->scalar_type() == at::kBool,
+                  "masked_scatter_ only supports boolean masks, but got mask with dtype ",
+                  c10::toString(mask->scalar_type()));
   } else if (base == "mm") {
     const at::Tensor *a = tensor_arg(args, 0), *b = tensor_arg(args, 1);
     if (a && b)

@@ -1,9 +1,10 @@
 /* Dtypes CPU has no kernel for. CPU makes these checks in its kernels (their dtype dispatch),
  * not in the Meta kernels tpu takes output metadata from, so tpu computed a result where CPU
- * raises (hypot of integers) or failed to compile (round of bools, with a RuntimeError about
- * StableHLO). A row refuses an op for bool and/or integer operands, judged by the dtype CPU
- * computes in: the input's for unary ops, the operands' result type for binary ones. The error
- * is CPU's type (NotImplementedError, RuntimeError for relu); the message names the op. */
+ * raises (hypot of integers, gcd of floats) or failed to compile (round of bools, with a
+ * RuntimeError about StableHLO). A row refuses an op for bool, integer and/or floating (complex
+ * included) operands, judged by the dtype CPU computes in: the input's for unary ops, the
+ * operands' result type for binary ones. The error is CPU's type (NotImplementedError,
+ * RuntimeError for relu); the message names the op. */
 #include <string.h>
 
 #include "no_kernel.h"
@@ -12,29 +13,29 @@ typedef struct {
   const char *op;
   const char *overload; /* NULL: every overload */
   bool binary;          /* dtype: result_type(self, other or exponent), else self's */
-  bool no_bool, no_int; /* refused for bool / for integer dtypes */
+  bool no_bool, no_int, no_float; /* refused for bool / integer / floating or complex dtypes */
   const char *message;  /* NULL: "\"<op>\" not implemented for '<dtype>'" (NotImplementedError) */
   const char *when;     /* an argument that must be given (not None) for the row to apply */
 } no_kernel_row_t;
 
 static const no_kernel_row_t kNoKernel[] = {
-    {"abs", NULL, false, true, false, NULL, NULL},
-    {"floor", NULL, false, true, false, NULL, NULL},
-    {"ceil", NULL, false, true, false, NULL, NULL},
-    {"round", NULL, false, true, false, NULL, NULL},
-    {"round", "decimals", false, true, true, NULL, NULL},
-    {"trunc", NULL, false, true, false, NULL, NULL},
-    {"fix", NULL, false, true, false, NULL, NULL},
-    {"relu", NULL, false, true, false, "Boolean inputs not supported for relu", NULL},
-    {"div", NULL, true, true, false, NULL, "rounding_mode"}, /* floor and trunc division */
-    {"remainder", NULL, true, true, false, NULL, NULL},
-    {"fmod", NULL, true, true, false, NULL, NULL},
-    {"pow", NULL, true, true, false, NULL, NULL},
-    {"gcd", NULL, true, true, false, NULL, NULL},
-    {"lcm", NULL, true, true, false, NULL, NULL},
-    {"hypot", NULL, true, true, true, NULL, NULL},
-    {"nextafter", NULL, true, true, true, NULL, NULL},
-    {NULL, NULL, false, false, false, NULL, NULL},
+    {"abs", NULL, false, true, false, false, NULL, NULL},
+    {"floor", NULL, false, true, false, false, NULL, NULL},
+    {"ceil", NULL, false, true, false, false, NULL, NULL},
+    {"round", NULL, false, true, false, false, NULL, NULL},
+    {"round", "decimals", false, true, true, false, NULL, NULL},
+    {"trunc", NULL, false, true, false, false, NULL, NULL},
+    {"fix", NULL, false, true, false, false, NULL, NULL},
+    {"relu", NULL, false, true, false, false, "Boolean inputs not supported for relu", NULL},
+    {"div", NULL, true, true, false, false, NULL, "rounding_mode"}, /* floor and trunc division */
+    {"remainder", NULL, true, true, false, false, NULL, NULL},
+    {"fmod", NULL, true, true, false, false, NULL, NULL},
+    {"pow", NULL, true, true, false, false, NULL, NULL},
+    {"gcd", NULL, true, true, false, true, NULL, NULL},
+    {"lcm", NULL, true, true, false, true, NULL, NULL},
+    {"hypot", NULL, true, true, true, false, NULL, NULL},
+    {"nextafter", NULL, true, true, true, false, NULL, NULL},
+    {NULL, NULL, false, false, false, false, NULL, NULL},
 };
 
 bool pj_no_cpu_kernel(pj_lower_t *L) {
@@ -52,8 +53,10 @@ bool pj_no_cpu_kernel(pj_lower_t *L) {
       if (!pj_has(L, "self")) continue;
       dt = pj_arg_dtype(L, "self");
     }
-    bool is_bool = dt == PJ_BOOL;
-    if (!(is_bool ? r->no_bool : r->no_int && pj_dtype_is_integral(dt))) continue;
+    bool refused = dt == PJ_BOOL                ? r->no_bool
+                   : pj_dtype_is_integral(dt) ? r->no_int
+                                              : r->no_float;
+    if (!refused) continue;
     if (r->message) pj_fail(L, PJ_ERR_RUNTIME, "%s", r->message);
     else pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for '%s'", c->op,
                  pj_dtype_info(dt)->name);
