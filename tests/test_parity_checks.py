@@ -17,7 +17,7 @@ import pytest
 import torch
 import torch.utils.deterministic
 
-from conftest import raised_by
+from conftest import fallback_count, raised_by
 
 
 def _same_error(fn):
@@ -312,3 +312,40 @@ def test_pad_memory_format_like_cpu(mode, shape, fmt, pad):
     for ours, cpus in zip(results["tpu"], results["cpu"]):
         assert ours.stride() == cpus.stride()
         torch.testing.assert_close(ours.cpu(), cpus)
+
+
+# ---- arange / range: CPU's checks and words; range lowered; repeat_interleave's repeats dtype ----
+
+@pytest.mark.parametrize("args", [
+    (-5, float("nan")), (float("nan"), 10), (0, float("inf"), 1), (0, float("-inf"), -1),
+    (float("-inf"), 10), (0, 3, 0), (5, 0), (0, 5, -1), (1.175494351e-38, 3.402823466e38),
+])
+def test_arange_refused_like_cpu(args):
+    _same_error(lambda d: torch.arange(*args, device=d))
+
+
+@pytest.mark.parametrize("args", [(0, -3), (0, float("nan")), (0, 3, 0)])
+def test_range_refused_like_cpu(args):
+    with pytest.warns(UserWarning, match="deprecated"):
+        _same_error(lambda d: torch.range(*args, device=d))
+
+
+@pytest.mark.parametrize("args,dtype", [((0, 10), None), ((1, 2, 0.3), None),
+                                        ((1, 4), torch.int32), ((-3.5, 2.5, 0.5), torch.float64)])
+def test_range_values_like_cpu(args, dtype):
+    before = fallback_count()
+    with pytest.warns(UserWarning, match="deprecated"):
+        expected = torch.range(*args, dtype=dtype)
+        got = torch.range(*args, dtype=dtype, device="tpu")
+    assert fallback_count() == before, "range ran on the CPU"
+    assert got.dtype == expected.dtype
+    assert torch.equal(got.cpu(), expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bool, torch.int8])
+def test_repeat_interleave_repeats_dtype_refused_like_cpu(dtype):
+    expected = raised_by(lambda d: torch.repeat_interleave(torch.ones(3, dtype=dtype, device=d)),
+                         "cpu")
+    got = raised_by(lambda d: torch.repeat_interleave(torch.ones(3, dtype=dtype, device=d)), "tpu")
+    assert isinstance(expected, NotImplementedError)
+    assert type(got) is type(expected), got

@@ -37,6 +37,9 @@ void set_source_lines(const std::string& file, std::unordered_map<int, std::stri
 // (mm/bmm dtypes, convolution's bias shape, ...), raised before the op runs or is recorded.
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args);
+// kernel_checks.cpp: CPU's warning (once per process, as CPU warns) for a copy that drops the
+// imaginary part: complex source, destination neither complex nor bool.
+void warn_complex_to_real(at::ScalarType src, at::ScalarType dst);
 // kernel_checks.cpp: CPU's shape-only refusal of advanced indexing (index, index_put and
 // their variants) through an indexed dim of size 0, raised before any path runs the op.
 void advanced_index_checks(const std::string& base, const c10::FunctionSchema& schema,

@@ -134,6 +134,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   TORCH_CHECK(dst.sizes().equals(shape), "output with shape ", dst.sizes(),
               " doesn't match the broadcast shape ", c10::IntArrayRef(shape));
   if (dst.numel() == 0) return dst;
+  warn_complex_to_real(self.scalar_type(), dst.scalar_type());
   // The packed float4 dtype converts to nothing on CPU ("copy_kernel" has no such case); a
   // host side raises that itself, two tpu tensors raise it here (the same type and words).
   if (is_tpu(self) && is_tpu(dst) && self.scalar_type() != dst.scalar_type()) {

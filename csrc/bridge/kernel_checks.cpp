@@ -10,7 +10,9 @@
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
 #include <mutex>
+#include <cmath>
 #include <cstring>
+#include <limits>
 #include <optional>
 #include <string>
 #include <unordered_map>
@@ -361,8 +363,45 @@ bool is_bitwise(const std::string& base) {
 
 }  // namespace
 
+// CPU's arange / range checks, in its order and words: the Meta kernel (a Python reference)
+// checks the step's sign first and fails inside prims.iota on an overflowing size.
+void range_checks(const std::string& base, const c10::FunctionSchema& schema,
+                  const torch::jit::Stack& args) {
+  std::optional<double> start, end, step;
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++) {
+    const std::string& n = schema.arguments()[i].name();
+    if (!args[i].isScalar()) continue;
+    const double v = args[i].toScalar().toDouble();
+    if (n == "start") start = v;
+    else if (n == "end") end = v;
+    else if (n == "step") step = v;
+  }
+  if (!end) return;
+  const double lo = start.value_or(0), hi = *end, st = step.value_or(1);
+  TORCH_CHECK(st > 0 || st < 0, "step must be nonzero");
+  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "unsupported range: ", lo, " -> ", hi);
+  TORCH_CHECK((st > 0 && hi >= lo) || (st < 0 && hi <= lo),
+              "upper bound and lower bound inconsistent with step sign");
+  if (base != "arange") return;  // (range has no size check of its own)
+  const double size = std::ceil((hi - lo) / st);
+  TORCH_CHECK(size >= 0 && size <= static_cast<double>(std::numeric_limits<int64_t>::max()),
+              "invalid size, possible overflow?");
+}
+
+void warn_complex_to_real(at::ScalarType src, at::ScalarType dst) {
+  if (c10::isComplexType(src) && !c10::isComplexType(dst) && dst != at::kBool) {
+    TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
+  }
+}
+
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args) {
+  if (base == "arange" || base == "range") range_checks(base, schema, args);
+  if (base == "_to_copy") {  // (self, *, dtype, ...)
+    const at::Tensor* self = tensor_arg(args, 0);
+    if (self && args.size() > 1 && args[1].isInt())
+      warn_complex_to_real(self->scalar_type(), static_cast<at::ScalarType>(args[1].toInt()));
+  }
   complex_refusals(base, schema, args);
   nonempty_dim_check(base, schema, args);
   if (base == "pow") pow_check(schema, args);

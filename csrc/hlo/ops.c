@@ -160,6 +160,30 @@ pj_val_t pj_full(pj_hlo_t *h, pj_type_t t, double v) {
   return pj_broadcast_in_dim(h, c, t, NULL);
 }
 
+/* Floating -> integer as CPU computes it on x86: the value is truncated into a 32-bit integer
+ * (64-bit for int64, and for uint8 from float64), where a value out of that range, an infinity
+ * or a NaN gives the smallest integer (the conversion instruction's "indefinite" value), and the
+ * result keeps that integer's low bits. XLA's convert saturates instead (max float -> int8 is
+ * 127 there, 0 on CPU); the two agree on every value the target type holds. uint32 and uint64
+ * (and conversions to float types) keep XLA's convert. */
+static pj_val_t float_to_int_like_cpu(pj_hlo_t *h, pj_val_t x, pj_dtype_t dt) {
+  pj_dtype_t wide;
+  switch (dt) {
+    case PJ_I8: case PJ_I16: case PJ_I32: case PJ_U16: wide = PJ_I32; break;
+    case PJ_U8: wide = x.t.dtype == PJ_F64 ? PJ_I64 : PJ_I32; break;
+    case PJ_I64: wide = PJ_I64; break;
+    default: return pj_hlo_op(h, "stablehlo.convert", &x, 1, NULL, pj_type_with_dtype(x.t, dt));
+  }
+  const double limit = wide == PJ_I64 ? 9223372036854775808.0 : 2147483648.0;
+  pj_val_t in_range = pj_binary(h, "stablehlo.and", pj_compare(h, "GE", x, pj_full(h, x.t, -limit)),
+                                pj_compare(h, "LT", x, pj_full(h, x.t, limit)));
+  pj_type_t wt = pj_type_with_dtype(x.t, wide);
+  pj_val_t w = pj_hlo_op(h, "stablehlo.convert", &x, 1, NULL, wt);
+  w = pj_select(h, in_range, w, pj_full(h, wt, -limit));
+  /* integer narrowing keeps the low bits */
+  return wide == dt ? w : pj_hlo_op(h, "stablehlo.convert", &w, 1, NULL, pj_type_with_dtype(wt, dt));
+}
+
 pj_val_t pj_convert(pj_hlo_t *h, pj_val_t x, pj_dtype_t dt) {
   if (x.id < 0 || x.t.dtype == dt) return x;
   if (pj_dtype_is_lowp(x.t.dtype) || pj_dtype_is_lowp(dt)) return pj_lowp_convert(h, x, dt);
@@ -170,6 +194,7 @@ pj_val_t pj_convert(pj_hlo_t *h, pj_val_t x, pj_dtype_t dt) {
   }
   if (pj_dtype_info(x.t.dtype)->is_complex && !pj_dtype_info(dt)->is_complex)
     x = pj_unary(h, "stablehlo.real", x);
+  if (pj_dtype_info(x.t.dtype)->is_float) return float_to_int_like_cpu(h, x, dt);
   return pj_hlo_op(h, "stablehlo.convert", &x, 1, NULL, pj_type_with_dtype(x.t, dt));
 }
 

@@ -142,6 +142,7 @@ static pj_status_t *lower_tri_indices(pj_lower_t *L) {
 
 const pj_lowering_entry_t pj_lowerings_factory[] = {
     {"arange", lower_arange},
+    {"range", lower_arange}, /* the same values, the end included by its Meta kernel's size */
     {"linspace", lower_linspace},
     {"logspace", lower_logspace},
     {"eye", lower_eye},

@@ -1350,6 +1350,10 @@ pj_status_t *pj_select_out_types(const pj_call_t *c, int64_t count, pj_type_t *o
     const pj_tensor_desc_t *r = ctensor(c, "repeats");
     if (!r || r->rank != 1)
       return pj_status_new(PJ_ERR_RUNTIME, "repeat_interleave only accept 1D vector as repeat");
+    /* CPU's kernel takes index types only (its dtype dispatch), before the negative check */
+    if (r->dtype != PJ_I64 && r->dtype != PJ_I32)
+      return pj_status_new(PJ_ERR_UNIMPLEMENTED, "\"repeat_interleave\" not implemented for '%s'",
+                           pj_dtype_info(r->dtype)->name);
     if (count < 0) return pj_status_new(PJ_ERR_RUNTIME, "repeats can not be negative");
     outs[(*n)++] = pj_type(r->dtype, 1, &count);
     return NULL;
