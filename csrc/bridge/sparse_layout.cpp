@@ -29,7 +29,9 @@
 #include <ATen/ops/empty_native.h>
 #include <ATen/ops/indices_native.h>
 #include <ATen/ops/is_coalesced_native.h>
+#include <ATen/ops/narrow_copy_native.h>
 #include <ATen/ops/sparse_dim_native.h>
+#include <ATen/ops/sparse_mask_native.h>
 #include <ATen/ops/sparse_resize_and_clear_native.h>
 #include <ATen/ops/sparse_resize_native.h>
 #include <ATen/ops/values_native.h>
@@ -145,6 +147,32 @@ at::Tensor dense_to_sparse_dim(const at::Tensor& self, int64_t sparse_dim) {
   return out;
 }
 
+// sparse_mask(dense t, sparse mask): t's elements (or dense slices) at the mask's entries, with
+// the mask's indices, order, duplicates and coalesced flag (what to_dense's backward needs).
+at::Tensor sparse_mask(const at::Tensor& self, const at::Tensor& mask) {
+  TORCH_CHECK(mask.sizes().equals(self.sizes()), "sparse_mask(): operands have incompatible ",
+              "sizes; self has size ", self.sizes(), " but mask has size ", mask.sizes());
+  TORCH_CHECK_NOT_IMPLEMENTED(self.layout() == at::kStrided, "sparse_mask: a ", self.layout(),
+                              " self is not supported on tpu (only a strided one)");
+  const int64_t sparse_dim = mask.sparse_dim(), nnz = mask._nnz();
+  const at::Tensor indices = mask._indices();
+  at::Tensor values;
+  if (nnz == 0) {
+    std::vector<int64_t> vsizes{0};
+    for (int64_t d = sparse_dim; d < self.dim(); ++d) vsizes.push_back(self.size(d));
+    values = at::empty(vsizes, self.options());
+  } else if (sparse_dim == 0) {
+    values = self.unsqueeze(0).expand(mask._values().sizes()).clone();
+  } else {
+    c10::List<std::optional<at::Tensor>> idx;
+    for (int64_t d = 0; d < sparse_dim; ++d) idx.push_back(indices.select(0, d));
+    values = self.index(idx);
+  }
+  return at::_sparse_coo_tensor_with_dims_and_tensors(
+      sparse_dim, mask.dense_dim(), self.sizes(), indices.clone(), values,
+      self.options().layout(at::kSparse), mask.is_coalesced());
+}
+
 }  // namespace
 }  // namespace torch_pjrt
 
@@ -173,6 +201,8 @@ TORCH_LIBRARY_IMPL(aten, SparsePrivateUse1, m) {
   m.impl("clone", TORCH_FN(at::native::clone_sparse));
   m.impl("copy_", TORCH_FN(at::native::copy_sparse_wrapper_));
   m.impl("copy_sparse_to_sparse_", TORCH_FN(at::native::copy_sparse_));
+  m.impl("sparse_mask", TORCH_FN(sparse_mask));
+  m.impl("narrow_copy", TORCH_FN(at::native::narrow_copy_sparse));
   m.impl("zero_", TORCH_FN(at::native::zero_sparse_));
   m.impl("_to_sparse", TORCH_FN(static_cast<at::Tensor (*)(const at::Tensor&,
                                                            std::optional<at::Layout>,
