@@ -154,6 +154,10 @@ at::Tensor quantized_copy_from(const at::Tensor& self, const at::Tensor& dst, bo
               "Quantized copy only works with kFloat as source Tensor");
   TORCH_CHECK(dst.sizes().equals(src.sizes()),
               "Quantized copy only works with Tensors with the same shape");
+  TORCH_CHECK((dst.is_contiguous() && src.is_contiguous()) ||
+                  (dst.is_contiguous(at::MemoryFormat::ChannelsLast) &&
+                   src.is_contiguous(at::MemoryFormat::ChannelsLast)),
+              "Quantized copy only works with contiguous and NHWC Tensors");
   at::Tensor target = dst;
   if (dst.device().type() != c10::DeviceType::PrivateUse1) {
     // a CPU quantized destination: quantize on tpu, then copy the integers down
