@@ -382,3 +382,25 @@ def test_quantized_repr_and_assert_equal():
         warnings.simplefilter("ignore")
         d = copy.deepcopy(dev)
     assert torch.equal(d, dev)
+
+
+def test_layouts_in_every_eager_mode(mode, fallbacks):
+    """The chains above in each eager mode (DeferAndFuse records the dense parts: nonzero,
+    unique and the integer views must flush and alias as in Strict)."""
+    x = _float_sample((4, 6), seed=12)
+    x[x.abs() < 2] = 0
+    s_cpu = x.to_sparse()
+    s = x.to(TPU).to_sparse()
+    _sparse_parts_equal(s, s_cpu)
+    dup = torch.sparse_coo_tensor(torch.cat([s._indices(), s._indices()], 1),
+                                  torch.cat([s._values(), s._values()]), s.shape)
+    assert torch.equal(dup.coalesce().to_dense().cpu(), 2 * x)
+    q_cpu = torch.quantize_per_tensor(x, 0.5, 3, torch.qint8)
+    q = torch.quantize_per_tensor(x.to(TPU), 0.5, 3, torch.qint8)
+    v = q.t()[1:3]
+    v.contiguous()  # a copy; v stays a view of q
+    q[0].fill_(2.0)
+    q_cpu[0].fill_(2.0)
+    assert torch.equal(v.int_repr().cpu(), q_cpu.t()[1:3].int_repr())
+    assert torch.equal(q.dequantize().cpu(), q_cpu.dequantize())
+    fallbacks.assert_none()
