@@ -206,7 +206,7 @@ def test_empty_affine_quantized_metadata(dtype, fallbacks):
 
 
 @pytest.mark.parametrize("dtype", QDTYPES, ids=str)
-@pytest.mark.parametrize("scale,zero_point", [(0.1, 10), (0.5, 0), (2.0, -3)])
+@pytest.mark.parametrize("scale,zero_point", [(0.1, 10), (0.5, 0), (0.5, 3), (2.0, -3)])
 def test_quantize_dequantize_match_cpu(dtype, scale, zero_point, fallbacks):
     if dtype == torch.quint8 and zero_point < 0:
         zero_point = 3
@@ -233,7 +233,13 @@ def _check_view(dev_view, cpu_view, dev_base):
     assert (dev_view.shape, dev_view.stride(), dev_view.storage_offset()) == (
         cpu_view.shape, cpu_view.stride(), cpu_view.storage_offset())
     assert dev_view.untyped_storage().data_ptr() == dev_base.untyped_storage().data_ptr()
-    assert (dev_view.q_scale(), dev_view.q_zero_point()) == (cpu_view.q_scale(), cpu_view.q_zero_point())
+    assert dev_view.qscheme() == cpu_view.qscheme()
+    if cpu_view.qscheme() == torch.per_tensor_affine:
+        assert (dev_view.q_scale(), dev_view.q_zero_point()) == (
+            cpu_view.q_scale(), cpu_view.q_zero_point())
+    else:
+        assert dev_view.q_per_channel_axis() == cpu_view.q_per_channel_axis()
+        assert torch.equal(dev_view.q_per_channel_scales().cpu(), cpu_view.q_per_channel_scales())
     assert torch.equal(dev_view.int_repr().cpu(), cpu_view.int_repr())
 
 
@@ -403,4 +409,116 @@ def test_layouts_in_every_eager_mode(mode, fallbacks):
     q_cpu[0].fill_(2.0)
     assert torch.equal(v.int_repr().cpu(), q_cpu.t()[1:3].int_repr())
     assert torch.equal(q.dequantize().cpu(), q_cpu.dequantize())
+    fallbacks.assert_none()
+
+
+# ------------------------------------------------------------------- sparse arithmetic (common)
+
+
+def _pair(seed, shape=(4, 5), coalesced=True):
+    x = _dense_sample(shape, torch.float32, seed=seed)
+    cpu = x.to_sparse()
+    if not coalesced:
+        i, v = cpu._indices(), cpu._values()
+        cpu = torch.sparse_coo_tensor(torch.cat([i, i], 1), torch.cat([v, v]), shape)
+    dev = torch.sparse_coo_tensor(cpu._indices().to(TPU), cpu._values().to(TPU), shape,
+                                  is_coalesced=cpu.is_coalesced())
+    return cpu, dev
+
+
+def _sparse_close(dev: torch.Tensor, cpu: torch.Tensor) -> None:
+    """The same entries, and values equal up to the last bits (transcendental functions)."""
+    assert dev.device.type == "tpu" and dev.layout == cpu.layout and dev.dtype == cpu.dtype
+    assert dev.shape == cpu.shape and dev._nnz() == cpu._nnz()
+    assert dev.is_coalesced() == cpu.is_coalesced()
+    assert torch.equal(dev._indices().cpu(), cpu._indices())
+    torch.testing.assert_close(dev._values().cpu(), cpu._values())
+
+
+@pytest.mark.parametrize("op", ["abs", "neg", "sin", "sqrt", "tanh", "floor", "sign", "expm1"])
+def test_sparse_unary_ops_match_cpu(op, fallbacks):
+    cpu, dev = _pair(20, coalesced=False)
+    if op == "sqrt":
+        cpu, dev = cpu.abs(), dev.abs()
+    _sparse_close(getattr(torch, op)(dev), getattr(torch, op)(cpu))
+    inplace = dev.coalesce().clone()
+    getattr(inplace, op + "_")()
+    _sparse_close(inplace, getattr(torch, op)(cpu.coalesce()))
+    fallbacks.assert_none()
+
+
+@pytest.mark.parametrize("coalesced", [True, False])
+def test_sparse_add_matches_cpu(coalesced, fallbacks):
+    (a_cpu, a), (b_cpu, b) = _pair(21, coalesced=coalesced), _pair(22, coalesced=coalesced)
+    got, want = torch.add(a, b, alpha=2), torch.add(a_cpu, b_cpu, alpha=2)
+    if coalesced:  # CPU merges two coalesced operands into a coalesced result; so does tpu
+        _sparse_parts_equal(got, want)
+    else:  # uncoalesced operands: tpu concatenates the entries (as CUDA does), CPU merges some
+        assert not got.is_coalesced()
+        _sparse_parts_equal(got.coalesce(), want.coalesce())
+    dense = _dense_sample((4, 5), torch.float32, seed=23)
+    assert torch.equal((dense.to(TPU) + a).cpu(), dense + a_cpu)
+    c = a.clone()
+    c.add_(b)
+    assert torch.equal(c.to_dense().cpu(), (a_cpu + b_cpu).to_dense())
+    with pytest.raises(RuntimeError, match=r"add\(sparse, dense\) is not supported"):
+        a + dense.to(TPU)
+    with pytest.raises(RuntimeError):
+        a_cpu + dense
+    fallbacks.assert_none()
+
+
+def test_sparse_mul_div_by_scalar_match_cpu(fallbacks):
+    cpu, dev = _pair(24, coalesced=False)
+    _sparse_parts_equal(dev * 3, cpu * 3)
+    _sparse_parts_equal(2.5 * dev, 2.5 * cpu)
+    _sparse_parts_equal(dev / 4, cpu / 4)
+    _sparse_parts_equal(torch.div(dev, 3, rounding_mode="floor"),
+                        torch.div(cpu, 3, rounding_mode="floor"))
+    m = dev.clone()
+    m.mul_(torch.tensor(2.0, device=TPU))
+    _sparse_parts_equal(m, cpu * 2)
+    fallbacks.assert_none()
+
+
+def test_sparse_mm_matches_cpu(fallbacks):
+    cpu, dev = _pair(25, shape=(6, 5), coalesced=False)
+    d = torch.randn(5, 3, generator=_gen(26))
+    bias = torch.randn(6, 3, generator=_gen(27))
+    torch.testing.assert_close(torch.mm(dev, d.to(TPU)).cpu(), torch.mm(cpu, d))
+    torch.testing.assert_close(torch.sparse.mm(dev, d.to(TPU)).cpu(), torch.sparse.mm(cpu, d))
+    torch.testing.assert_close(torch.addmm(bias.to(TPU), dev, d.to(TPU), beta=0.5, alpha=2).cpu(),
+                               torch.addmm(bias, cpu, d, beta=0.5, alpha=2))
+    torch.testing.assert_close((dev @ d.to(TPU)).cpu(), cpu @ d)
+    with pytest.raises(RuntimeError, match="cannot be multiplied"):
+        torch.mm(dev, torch.ones(4, 3, device=TPU))
+    fallbacks.assert_none()
+
+
+# ------------------------------------------------------------------- per-channel quantization
+
+
+@pytest.mark.parametrize("dtype", QDTYPES, ids=str)
+@pytest.mark.parametrize("axis", [0, 1])
+def test_quantize_per_channel_matches_cpu(dtype, axis, fallbacks):
+    x = _float_sample((4, 6), seed=30)
+    n = x.shape[axis]
+    scales = torch.tensor([0.1, 0.5, 0.25, 2.0, 0.3, 1.0][:n], dtype=torch.float64)
+    zps = torch.tensor([0, 3, 1, 2, 5, 4][:n])
+    cpu = torch.quantize_per_channel(x, scales, zps, axis, dtype)
+    dev = torch.quantize_per_channel(x.to(TPU), scales.to(TPU), zps.to(TPU), axis, dtype)
+    assert dev.qscheme() == torch.per_channel_affine and dev.q_per_channel_axis() == axis
+    assert torch.equal(dev.q_per_channel_scales().cpu(), cpu.q_per_channel_scales())
+    assert torch.equal(dev.q_per_channel_zero_points().cpu(), cpu.q_per_channel_zero_points())
+    assert torch.equal(dev.int_repr().cpu(), cpu.int_repr())
+    torch.testing.assert_close(dev.dequantize().cpu(), cpu.dequantize(), rtol=1e-6, atol=0)
+    # views, copies and equality keep the per-channel parameters
+    _check_view(dev[1:], cpu[1:], dev)
+    for q in (cpu, dev):  # as_strided refuses per-channel tensors on CPU; the same on tpu
+        with pytest.raises(RuntimeError, match="only on uniformly quantized"):
+            q.t()
+    down = dev.cpu()
+    assert down.qscheme() == torch.per_channel_affine and torch.equal(down.int_repr(), cpu.int_repr())
+    assert torch.equal(cpu.to(TPU), dev)
+    assert torch.equal(dev.clone().int_repr().cpu(), cpu.clone().int_repr())
     fallbacks.assert_none()

@@ -9,11 +9,13 @@
 // quantizer, which calls the two DispatchStubs this file registers for PrivateUse1).
 // What is ours: the stubs' arithmetic (tpu ops on the integer view), int_repr, _copy_from and
 // equal (copies and comparisons of the integer view), and making a quantized tensor from an
-// integer one. Only the byte-sized and int32 quantized dtypes are supported; the sub-byte ones
-// (quint4x2, quint2x4) and per-channel schemes are refused with a NotImplementedError.
+// integer one. Per-channel affine tensors have the same pieces (their stubs too). Only the
+// byte-sized and int32 quantized dtypes are supported; the sub-byte ones (quint4x2, quint2x4)
+// and per-channel float zero points are refused with a NotImplementedError.
 #include <ATen/native/DispatchStub.h>
 #include <ATen/native/quantized/AffineQuantizer.h>
 #include <ATen/ops/_empty_affine_quantized_native.h>
+#include <ATen/ops/_empty_per_channel_affine_quantized_native.h>
 #include <ATen/ops/_reshape_alias_native.h>
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/clone_native.h>
@@ -23,9 +25,13 @@
 #include <ATen/ops/empty_quantized_native.h>
 #include <ATen/ops/empty_strided_native.h>
 #include <ATen/ops/fill_native.h>
+#include <ATen/ops/q_per_channel_axis_native.h>
+#include <ATen/ops/q_per_channel_scales_native.h>
+#include <ATen/ops/q_per_channel_zero_points_native.h>
 #include <ATen/ops/q_scale_native.h>
 #include <ATen/ops/q_zero_point_native.h>
 #include <ATen/ops/qscheme_native.h>
+#include <ATen/ops/quantize_per_channel_native.h>
 #include <ATen/ops/quantize_per_tensor_native.h>
 #include <ATen/ops/set_native.h>
 #include <ATen/ops/unfold_native.h>
@@ -48,6 +54,15 @@ bool supported_qtype(at::ScalarType t) {
 void check_qtype(at::ScalarType t) {
   TORCH_CHECK_NOT_IMPLEMENTED(supported_qtype(t), "quantized tensors of dtype ", t,
                               " are not supported on tpu (only quint8, qint8 and qint32)");
+}
+
+// Per-tensor or per-channel affine (the schemes whose integers this file reads and writes);
+// per-channel with float zero points is refused.
+void check_affine(const at::Tensor& q, const char* op) {
+  TORCH_CHECK_NOT_IMPLEMENTED(
+      q.qscheme() == at::kPerTensorAffine || q.qscheme() == at::kPerChannelAffine, op,
+      ": only per-tensor and per-channel affine quantized tensors are supported on tpu, got ",
+      c10::toString(q.qscheme()));
 }
 
 void check_per_tensor(const at::Tensor& q, const char* op) {
@@ -80,20 +95,25 @@ std::pair<int64_t, int64_t> qrange(at::ScalarType t) {
   }
 }
 
-// q = clamp(zero_point + round_half_even(r * (1 / scale)), qmin, qmax), with CPU's rounding
-// steps: the reciprocal and the product in float32, the zero point added in float32 (CPU's
-// scalar path adds an int64 to a float), the clamp on the integer.
+// Writes y (float32: r / scale + zero_point, rounded) into qtensor's integers, clamped to the
+// dtype's range on the int64 value (CPU clamps after converting the float sum to an integer).
+void store_quantized(at::Tensor& qtensor, const at::Tensor& y) {
+  const auto [lo, hi] = qrange(qtensor.scalar_type());
+  int_view(qtensor).copy_(y.to(at::kLong).clamp_(lo, hi));
+}
+
+// q = clamp(round_half_even(zero_point + r * (1 / scale)), qmin, qmax), with CPU's rounding
+// steps: the reciprocal, the product and the sum with the zero point in float32, rounded after
+// the zero point is added (so a tie rounds to an even q, not to an even q - zero_point), the
+// clamp on the integer.
 void quantize_per_tensor_tpu(const at::Tensor& rtensor, at::Tensor& qtensor, double scale,
                              int64_t zero_point) {
-  const at::ScalarType qt = qtensor.scalar_type();
-  check_qtype(qt);
+  check_qtype(qtensor.scalar_type());
   const float inv_scale = 1.0f / static_cast<float>(scale);
   at::Tensor r = rtensor.to(qtensor.device(), at::kFloat);
-  at::Tensor y = r.mul(static_cast<double>(inv_scale)).round_().add_(static_cast<double>(
-      static_cast<float>(zero_point)));
-  const auto [lo, hi] = qrange(qt);
-  at::Tensor q = y.to(at::kLong).clamp_(lo, hi);
-  int_view(qtensor).copy_(q);
+  store_quantized(qtensor, r.mul(static_cast<double>(inv_scale))
+                               .add_(static_cast<double>(static_cast<float>(zero_point)))
+                               .round_());
 }
 
 // r = (q - zero_point) * scale, in float32.
@@ -103,6 +123,32 @@ void dequantize_per_tensor_tpu(const at::Tensor& qtensor, at::Tensor& rtensor, d
   at::Tensor r = q.sub(static_cast<double>(static_cast<float>(zero_point)))
                      .mul_(static_cast<double>(static_cast<float>(scale)));
   rtensor.copy_(r);
+}
+
+// A per-channel parameter (one value per index of `axis`) as a float32 tensor on `like`'s
+// device shaped to broadcast against it.
+at::Tensor per_channel(const at::Tensor& param, const at::Tensor& like, int64_t axis) {
+  std::vector<int64_t> shape(static_cast<size_t>(like.dim()), 1);
+  shape[static_cast<size_t>(axis)] = param.numel();
+  return param.to(like.device(), at::kFloat).reshape(shape);
+}
+
+// The per-tensor formulas with a scale and zero point per index of `axis`.
+void quantize_per_channel_tpu(const at::Tensor& rtensor, at::Tensor& qtensor,
+                              const at::Tensor& scales, const at::Tensor& zero_points,
+                              int64_t axis) {
+  check_qtype(qtensor.scalar_type());
+  at::Tensor r = rtensor.to(qtensor.device(), at::kFloat);
+  at::Tensor scale = per_channel(scales, r, axis);
+  at::Tensor inv_scale = at::ones_like(scale).div_(scale);
+  store_quantized(qtensor, r.mul(inv_scale).add_(per_channel(zero_points, r, axis)).round_());
+}
+
+void dequantize_per_channel_tpu(const at::Tensor& qtensor, at::Tensor& rtensor,
+                                const at::Tensor& scales, const at::Tensor& zero_points,
+                                int64_t axis) {
+  at::Tensor q = int_view(qtensor).to(at::kFloat);
+  rtensor.copy_(q.sub(per_channel(zero_points, q, axis)).mul_(per_channel(scales, q, axis)));
 }
 
 at::Tensor empty_affine_quantized(c10::IntArrayRef size, std::optional<at::ScalarType> dtype,
@@ -119,7 +165,7 @@ at::Tensor empty_quantized(c10::IntArrayRef size, const at::Tensor& qtensor,
                            std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
                            std::optional<at::Device> device, std::optional<bool> pin_memory,
                            std::optional<at::MemoryFormat> memory_format) {
-  check_per_tensor(qtensor, "empty_quantized");
+  check_affine(qtensor, "empty_quantized");
   return at::native::empty_quantized(size, qtensor, dtype, layout, device, pin_memory,
                                      memory_format);
 }
@@ -142,7 +188,7 @@ at::Tensor quantized_copy_from(const at::Tensor& self, const at::Tensor& dst, bo
     TORCH_CHECK(dst.qscheme() == src.qscheme(), "Quantized Copy only works with same qscheme");
     TORCH_CHECK(dst.scalar_type() == src.scalar_type(),
                 "Quantized Copy only works with same dtype");
-    check_per_tensor(src, "copy_");
+    check_affine(src, "copy_");
     at::set_quantizer_(dst, src.quantizer());
     int_view(dst).copy_(int_view(src), non_blocking);
     return dst;
@@ -182,9 +228,18 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
 bool equal(const at::Tensor& self, const at::Tensor& other) {
   if (!other.is_quantized() || !self.is_quantized()) return false;
   if (self.qscheme() != other.qscheme()) return false;
-  check_per_tensor(self, "equal");
-  if (self.q_scale() != other.q_scale() || self.q_zero_point() != other.q_zero_point())
-    return false;
+  check_affine(self, "equal");
+  if (self.qscheme() == at::kPerTensorAffine) {
+    if (self.q_scale() != other.q_scale() || self.q_zero_point() != other.q_zero_point())
+      return false;
+  } else {
+    if (self.q_per_channel_axis() != other.q_per_channel_axis()) return false;
+    const at::Tensor sa = self.q_per_channel_scales(), sb = other.q_per_channel_scales();
+    const at::Tensor za = self.q_per_channel_zero_points(), zb = other.q_per_channel_zero_points();
+    if (!sa.sizes().equals(sb.sizes()) || !at::equal(sa, sb.to(sa.device())) ||
+        !at::equal(za, zb.to(za.device())))
+      return false;
+  }
   if (self.scalar_type() != other.scalar_type() || !self.sizes().equals(other.sizes()))
     return false;
   at::Tensor a = int_view(self), b = int_view(other);
@@ -238,8 +293,26 @@ at::Tensor quantize_per_tensor_qparams(const at::Tensor& self, const at::Tensor&
   return at::native::quantize_per_tensor_tensor_qparams(self, scale, zero_point, dtype);
 }
 
+at::Tensor quantize_per_channel(const at::Tensor& self, const at::Tensor& scales,
+                                const at::Tensor& zero_points, int64_t axis,
+                                at::ScalarType dtype) {
+  check_qtype(dtype);
+  return at::native::quantize_per_channel(self, scales, zero_points, axis, dtype);
+}
+
+at::Tensor empty_per_channel_affine_quantized(
+    c10::IntArrayRef size, const at::Tensor& scales, const at::Tensor& zero_points, int64_t axis,
+    std::optional<at::ScalarType> dtype, std::optional<at::Layout> layout,
+    std::optional<at::Device> device, std::optional<bool> pin_memory,
+    std::optional<at::MemoryFormat> memory_format) {
+  check_qtype(c10::dtype_or_default(dtype));
+  return at::native::empty_per_channel_affine_quantized(size, scales, zero_points, axis, dtype,
+                                                        layout, device, pin_memory,
+                                                        memory_format);
+}
+
 at::Tensor dequantize(const at::Tensor& self) {
-  check_per_tensor(self, "dequantize");
+  check_affine(self, "dequantize");
   return at::native::dequantize_quantized(self);
 }
 
@@ -252,6 +325,10 @@ REGISTER_PRIVATEUSE1_DISPATCH(quantize_tensor_per_tensor_affine_stub,
                               &torch_pjrt::quantize_per_tensor_tpu)
 REGISTER_PRIVATEUSE1_DISPATCH(dequantize_tensor_per_tensor_affine_stub,
                               &torch_pjrt::dequantize_per_tensor_tpu)
+REGISTER_PRIVATEUSE1_DISPATCH(quantize_tensor_per_channel_affine_stub,
+                              &torch_pjrt::quantize_per_channel_tpu)
+REGISTER_PRIVATEUSE1_DISPATCH(dequantize_tensor_per_channel_affine_stub,
+                              &torch_pjrt::dequantize_per_channel_tpu)
 }  // namespace at::native
 
 TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
@@ -275,6 +352,10 @@ TORCH_LIBRARY_IMPL(aten, QuantizedPrivateUse1, m) {
   m.impl("q_scale", TORCH_FN(at::native::q_scale_quant));
   m.impl("q_zero_point", TORCH_FN(at::native::q_zero_point_quant));
   m.impl("qscheme", TORCH_FN(at::native::qscheme_quant));
+  m.impl("_empty_per_channel_affine_quantized", TORCH_FN(empty_per_channel_affine_quantized));
+  m.impl("q_per_channel_scales", TORCH_FN(at::native::q_per_channel_scales));
+  m.impl("q_per_channel_zero_points", TORCH_FN(at::native::q_per_channel_zero_points));
+  m.impl("q_per_channel_axis", TORCH_FN(at::native::q_per_channel_axis));
   m.impl("dequantize.self", TORCH_FN(dequantize));
   m.impl("int_repr", TORCH_FN(int_repr));
   m.impl("_copy_from", TORCH_FN(quantized_copy_from));
@@ -286,6 +367,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   using namespace torch_pjrt;
   m.impl("quantize_per_tensor", TORCH_FN(quantize_per_tensor));
   m.impl("quantize_per_tensor.tensor_qparams", TORCH_FN(quantize_per_tensor_qparams));
+  m.impl("quantize_per_channel", TORCH_FN(quantize_per_channel));
   m.impl("dequantize.self", TORCH_FN(at::native::dequantize_cpu_or_cuda));
   m.impl("_make_per_tensor_quantized_tensor", TORCH_FN(make_per_tensor_quantized_tensor));
 }
