@@ -349,3 +349,80 @@ def test_repeat_interleave_repeats_dtype_refused_like_cpu(dtype):
     got = raised_by(lambda d: torch.repeat_interleave(torch.ones(3, dtype=dtype, device=d)), "tpu")
     assert isinstance(expected, NotImplementedError)
     assert type(got) is type(expected), got
+
+
+# ---- hash_tensor (xor of 64-bit widened bits), lowered -------------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float16, torch.bfloat16, torch.float64,
+                                   torch.int8, torch.int32, torch.int64, torch.uint8, torch.bool])
+@pytest.mark.parametrize("kw", [{}, {"dim": 1}, {"dim": [0], "keepdim": True}, {"dim": (0, 1)}])
+def test_hash_tensor_like_cpu(dtype, kw):
+    g = torch.Generator().manual_seed(0)
+    a = torch.randn(4, 5, generator=g) * 100
+    a = a > 0 if dtype is torch.bool else a.to(dtype)
+    before = fallback_count()
+    got = torch.hash_tensor(a.to("tpu"), **kw)
+    assert fallback_count() == before
+    expected = torch.hash_tensor(a, **kw)
+    assert got.dtype == expected.dtype and got.shape == expected.shape
+    assert torch.equal(got.cpu(), expected)
+
+
+def test_hash_tensor_of_complex_refused_like_cpu():
+    got = raised_by(lambda d: torch.hash_tensor(torch.ones(2, dtype=torch.complex64, device=d)),
+                    "tpu")
+    assert isinstance(got, NotImplementedError)
+
+
+# ---- masked_scatter_ with a short source: CPU's error at the next synchronization ------------
+
+def test_masked_scatter_short_source_raises_at_sync():
+    mask = torch.tensor([0, 0, 0, 0, 1, 0, 1, 0, 1, 0], dtype=torch.bool)
+    for n in (2, 0):
+        dest = torch.arange(10.0, device="tpu")
+        dest.masked_scatter_(mask.to("tpu"), torch.zeros(n, device="tpu"))
+        with pytest.raises(RuntimeError, match="Number of elements of source < number of ones"):
+            dest.cpu()
+    dest = torch.arange(10.0, device="tpu")  # a long enough source still writes
+    dest.masked_scatter_(mask.to("tpu"), torch.full((3,), -1.0, device="tpu"))
+    expected = torch.arange(10.0).masked_scatter_(mask, torch.full((3,), -1.0))
+    assert torch.equal(dest.cpu(), expected)
+
+
+# ---- index_add_ / index_reduce_ with a source empty along dim (PyTorch's Meta kernel raised) ----
+
+@pytest.mark.parametrize("dim", [0, 1, 2])
+@pytest.mark.parametrize("op", ["index_add_", "amax", "prod", "mean"])
+def test_index_ops_with_empty_source_like_cpu(dim, op):
+    size = (3, 4, 5)
+    src_size = size[:dim] + (0,) + size[dim + 1:]
+    dest = torch.randn(size)
+    results = []
+    for d in ("cpu", "tpu"):
+        x = dest.to(d)
+        src = torch.randn(src_size).to(d)
+        idx = torch.zeros(0, dtype=torch.long, device=d)
+        if op == "index_add_":
+            x.index_add_(dim, idx, src)
+        else:
+            x.index_reduce_(dim, idx, src, op, include_self=False)
+        results.append(x.cpu())
+    assert torch.equal(results[0], results[1])
+
+
+# ---- legacy storage classes: storage_type() of a tpu tensor ---------------------------------
+
+def test_storage_type_is_the_device_modules_class():
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # TypedStorage is deprecated
+        for dtype in (torch.float32, torch.int64, torch.bool, torch.complex64):
+            t = torch.zeros(3, dtype=dtype, device="tpu")
+            cls = t.storage_type()
+            assert cls is getattr(torch.tpu, cls.__name__)
+            assert cls.dtype == dtype
+            assert isinstance(t.storage(), cls)
+            assert not isinstance(t.cpu().storage(), cls)
+        s = torch.tpu.DoubleStorage([1.0, 2.0])
+        assert s.device.type == "tpu" and s.tolist() == [1.0, 2.0]

@@ -148,6 +148,9 @@ def _register_distributed(device) -> None:
 def _register_device_module(torch, device) -> None:
     if getattr(torch, "tpu", None) is not device:
         torch._register_device_module("tpu", device)
+    from . import legacy_storage  # torch.tpu.FloatStorage, ... (tensor.storage_type())
+
+    legacy_storage.install(device)
     if not hasattr(torch.Tensor, "tpu"):
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True

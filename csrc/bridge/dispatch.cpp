@@ -213,13 +213,33 @@ std::vector<at::Tensor> resolve_bits(std::vector<at::Tensor> ts) {
   return ts;
 }
 
+// index_add / index_reduce (out= forms, which the in-place forms reach) with a source empty
+// along `dim`: their C++ Meta kernel selects element 0 of the source along dim (a Meta-only
+// check CPU's kernel skips) and raises IndexError. The result is self's shape, so it is taken
+// from self.
+bool empty_index_source(const std::string& base, const c10::FunctionSchema& schema,
+                        const torch::jit::Stack& args) {
+  if (base != "index_reduce" && base != "index_add") return false;
+  const at::Tensor* source = nullptr;
+  std::optional<int64_t> dim;
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++) {
+    const std::string& n = schema.arguments()[i].name();
+    if (n == "source" && args[i].isTensor()) source = &args[i].toTensor();
+    if (n == "dim" && args[i].isInt()) dim = args[i].toInt();
+  }
+  if (!source || !dim || source->dim() == 0) return false;
+  const int64_t d = *dim < 0 ? *dim + source->dim() : *dim;
+  return d >= 0 && d < source->dim() && source->size(d) == 0;
+}
+
 // Ops without a Meta kernel whose one result has the shape and dtype of `self` (input
 // gradients; log_probs for CTC); their output metadata is that of that argument.
 std::optional<std::vector<c10::IValue>> returns_like_self(const std::string& base,
                                                           const c10::FunctionSchema& schema,
                                                           const torch::jit::Stack& args) {
   if (base != "multi_margin_loss_backward" && base != "multilabel_margin_loss_backward" &&
-      base != "fractional_max_pool3d_backward" && base != "_ctc_loss_backward")
+      base != "fractional_max_pool3d_backward" && base != "_ctc_loss_backward" &&
+      !empty_index_source(base, schema, args))
     return std::nullopt;
   const char* like = base == "_ctc_loss_backward" ? "log_probs" : "self";
   for (size_t i = 0; i < schema.arguments().size(); i++)
@@ -529,6 +549,8 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   std::optional<std::vector<c10::IValue>> meta;
   try {
     meta = lowp_meta_returns(base, args);
+    if (!meta && empty_index_source(base, schema, args))
+      meta = returns_like_self(base, schema, args);
     if (!meta) meta = meta_returns(op, args);
   } catch (...) {  // c10::Error, or a Python Meta kernel's exception (python_error)
     meta_refused = true;  // see structured_kernel

@@ -346,6 +346,7 @@ pj_val_t pj_reduce(pj_hlo_t *h, pj_val_t x, const int64_t *dims, int ndims, cons
   else if (!strcmp(kind, "min")) { init = pj_dtype_highest(dt); op = "stablehlo.minimum"; }
   else if (!strcmp(kind, "and")) { init = 1; op = "stablehlo.and"; }
   else if (!strcmp(kind, "or")) { init = 0; op = "stablehlo.or"; }
+  else if (!strcmp(kind, "xor")) { init = 0; op = "stablehlo.xor"; }
   else return pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: unknown reduction %s", kind);
   if (ndims == 0) return x;
   pj_val_t initv = (dt == PJ_I64 && !strcmp(kind, "max")) ? pj_const_i(h, dt, INT64_MIN)

@@ -631,7 +631,11 @@ static pj_status_t *lower_masked_scatter(pj_lower_t *L) {
   x = pj_broadcast_to(H, x, ot.rank, ot.dims);
   m = pj_broadcast_to(H, m, ot.rank, ot.dims);
   int64_t M = pj_type_numel(&ot), sn = src.t.dims[0];
-  if (sn == 0 || M == 0) { /* CPU requires source to hold at least count(mask) elements */
+  /* CPU requires source to hold at least count(mask) elements: a device-side check (reported
+   * at the next synchronization, as CUDA's kernel asserts), never a silently short write */
+  if (M > 0) pj_check_index(L, pj_count_true(L, flat(L, m)), sn + 1, 0, false,
+                            PJ_CHECK_MASKED_SCATTER);
+  if (sn == 0 || M == 0) {
     pj_set_result(L, 0, x);
     return NULL;
   }

@@ -390,6 +390,35 @@ static pj_status_t *lower_count_nonzero(pj_lower_t *L) {
   return NULL;
 }
 
+/* hash_tensor (mode 0, the only one CPU has): each element widened to its 64-bit kind (float64,
+ * int64, uint64; bool as 0 / 1), its bits read as uint64, xor-reduced over dim (all when
+ * empty). CPU has no kernel for complex inputs. */
+static pj_status_t *lower_hash_tensor(pj_lower_t *L) {
+  pj_val_t x = pj_tensor(L, "self");
+  if (x.id < 0) return NULL;
+  if (pj_int(L, "mode", 0) != 0) {
+    pj_fail(L, PJ_ERR_RUNTIME, "Unknown hash_tensor mode: %lld", (long long)pj_int(L, "mode", 0));
+    return NULL;
+  }
+  const pj_dtype_info_t *info = pj_dtype_info(x.t.dtype);
+  if (info->is_complex) {
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"xor_sum\" not implemented for '%s'", info->name);
+    return NULL;
+  }
+  pj_dtype_t wide = x.t.dtype == PJ_BOOL || x.t.dtype == PJ_U8 || x.t.dtype == PJ_U16 ||
+                            x.t.dtype == PJ_U32 || x.t.dtype == PJ_U64
+                        ? PJ_U64
+                    : info->is_float || info->is_lowp ? PJ_F64
+                                                      : PJ_I64;
+  pj_val_t w = pj_convert(H, x, wide);
+  if (wide != PJ_U64)
+    w = pj_hlo_op(H, "stablehlo.bitcast_convert", &w, 1, NULL, pj_type_with_dtype(w.t, PJ_U64));
+  rdims_t r;
+  rdims_arg(L, "dim", &x.t, &r);
+  set_out(L, 0, reduce(L, w, &r, "xor"));
+  return NULL;
+}
+
 /* ---- scans ---- */
 
 /* Inclusive scan along dim by recursive doubling: log2(n) steps of x = x (op) shift(x, s), the
@@ -516,6 +545,7 @@ const pj_lowering_entry_t pj_lowerings_reduce[] = {
     {"any", lower_any_all},
     {"all", lower_any_all},
     {"count_nonzero", lower_count_nonzero},
+    {"hash_tensor", lower_hash_tensor},
     {"cumsum", lower_cumsum_cumprod},
     {"cumprod", lower_cumsum_cumprod},
     {"_softmax", lower_softmax},

@@ -143,6 +143,9 @@ static pj_code_t cpu_error(const int64_t *s, char *buf, size_t cap) {
       snprintf(buf, cap, "Index %lld of input takes value %lld which is not in the valid range "
                "[0, %lld)", pos, v, size);
       return PJ_ERR_RUNTIME;
+    case PJ_CHECK_MASKED_SCATTER:
+      snprintf(buf, cap, "Number of elements of source < number of ones in mask");
+      return PJ_ERR_RUNTIME;
     case PJ_CHECK_DATA_BOUNDS:
       snprintf(buf, cap, "INDICES element is out of DATA bounds, id=%lld axis_dim=%lld", v, size);
       return PJ_ERR_RUNTIME;

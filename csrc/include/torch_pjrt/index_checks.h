@@ -57,6 +57,9 @@ typedef enum {
   /* RuntimeError "INDICES element is out of DATA bounds, id=V axis_dim=S" (CPU's index_select
    * along dim 1 of a tensor of rank > 1) */
   PJ_CHECK_DATA_BOUNDS,
+  /* RuntimeError "Number of elements of source < number of ones in mask" (masked_scatter; the
+   * checked value is the mask's true count, the size the source's numel + 1) */
+  PJ_CHECK_MASKED_SCATTER,
   PJ_CHECK_KINDS
 } pj_check_kind_t;
 
