@@ -426,3 +426,22 @@ def test_storage_type_is_the_device_modules_class():
             assert not isinstance(t.cpu().storage(), cls)
         s = torch.tpu.DoubleStorage([1.0, 2.0])
         assert s.device.type == "tpu" and s.tolist() == [1.0, 2.0]
+
+
+# ---- nondeterminism alerts: CPU's (put_), not the CUDA ones PyTorch's Meta kernels raise ------
+
+def test_deterministic_alerts_like_cpu():
+    a = torch.randn(10)
+    idx, values = torch.tensor([0, 0]), torch.tensor([0.0, 1.0])
+    before = torch.are_deterministic_algorithms_enabled()
+    torch.use_deterministic_algorithms(True)
+    try:
+        for d in ("cpu", "tpu"):
+            x = torch.randn(10, device=d)
+            torch.median(x, 0)  # CUDA's alert ("median CUDA with indices output") only
+            torch.median(x)
+            x.put(idx.to(d), values.to(d), accumulate=True)  # CUDA's alert only
+            with pytest.raises(RuntimeError, match="put_ does not have a deterministic"):
+                a.to(d).put_(idx.to(d), values.to(d), accumulate=False)
+    finally:
+        torch.use_deterministic_algorithms(before)

@@ -114,6 +114,9 @@ def _register() -> None:
         from . import _meta_no_dynamo
 
         _meta_no_dynamo.install()
+        from . import _meta_alerts  # no CUDA nondeterminism alerts from Meta kernels
+
+        _meta_alerts.install()
         from . import vision_ops  # torchvision's detection ops (nms, roi_align)
 
         vision_ops.register()

@@ -5,6 +5,7 @@
 #include "bridge.h"
 #include "call_memo.h"
 #include "eager_mode.h"
+#include "meta_cache.h"
 extern "C" {
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/compile_async.h"
@@ -25,6 +26,8 @@ void bind_dispatch(pybind11::module_& m) {
     std::sort(names.begin(), names.end());
     return names;
   }, "Base names of the aten ops with a StableHLO lowering.");
+  m.def("_in_meta_kernel", [] { return in_meta_kernel(); },
+        "Whether this thread is inside a Meta kernel the dispatch layer called (meta_cache.h).");
   m.def("fallback_ops", [] { return fallback_ops(); },
         "aten ops that ran on the CPU through the fallback, with their counts.");
   m.def("_set_default_eager_mode", [](int m) {

@@ -397,6 +397,10 @@ void warn_complex_to_real(at::ScalarType src, at::ScalarType dst) {
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args) {
   if (base == "arange" || base == "range") range_checks(base, schema, args);
+  // CPU's put_ alerts under torch.use_deterministic_algorithms(True) unless it accumulates
+  // (which of two values written to one index lands is unspecified; XLA's scatter alike)
+  if (base == "put" && args.size() > 3 && args[3].isBool() && !args[3].toBool())
+    at::globalContext().alertNotDeterministic("put_");
   if (base == "_to_copy") {  // (self, *, dtype, ...)
     const at::Tensor* self = tensor_arg(args, 0);
     if (self && args.size() > 1 && args[1].isInt())

@@ -125,6 +125,16 @@ at::Tensor meta_like(const at::Tensor& t) {
 
 }  // namespace
 
+namespace {
+thread_local int meta_depth = 0;
+struct InMetaKernel {
+  InMetaKernel() { meta_depth++; }
+  ~InMetaKernel() { meta_depth--; }
+};
+}  // namespace
+
+bool in_meta_kernel() { return meta_depth > 0; }
+
 std::optional<std::vector<c10::IValue>> meta_returns(const c10::OperatorHandle& op,
                                                      const torch::jit::Stack& args) {
   std::string key;
@@ -170,6 +180,7 @@ std::optional<std::vector<c10::IValue>> meta_returns(const c10::OperatorHandle& 
     meta.push_back(v.isGenerator() ? c10::IValue()
                                    : map_tensors(v, meta_like, c10::Device(c10::kMeta)));
   try {
+    InMetaKernel scope;
     op.callBoxed(&meta);
   } catch (const c10::NotImplementedError&) {
     return std::nullopt;

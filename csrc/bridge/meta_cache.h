@@ -17,4 +17,10 @@ namespace torch_pjrt {
 std::optional<std::vector<c10::IValue>> meta_returns(const c10::OperatorHandle& op,
                                                      const torch::jit::Stack& args);
 
+// Whether the calling thread is inside a Meta kernel called by meta_returns. PyTorch's Python
+// Meta kernels take a plain meta tensor for a CUDA one (torch._meta_registrations.device_hint)
+// and raise CUDA's nondeterminism alerts ("median CUDA with indices output"); torch_pjrt's
+// wrapper of that alert (_meta_alerts.py) drops the alerts raised from here.
+bool in_meta_kernel();
+
 }  // namespace torch_pjrt
