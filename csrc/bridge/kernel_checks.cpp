@@ -3,7 +3,9 @@
 // at the call. Without them Strict raised another message from the lowering, and
 // defer_and_fuse raised it at the next flush, on an unrelated line (fuzz finding F9).
 #include "bridge.h"
+#include "call_builder.h"
 #include "meta_cache.h"
+#include "../ops/random.h"
 
 #include <ATen/Dispatch_v2.h>
 #include <ATen/core/function_schema.h>
@@ -359,6 +361,61 @@ bool is_bitwise(const std::string& base) {
   return false;
 }
 
+// random_(from, to) / random_(to) / random_(from, None): CPU's bounds checks, in its order,
+// with its messages (naming the C++ element type, as CPU prints the dtype's TypeMeta), and its
+// precision warnings for float dtypes beyond +-2^digits. pj_random_bounds (csrc/ops/random.c)
+// decides; a warning has to be issued here, on every call, since a lowering runs once per key.
+void random_bounds_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensor_arg(args, 0);
+  if (!self) return;
+  const auto from_i = schema.argumentIndexWithName("from");
+  const auto to_i = schema.argumentIndexWithName("to");
+  const size_t n = args.size();
+  const bool has_from = from_i && static_cast<size_t>(*from_i) < n && args[*from_i].isInt();
+  const bool has_to = to_i && static_cast<size_t>(*to_i) < n && args[*to_i].isInt();
+  if (!has_from && !has_to) return;  // random_(): no checks
+  pj_random_bounds_t rb;
+  pj_random_bounds(to_pj_dtype(self->scalar_type()), has_from,
+                   has_from ? args[*from_i].toInt() : 0, has_to, has_to ? args[*to_i].toInt() : 0,
+                   &rb);
+  const caffe2::TypeMeta dtype = self->dtype();
+  switch (rb.check) {
+    case PJ_RANDOM_OK:
+    case PJ_RANDOM_BAD_DTYPE:  // the lowering's NotImplementedError
+      break;
+    case PJ_RANDOM_FROM_NOT_LESS:
+      TORCH_CHECK(false, "random_ expects 'from' to be less than 'to', but got from=", rb.msg_a,
+                  " >= to=", rb.msg_b);
+    case PJ_RANDOM_CAST_FROM_NOT_LESS:
+      TORCH_CHECK(false, "random_ expects 'from' casted to dtype to be less than 'to' casted to "
+                  "dtype, but got from=", rb.msg_a, " >= to=", rb.msg_b);
+    case PJ_RANDOM_CAST_FROM_TO_INC:
+      TORCH_CHECK(false, "random_ expects 'from' casted to dtype to be less than or equal to "
+                  "'to_inc' casted to dtype, but got from=", rb.msg_a, " > to_inc=", rb.msg_b);
+    case PJ_RANDOM_FROM_OUT:
+      TORCH_CHECK(false, "from is out of bounds for ", dtype);
+    case PJ_RANDOM_TO_OUT:
+      TORCH_CHECK(false, "to - 1 is out of bounds for ", dtype);
+    case PJ_RANDOM_FULL_RANGE_DTYPE:  // raised by CPU's kernel, which an empty tensor skips
+      if (self->numel() == 0) break;
+      TORCH_CHECK(false, "random_full_64_bits_range_kernel_cpu handles only int64, double, float "
+                  "and bfloat16");
+    case PJ_RANDOM_FULL_RANGE_NO_KERNEL:
+      if (self->numel() == 0) break;
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "\"random_full_64_bits_range_kernel_cpu\" not "
+                                  "implemented for '", self->scalar_type(), "'");
+  }
+  const char* names[2] = {"from", "to - 1"};
+  const bool warn[2] = {rb.warn_from, rb.warn_to};
+  for (int i = 0; i < 2; i++)
+    if (warn[i])
+      TORCH_WARN(names[i], " is out of bounds [-(2^", rb.digits, "), 2^", rb.digits,
+                 "]. Due to precision limitations ", dtype,
+                 " can support discrete uniform distribution only within this range. This "
+                 "warning will become an error in version 1.7 release, please fix the code in "
+                 "advance");
+}
+
 }  // namespace
 
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
@@ -366,6 +423,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   complex_refusals(base, schema, args);
   nonempty_dim_check(base, schema, args);
   if (base == "pow") pow_check(schema, args);
+  if (base == "random") random_bounds_check(schema, args);
   if (base == "sub" || base == "rsub") sub_check(args);
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
