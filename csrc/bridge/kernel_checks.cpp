@@ -11,6 +11,7 @@
 #include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
+#include <cmath>
 #include <mutex>
 #include <cstring>
 #include <optional>
@@ -416,6 +417,56 @@ void random_bounds_check(const c10::FunctionSchema& schema, const torch::jit::St
                  "advance");
 }
 
+// linspace / logspace (out= variants, where the composites end): CPU converts start and end
+// to the result type with c10's checked conversion ("value cannot be converted to type int8_t
+// without overflow"), and for 2 or more steps dispatches without bool. One step is CPU's
+// fill_ of start (logspace: of pow(base, start) in double), checked the same way. Made here
+// with c10's own conversions, so the messages and exception types are CPU's.
+void range_value_checks(const std::string& base, const c10::FunctionSchema& schema,
+                        const torch::jit::Stack& args) {
+  const auto out_i = schema.argumentIndexWithName("out");
+  const auto steps_i = schema.argumentIndexWithName("steps");
+  const auto start_i = schema.argumentIndexWithName("start");
+  const auto end_i = schema.argumentIndexWithName("end");
+  if (!out_i || !steps_i || !start_i || !end_i) return;
+  const at::Tensor* out = tensor_arg(args, *out_i);
+  if (!out || !args[*steps_i].isInt() || !args[*start_i].isScalar() || !args[*end_i].isScalar())
+    return;
+  const int64_t n = args[*steps_i].toInt();
+  const c10::Scalar start = args[*start_i].toScalar(), end = args[*end_i].toScalar();
+  const at::ScalarType dt = out->scalar_type();
+  if (n == 1) {
+    c10::Scalar v = start;
+    if (base == "logspace") {
+      const auto b_i = schema.argumentIndexWithName("base");
+      const double b = b_i && args[*b_i].isDouble() ? args[*b_i].toDouble() : 10.0;
+      v = start.isComplex() || at::isComplexType(dt)
+              ? c10::Scalar(std::pow(c10::complex<double>(b, 0.0),
+                                     start.to<c10::complex<double>>()))
+              : c10::Scalar(std::pow(b, start.to<double>()));
+    }
+    AT_DISPATCH_V2(dt, "fill_cpu", AT_WRAP([&] { (void)v.to<scalar_t>(); }),
+                   AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool);
+    return;
+  }
+  if (n < 2) return;
+  auto convert_both = [&](auto tag) {
+    using T = decltype(tag);
+    (void)start.to<T>();
+    (void)end.to<T>();
+  };
+  if (base == "linspace") {
+    AT_DISPATCH_V2(dt, "linspace_cpu", AT_WRAP([&] { convert_both(scalar_t{}); }),
+                   AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16);
+  } else if (at::isComplexType(dt)) {
+    AT_DISPATCH_V2(dt, "logspace_cpu", AT_WRAP([&] { convert_both(scalar_t{}); }),
+                   AT_EXPAND(AT_COMPLEX_TYPES));
+  } else {
+    AT_DISPATCH_V2(dt, "logspace_cpu", AT_WRAP([&] { convert_both(scalar_t{}); }),
+                   AT_EXPAND(AT_ALL_TYPES), at::kHalf, at::kBFloat16);
+  }
+}
+
 }  // namespace
 
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
@@ -424,6 +475,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   nonempty_dim_check(base, schema, args);
   if (base == "pow") pow_check(schema, args);
   if (base == "random") random_bounds_check(schema, args);
+  if (base == "linspace" || base == "logspace") range_value_checks(base, schema, args);
   if (base == "sub" || base == "rsub") sub_check(args);
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
