@@ -137,7 +137,11 @@ def test_out_keeps_shape_when_numel_matches(op):
     lambda d: torch.logspace(3, 3, 1, dtype=torch.int8, device=d),
     lambda d: torch.linspace(0, 2, 3, dtype=torch.bool, device=d),
     lambda d: torch.logspace(0, 2, 3, dtype=torch.bool, device=d),
-], ids=["lin-int8", "lin-f32", "log-int32", "log1-int8", "lin-bool", "log-bool"])
+    lambda d: torch.arange(0.1, float("nan"), device=d),
+    lambda d: torch.arange(float("nan"), 5, dtype=torch.half, device=d),
+    lambda d: torch.arange(0, float("nan"), 0, device=d),
+], ids=["lin-int8", "lin-f32", "log-int32", "log1-int8", "lin-bool", "log-bool", "arange-nan",
+        "arange-nan-half", "arange-step0"])
 def test_range_errors_match_cpu(call):
     c, _ = outcome(lambda: call("cpu"))
     t, _ = outcome(lambda: call(TPU))

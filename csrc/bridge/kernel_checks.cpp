@@ -467,6 +467,30 @@ void range_value_checks(const std::string& base, const c10::FunctionSchema& sche
   }
 }
 
+// arange (start_out): CPU checks the step first, then that both bounds are finite ("unsupported
+// range: start -> end", printed in the accumulate type), then the step's sign; the Meta kernel
+// checks the sign first, which NaN bounds fail with the other message.
+void arange_range_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const auto out_i = schema.argumentIndexWithName("out");
+  const auto start_i = schema.argumentIndexWithName("start");
+  const auto end_i = schema.argumentIndexWithName("end");
+  const auto step_i = schema.argumentIndexWithName("step");
+  if (!out_i || !start_i || !end_i || !step_i) return;
+  const at::Tensor* out = tensor_arg(args, *out_i);
+  if (!out || !at::isFloatingType(out->scalar_type()) || !args[*start_i].isScalar() ||
+      !args[*end_i].isScalar() || !args[*step_i].isScalar())
+    return;
+  const double start = args[*start_i].toScalar().toDouble();
+  const double end = args[*end_i].toScalar().toDouble();
+  const double step = args[*step_i].toScalar().toDouble();
+  TORCH_CHECK(step > 0 || step < 0, "step must be nonzero");
+  if (std::isfinite(start) && std::isfinite(end)) return;
+  if (out->scalar_type() == at::kDouble || out->scalar_type() == at::kFloat)
+    TORCH_CHECK(false, "unsupported range: ", start, " -> ", end);
+  TORCH_CHECK(false, "unsupported range: ", static_cast<float>(start), " -> ",
+              static_cast<float>(end));
+}
+
 }  // namespace
 
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
@@ -475,6 +499,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   nonempty_dim_check(base, schema, args);
   if (base == "pow") pow_check(schema, args);
   if (base == "random") random_bounds_check(schema, args);
+  if (base == "arange") arange_range_check(schema, args);
   if (base == "linspace" || base == "logspace") range_value_checks(base, schema, args);
   if (base == "sub" || base == "rsub") sub_check(args);
   if (is_bitwise(base)) {
