@@ -74,13 +74,13 @@ std::string base_name(const c10::FunctionSchema& schema) {
 
 bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
-// CPU's range factories (arange.start_out, linspace.out, logspace.out) resize their out=
+// CPU's range factories (arange.start_out, range.out, linspace.out, logspace.out) resize their out=
 // tensor only when its element count differs from the result's, with a plain resize_ (arange
 // warns first, in its own words), and otherwise write the values through the out tensor in
 // its own shape, row-major (the lowerings reshape to it). Their Meta kernels resize (and warn
 // about) any out= of another shape, so they are asked with an empty out= in its place.
 bool is_range_factory(const std::string& base) {
-  return base == "arange" || base == "linspace" || base == "logspace";
+  return base == "arange" || base == "range" || base == "linspace" || base == "logspace";
 }
 
 // Resizes out= tensor t of a range factory to CPU's result sizes where CPU would.

@@ -26,7 +26,7 @@ static pj_val_t scalar_as(pj_lower_t *L, const char *name, pj_dtype_t dt) {
 /* CPU's range kernels have no bool instance (linspace and logspace: none for n >= 2), and
  * arange none for complex; the bridge raises CPU's own message first. */
 static bool supported(pj_lower_t *L, pj_dtype_t dt, const char *op) {
-  bool complex_ok = strcmp(op, "arange_cpu") != 0;
+  bool complex_ok = strcmp(op, "arange_cpu") != 0 && strcmp(op, "range_cpu") != 0;
   if (dt != PJ_BOOL && (complex_ok || !pj_dtype_info(dt)->is_complex)) return true;
   pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for '%s' on tpu", op,
           pj_dtype_info(dt)->name);
@@ -37,7 +37,12 @@ static bool supported(pj_lower_t *L, pj_dtype_t dt, const char *op) {
  * half types, int64 for integers), then converted to the result dtype. */
 static pj_status_t *lower_arange(pj_lower_t *L) {
   pj_type_t t = pj_out_type(L, 0);
-  if (!supported(L, t.dtype, "arange_cpu")) return NULL;
+  bool range = !strcmp(L->c->op, "range");
+  if (!supported(L, t.dtype, range ? "range_cpu" : "arange_cpu")) return NULL;
+  if (range && t.dtype == PJ_F16) { /* CPU's range kernel has no float16 instance */
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"range_cpu\" not implemented for 'Half'");
+    return NULL;
+  }
   pj_dtype_t acc = t.dtype == PJ_F32 || t.dtype == PJ_F64 ? PJ_F64
                    : pj_dtype_info(t.dtype)->is_float    ? PJ_F32
                                                          : PJ_I64;
@@ -335,6 +340,7 @@ static pj_status_t *lower_tri_indices(pj_lower_t *L) {
 
 const pj_lowering_entry_t pj_lowerings_factory[] = {
     {"arange", lower_arange},
+    {"range", lower_arange}, /* range.out: start + step * i likewise, the size from its Meta */
     {"linspace", lower_linspace},
     {"logspace", lower_logspace},
     {"eye", lower_eye},
