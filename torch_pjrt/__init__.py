@@ -158,6 +158,30 @@ def _register_device_module(torch, device) -> None:
         torch.utils.generate_methods_for_privateuse1_backend(
             for_tensor=True, for_module=True, for_packed_sequence=True, for_storage=True
         )
+    _patch_dlpack_device(torch)
+
+
+def _patch_dlpack_device(torch) -> None:
+    """``Tensor.__dlpack_device__`` recognises the PrivateUse1 backend only by its default name
+    ("privateuse1") and raises ValueError for a renamed one, so ``torch.from_dlpack`` of a tpu
+    tensor failed before any capsule was made. tpu tensors report DLPack's extension device
+    (kDLExtDev), the type PyTorch's own exporter writes into their capsules; every other tensor
+    keeps PyTorch's answer."""
+    original = torch.Tensor.__dlpack_device__
+    if getattr(original, "_torch_pjrt_tpu", False):
+        return
+
+    def __dlpack_device__(self):
+        # (subclasses with __torch_function__ keep PyTorch's dispatch to their override)
+        if not torch.overrides.has_torch_function_unary(self) and self.device.type == "tpu":
+            from torch.utils.dlpack import DLDeviceType
+
+            return (DLDeviceType.kDLExtDev, self.device.index or 0)
+        return original(self)
+
+    __dlpack_device__._torch_pjrt_tpu = True
+    __dlpack_device__.__doc__ = original.__doc__
+    torch.Tensor.__dlpack_device__ = __dlpack_device__
 
 
 def __getattr__(name: str):

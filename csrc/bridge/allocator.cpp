@@ -12,12 +12,35 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <mutex>
+#include <unordered_map>
+
 #include "torch_pjrt/memory_info.h"
 
 namespace torch_pjrt {
 namespace {
 
-void delete_storage(void* ctx) { pj_storage_release(static_cast<pj_storage_t*>(ctx)); }
+// The storages behind live DataPtrs made here, by fake address. It answers one question:
+// which storage a tpu data pointer that did not come from this allocator names. DLPack import
+// (at::fromDLPack: torch.from_dlpack / torch.asarray of a tpu tensor or of its capsule) wraps
+// the exporter's data pointer in a from_blob StorageImpl whose DataPtr holds the capsule's
+// deleter; since tpu addresses are fake, such a pointer means something only as the address of
+// a live storage, and sharing that storage is what aliasing the original means (as CUDA's
+// import shares the memory). The capsule keeps the exported tensor, so the storage, alive as
+// long as the imported StorageImpl lives. Guarded by g_live_mu; entries are added when a DataPtr
+// is made and removed by its deleter, which may run on any thread (never taking the GIL).
+std::mutex g_live_mu;
+std::unordered_map<uintptr_t, pj_storage_t*> g_live;  // guarded by g_live_mu
+
+void delete_storage(void* ctx) {
+  pj_storage_t* s = static_cast<pj_storage_t*>(ctx);
+  {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    auto it = g_live.find(s->addr);
+    if (it != g_live.end() && it->second == s) g_live.erase(it);
+  }
+  pj_storage_release(s);
+}
 
 class PjrtAllocator final : public c10::DeviceAllocator {
  public:
@@ -104,6 +127,10 @@ c10::DataPtr allocate_storage(int device, size_t nbytes) {
   // distinct address, so no code path needs a "no storage" case.
   pj_storage_t* s = nullptr;
   check(pj_storage_new(device, nbytes, &s));
+  {
+    std::lock_guard<std::mutex> g(g_live_mu);
+    g_live[s->addr] = s;
+  }
   return c10::DataPtr(reinterpret_cast<void*>(s->addr), s, &delete_storage,
                       c10::Device(c10::DeviceType::PrivateUse1,
                                   static_cast<c10::DeviceIndex>(device)));
@@ -112,8 +139,14 @@ c10::DataPtr allocate_storage(int device, size_t nbytes) {
 pj_storage_t* storage_of(const c10::Storage& s) {
   if (!s) return nullptr;
   const c10::DataPtr& p = s.data_ptr();
-  if (p.get_deleter() != &delete_storage) return nullptr;
-  return static_cast<pj_storage_t*>(p.get_context());
+  if (p.get_deleter() == &delete_storage) return static_cast<pj_storage_t*>(p.get_context());
+  // A foreign DataPtr on tpu (DLPack import): the live storage at exactly that address. A
+  // pointer inside a storage (an exported view with an offset) names no storage: the bridge
+  // describes tensors as (storage, element offset) from the storage's start.
+  if (p.device().type() != c10::DeviceType::PrivateUse1 || !p.get()) return nullptr;
+  std::lock_guard<std::mutex> g(g_live_mu);
+  auto it = g_live.find(reinterpret_cast<uintptr_t>(p.get()));
+  return it == g_live.end() ? nullptr : it->second;
 }
 
 pj_storage_t* storage_of(const at::Tensor& t) {

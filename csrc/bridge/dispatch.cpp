@@ -75,6 +75,27 @@ std::string base_name(const c10::FunctionSchema& schema) {
 
 bool is_write(const c10::Argument& a) { return a.alias_info() && a.alias_info()->isWrite(); }
 
+// CPU's range factories (arange.start_out, range.out, linspace.out, logspace.out) resize their out=
+// tensor only when its element count differs from the result's, with a plain resize_ (arange
+// warns first, in its own words), and otherwise write the values through the out tensor in
+// its own shape, row-major (the lowerings reshape to it). Their Meta kernels resize (and warn
+// about) any out= of another shape, so they are asked with an empty out= in its place.
+bool is_range_factory(const std::string& base) {
+  return base == "arange" || base == "range" || base == "linspace" || base == "logspace";
+}
+
+// Resizes out= tensor t of a range factory to CPU's result sizes where CPU would.
+void resize_range_out(const std::string& base, at::Tensor& t, c10::IntArrayRef sizes) {
+  const int64_t n = c10::multiply_integers(sizes);
+  if (t.numel() == n) return;
+  if (base == "arange" && t.numel() > 0)
+    TORCH_WARN("The number of elements in the out tensor of shape ", t.sizes(), " is ",
+               t.numel(), " which does not match the computed number of elements ", n,
+               ". Note that this may occur as a result of rounding error. The out tensor will be "
+               "resized to a tensor of shape (", n, ",).");
+  t.resize_(sizes);
+}
+
 std::vector<at::Tensor> tensors_of(const c10::IValue& v) {
   std::vector<at::Tensor> out;
   if (v.isTensor()) {
@@ -551,6 +572,13 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     meta = lowp_meta_returns(base, args);
     if (!meta && empty_index_source(base, schema, args))
       meta = returns_like_self(base, schema, args);
+    if (!meta && is_range_factory(base)) {
+      torch::jit::Stack meta_args(args);
+      for (size_t a = 0; a < nargs; a++)
+        if (is_write(schema.arguments()[a]) && meta_args[a].isTensor())
+          meta_args[a] = at::empty({0}, meta_args[a].toTensor().options().device(c10::kMeta));
+      meta = meta_returns(op, meta_args);
+    }
     if (!meta) meta = meta_returns(op, args);
   } catch (...) {  // c10::Error, or a Python Meta kernel's exception (python_error)
     meta_refused = true;  // see structured_kernel
@@ -592,7 +620,10 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
         // out= tensors of the wrong shape are resized as CPU does, unless the out= tensor is
         // also an input: CPU (TensorIterator) refuses that, and here the call has already
         // described the input's storage, which a resize would free under it.
-        if (i < ms.size() && ms[i].defined() && !ts[i].sizes().equals(ms[i].sizes())) {
+        if (i < ms.size() && ms[i].defined() && !ts[i].sizes().equals(ms[i].sizes()) &&
+            is_range_factory(base)) {
+          resize_range_out(base, ts[i], ms[i].sizes());
+        } else if (i < ms.size() && ms[i].defined() && !ts[i].sizes().equals(ms[i].sizes())) {
           for (size_t a = 0; a < nargs; a++) {
             if (static_cast<int>(a) == aliased || is_write(schema.arguments()[a])) continue;
             for (const at::Tensor& in : tensors_of(args[a]))

@@ -3,12 +3,15 @@
 // at the call. Without them Strict raised another message from the lowering, and
 // defer_and_fuse raised it at the next flush, on an unrelated line (fuzz finding F9).
 #include "bridge.h"
+#include "call_builder.h"
 #include "meta_cache.h"
+#include "../ops/random.h"
 
 #include <ATen/Dispatch_v2.h>
 #include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
+#include <cmath>
 #include <mutex>
 #include <cmath>
 #include <cstring>
@@ -361,15 +364,125 @@ bool is_bitwise(const std::string& base) {
   return false;
 }
 
+// random_(from, to) / random_(to) / random_(from, None): CPU's bounds checks, in its order,
+// with its messages (naming the C++ element type, as CPU prints the dtype's TypeMeta), and its
+// precision warnings for float dtypes beyond +-2^digits. pj_random_bounds (csrc/ops/random.c)
+// decides; a warning has to be issued here, on every call, since a lowering runs once per key.
+void random_bounds_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const at::Tensor* self = tensor_arg(args, 0);
+  if (!self) return;
+  const auto from_i = schema.argumentIndexWithName("from");
+  const auto to_i = schema.argumentIndexWithName("to");
+  const size_t n = args.size();
+  const bool has_from = from_i && static_cast<size_t>(*from_i) < n && args[*from_i].isInt();
+  const bool has_to = to_i && static_cast<size_t>(*to_i) < n && args[*to_i].isInt();
+  if (!has_from && !has_to) return;  // random_(): no checks
+  pj_random_bounds_t rb;
+  pj_random_bounds(to_pj_dtype(self->scalar_type()), has_from,
+                   has_from ? args[*from_i].toInt() : 0, has_to, has_to ? args[*to_i].toInt() : 0,
+                   &rb);
+  const caffe2::TypeMeta dtype = self->dtype();
+  switch (rb.check) {
+    case PJ_RANDOM_OK:
+    case PJ_RANDOM_BAD_DTYPE:  // the lowering's NotImplementedError
+      break;
+    case PJ_RANDOM_FROM_NOT_LESS:
+      TORCH_CHECK(false, "random_ expects 'from' to be less than 'to', but got from=", rb.msg_a,
+                  " >= to=", rb.msg_b);
+    case PJ_RANDOM_CAST_FROM_NOT_LESS:
+      TORCH_CHECK(false, "random_ expects 'from' casted to dtype to be less than 'to' casted to "
+                  "dtype, but got from=", rb.msg_a, " >= to=", rb.msg_b);
+    case PJ_RANDOM_CAST_FROM_TO_INC:
+      TORCH_CHECK(false, "random_ expects 'from' casted to dtype to be less than or equal to "
+                  "'to_inc' casted to dtype, but got from=", rb.msg_a, " > to_inc=", rb.msg_b);
+    case PJ_RANDOM_FROM_OUT:
+      TORCH_CHECK(false, "from is out of bounds for ", dtype);
+    case PJ_RANDOM_TO_OUT:
+      TORCH_CHECK(false, "to - 1 is out of bounds for ", dtype);
+    case PJ_RANDOM_FULL_RANGE_DTYPE:  // raised by CPU's kernel, which an empty tensor skips
+      if (self->numel() == 0) break;
+      TORCH_CHECK(false, "random_full_64_bits_range_kernel_cpu handles only int64, double, float "
+                  "and bfloat16");
+    case PJ_RANDOM_FULL_RANGE_NO_KERNEL:
+      if (self->numel() == 0) break;
+      TORCH_CHECK_NOT_IMPLEMENTED(false, "\"random_full_64_bits_range_kernel_cpu\" not "
+                                  "implemented for '", self->scalar_type(), "'");
+  }
+  const char* names[2] = {"from", "to - 1"};
+  const bool warn[2] = {rb.warn_from, rb.warn_to};
+  for (int i = 0; i < 2; i++)
+    if (warn[i])
+      TORCH_WARN(names[i], " is out of bounds [-(2^", rb.digits, "), 2^", rb.digits,
+                 "]. Due to precision limitations ", dtype,
+                 " can support discrete uniform distribution only within this range. This "
+                 "warning will become an error in version 1.7 release, please fix the code in "
+                 "advance");
+}
+
+// linspace / logspace (out= variants, where the composites end): CPU converts start and end
+// to the result type with c10's checked conversion ("value cannot be converted to type int8_t
+// without overflow"), and for 2 or more steps dispatches without bool. One step is CPU's
+// fill_ of start (logspace: of pow(base, start) in double), checked the same way. Made here
+// with c10's own conversions, so the messages and exception types are CPU's.
+void range_value_checks(const std::string& base, const c10::FunctionSchema& schema,
+                        const torch::jit::Stack& args) {
+  const auto out_i = schema.argumentIndexWithName("out");
+  const auto steps_i = schema.argumentIndexWithName("steps");
+  const auto start_i = schema.argumentIndexWithName("start");
+  const auto end_i = schema.argumentIndexWithName("end");
+  if (!out_i || !steps_i || !start_i || !end_i) return;
+  const at::Tensor* out = tensor_arg(args, *out_i);
+  if (!out || !args[*steps_i].isInt() || !args[*start_i].isScalar() || !args[*end_i].isScalar())
+    return;
+  const int64_t n = args[*steps_i].toInt();
+  const c10::Scalar start = args[*start_i].toScalar(), end = args[*end_i].toScalar();
+  const at::ScalarType dt = out->scalar_type();
+  if (n == 1) {
+    c10::Scalar v = start;
+    if (base == "logspace") {
+      const auto b_i = schema.argumentIndexWithName("base");
+      const double b = b_i && args[*b_i].isDouble() ? args[*b_i].toDouble() : 10.0;
+      v = start.isComplex() || at::isComplexType(dt)
+              ? c10::Scalar(std::pow(c10::complex<double>(b, 0.0),
+                                     start.to<c10::complex<double>>()))
+              : c10::Scalar(std::pow(b, start.to<double>()));
+    }
+    AT_DISPATCH_V2(dt, "fill_cpu", AT_WRAP([&] { (void)v.to<scalar_t>(); }),
+                   AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16, at::kBool);
+    return;
+  }
+  if (n < 2) return;
+  auto convert_both = [&](auto tag) {
+    using T = decltype(tag);
+    (void)start.to<T>();
+    (void)end.to<T>();
+  };
+  if (base == "linspace") {
+    AT_DISPATCH_V2(dt, "linspace_cpu", AT_WRAP([&] { convert_both(scalar_t{}); }),
+                   AT_EXPAND(AT_ALL_TYPES_AND_COMPLEX), at::kHalf, at::kBFloat16);
+  } else if (at::isComplexType(dt)) {
+    AT_DISPATCH_V2(dt, "logspace_cpu", AT_WRAP([&] { convert_both(scalar_t{}); }),
+                   AT_EXPAND(AT_COMPLEX_TYPES));
+  } else {
+    AT_DISPATCH_V2(dt, "logspace_cpu", AT_WRAP([&] { convert_both(scalar_t{}); }),
+                   AT_EXPAND(AT_ALL_TYPES), at::kHalf, at::kBFloat16);
+  }
+}
+
 }  // namespace
 
-// CPU's arange / range checks, in its order and words: the Meta kernel (a Python reference)
-// checks the step's sign first and fails inside prims.iota on an overflowing size.
-void range_checks(const std::string& base, const c10::FunctionSchema& schema,
-                  const torch::jit::Stack& args) {
+// CPU's arange / range checks, in its order and words: the step, then that both bounds are
+// finite ("unsupported range: start -> end", printed in the accumulate type: float for half
+// and bfloat16 results), then the step's sign, then (arange) the size. The Meta kernel (a
+// Python reference) checks the sign first, which NaN bounds fail with the other message, and
+// fails inside prims.iota on an overflowing size.
+static void range_checks(const std::string& base, const c10::FunctionSchema& schema,
+                         const torch::jit::Stack& args) {
   std::optional<double> start, end, step;
+  const at::Tensor* out = nullptr;
   for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++) {
     const std::string& n = schema.arguments()[i].name();
+    if (n == "out") out = tensor_arg(args, i);
     if (!args[i].isScalar()) continue;
     const double v = args[i].toScalar().toDouble();
     if (n == "start") start = v;
@@ -379,7 +492,14 @@ void range_checks(const std::string& base, const c10::FunctionSchema& schema,
   if (!end) return;
   const double lo = start.value_or(0), hi = *end, st = step.value_or(1);
   TORCH_CHECK(st > 0 || st < 0, "step must be nonzero");
-  TORCH_CHECK(std::isfinite(lo) && std::isfinite(hi), "unsupported range: ", lo, " -> ", hi);
+  if (!std::isfinite(lo) || !std::isfinite(hi)) {
+    const bool narrow = out && (out->scalar_type() == at::kHalf ||
+                                out->scalar_type() == at::kBFloat16);
+    if (narrow)
+      TORCH_CHECK(false, "unsupported range: ", static_cast<float>(lo), " -> ",
+                  static_cast<float>(hi));
+    TORCH_CHECK(false, "unsupported range: ", lo, " -> ", hi);
+  }
   TORCH_CHECK((st > 0 && hi >= lo) || (st < 0 && hi <= lo),
               "upper bound and lower bound inconsistent with step sign");
   if (base != "arange") return;  // (range has no size check of its own)
@@ -409,6 +529,8 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   complex_refusals(base, schema, args);
   nonempty_dim_check(base, schema, args);
   if (base == "pow") pow_check(schema, args);
+  if (base == "random") random_bounds_check(schema, args);
+  if (base == "linspace" || base == "logspace") range_value_checks(base, schema, args);
   if (base == "sub" || base == "rsub") sub_check(args);
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);

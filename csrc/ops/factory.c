@@ -4,6 +4,7 @@
  * match it bit for bit in most cases (within an ulp where CPU's vectorized loop associates
  * differently). full / zeros / ones / *_like / scalar_tensor are composites over empty + fill_
  * (elementwise.c) and need nothing here. */
+#include <math.h>
 #include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,8 +23,11 @@ static pj_val_t scalar_as(pj_lower_t *L, const char *name, pj_dtype_t dt) {
   return pj_convert(H, pj_scalar(L, name), dt);
 }
 
+/* CPU's range kernels have no bool instance (linspace and logspace: none for n >= 2), and
+ * arange none for complex; the bridge raises CPU's own message first. */
 static bool supported(pj_lower_t *L, pj_dtype_t dt, const char *op) {
-  if (dt != PJ_BOOL && !pj_dtype_info(dt)->is_complex) return true;
+  bool complex_ok = strcmp(op, "arange_cpu") != 0 && strcmp(op, "range_cpu") != 0;
+  if (dt != PJ_BOOL && (complex_ok || !pj_dtype_info(dt)->is_complex)) return true;
   pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"%s\" not implemented for '%s' on tpu", op,
           pj_dtype_info(dt)->name);
   return false;
@@ -33,61 +37,255 @@ static bool supported(pj_lower_t *L, pj_dtype_t dt, const char *op) {
  * half types, int64 for integers), then converted to the result dtype. */
 static pj_status_t *lower_arange(pj_lower_t *L) {
   pj_type_t t = pj_out_type(L, 0);
-  if (!supported(L, t.dtype, "arange_cpu")) return NULL;
+  bool range = !strcmp(L->c->op, "range");
+  if (!supported(L, t.dtype, range ? "range_cpu" : "arange_cpu")) return NULL;
+  if (range && t.dtype == PJ_F16) { /* CPU's range kernel has no float16 instance */
+    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"range_cpu\" not implemented for 'Half'");
+    return NULL;
+  }
   pj_dtype_t acc = t.dtype == PJ_F32 || t.dtype == PJ_F64 ? PJ_F64
                    : pj_dtype_info(t.dtype)->is_float    ? PJ_F32
                                                          : PJ_I64;
-  pj_type_t at = pj_type_with_dtype(t, acc);
+  int64_t n = pj_type_numel(&t);
+  if (n == 0) return NULL;
+  /* flat, then in the destination's shape: an out= of n elements keeps its shape (see the
+   * bridge's range factories) */
+  pj_type_t at = pj_type(acc, 1, &n);
   pj_val_t start = bcast(L, scalar_as(L, "start", acc), at);
   pj_val_t step = pj_has(L, "step") ? bcast(L, scalar_as(L, "step", acc), at)
                                     : pj_full(H, at, 1);
-  pj_set_result(L, 0, ADD(start, MUL(step, pj_iota(H, at, 0))));
+  pj_val_t v = pj_convert(H, ADD(start, MUL(step, pj_iota(H, at, 0))), t.dtype);
+  pj_set_result(L, 0, pj_reshape(H, v, t.rank, t.dims));
   return NULL;
 }
 
-/* The value linspace puts at index i, in CPU's step type st (double for integer results, the
- * result dtype otherwise), symmetric from both ends:
- *   i <  steps / 2:  start + step * i
- *   i >= steps / 2:  end - step * (steps - 1 - i),   step = (end - start) / (steps - 1)
- * start and end are first converted to the result dtype, as CPU does. */
-static pj_val_t linspace_values(pj_lower_t *L, pj_type_t t, int64_t steps, pj_dtype_t st) {
-  pj_type_t vt = pj_type_with_dtype(t, st);
-  pj_val_t start = pj_convert(H, scalar_as(L, "start", t.dtype), st);
-  pj_val_t end = pj_convert(H, scalar_as(L, "end", t.dtype), st);
-  if (steps == 1) return bcast(L, start, vt);
-  /* (steps - 1) converted to st like CPU's mixed-type division */
-  pj_val_t step = DIV(SUB(end, start), pj_convert(H, pj_const_i(H, PJ_I64, steps - 1), st));
-  pj_type_t it = pj_type_with_dtype(t, PJ_I64);
+/* ---- linspace / logspace ----
+ *
+ * CPU's kernels (torch 2.13) compute element i of n = steps, n >= 2, from start and end
+ * converted to the result type T, symmetric from both ends (halfway = n / 2):
+ *
+ *   linspace:  step = (end - start) / (n - 1)          in T (double for integer T)
+ *              i <  halfway:  start + step * i
+ *              i >= halfway:  end - step * (n - 1 - i)
+ *   logspace:  step = double(end - start) / (n - 1)    (end - start in T's own arithmetic)
+ *              the same two-sided exponent, in double, and pow(double base, exponent)
+ *              (complex T: all of it in T, the power exp(x * log(base)))
+ *
+ * then converted to T (integers: truncated). Half types round every operation to their own
+ * type (c10::Half / BFloat16 arithmetic goes through float and rounds back). The x86 builds of
+ * these kernels are compiled with FMA contraction, so where one multiply feeds one add or
+ * subtract in float, double or an integer T's double, CPU rounds once: fma_of below does the
+ * same. n == 1 fills start (logspace: pow(base, start) in double); n == 0 writes nothing.
+ * CPU's checked conversions of start / end to T ("value cannot be converted to type ...") and
+ * its dtype refusals are raised by the bridge before a lowering runs (kernel_checks.cpp). */
+
+/* x as CPU's C++ casts convert it: half types from a 64-bit value go through float first
+ * (their constructors take a float), so a value rounds twice, as it does there. */
+static pj_val_t cast_like_cpu(pj_lower_t *L, pj_val_t x, pj_dtype_t dt) {
+  if ((dt == PJ_F16 || dt == PJ_BF16) && x.t.dtype != PJ_F32 && x.t.dtype != dt)
+    x = pj_convert(H, x, PJ_F32);
+  return pj_convert(H, x, dt);
+}
+
+/* A value XLA cannot see as a constant: its algebraic simplifier turns a division by a
+ * constant into a multiplication by the constant's rounded reciprocal, which is not the
+ * correctly rounded quotient CPU computes. */
+static pj_val_t opaque(pj_lower_t *L, pj_val_t v) {
+  return pj_hlo_op(H, "stablehlo.optimization_barrier", &v, 1, NULL, v.t);
+}
+
+/* a * b + c rounded once (a contracted multiply-add), for float32 and float64 values of one
+ * type. float32: the product of two floats is exact in double, and the double sum rounded to
+ * float differs from a fused result only when that sum itself rounded onto a float tie.
+ * float64: Dekker's exact product (Veltkamp splitting) and an exact two-sum, then one final
+ * addition of the error terms. Other types: the plain expression. */
+static pj_val_t fma_of(pj_lower_t *L, pj_val_t a, pj_val_t b, pj_val_t c) {
+  if (a.t.dtype == PJ_F32) {
+    pj_val_t a64 = pj_convert(H, a, PJ_F64), b64 = pj_convert(H, b, PJ_F64);
+    return pj_convert(H, ADD(MUL(a64, b64), pj_convert(H, c, PJ_F64)), PJ_F32);
+  }
+  if (a.t.dtype != PJ_F64) return ADD(MUL(a, b), c);
+  pj_val_t split = pj_full(H, a.t, 134217729.0); /* 2^27 + 1 */
+  pj_val_t ta = MUL(split, a), tb = MUL(split, b);
+  pj_val_t ah = SUB(ta, SUB(ta, a)), al = SUB(a, ah);
+  pj_val_t bh = SUB(tb, SUB(tb, b)), bl = SUB(b, bh);
+  pj_val_t p = MUL(a, b);
+  /* p + perr == a * b exactly */
+  pj_val_t perr = ADD(ADD(ADD(SUB(MUL(ah, bh), p), MUL(ah, bl)), MUL(al, bh)), MUL(al, bl));
+  pj_val_t sum = ADD(p, c);
+  pj_val_t bv = SUB(sum, p);
+  /* sum + serr == p + c exactly */
+  pj_val_t serr = ADD(SUB(p, SUB(sum, bv)), SUB(c, bv));
+  return ADD(sum, ADD(serr, perr));
+}
+
+/* The two-sided exponent / value of real type st for n >= 2 elements as a 1-D [n]: from s, e
+ * (0-d, st) and the step (0-d, st). fused: CPU's multiply-add is contracted (float, double). */
+static pj_val_t two_sided(pj_lower_t *L, int64_t n, pj_val_t s, pj_val_t e, pj_val_t step,
+                          bool fused) {
+  pj_dtype_t st = s.t.dtype;
+  pj_type_t it = pj_type(PJ_I64, 1, &n), vt = pj_type(st, 1, &n);
   pj_val_t idx = pj_iota(H, it, 0);
-  pj_val_t rev = SUB(pj_full(H, it, (double)(steps - 1)), idx);
-  pj_val_t stepb = bcast(L, step, vt);
-  pj_val_t lo = ADD(bcast(L, start, vt), MUL(stepb, pj_convert(H, idx, st)));
-  pj_val_t hi = SUB(bcast(L, end, vt), MUL(stepb, pj_convert(H, rev, st)));
-  return SEL(CMP("LT", idx, pj_full(H, it, (double)(steps / 2))), lo, hi);
+  pj_val_t rev = SUB(pj_full(H, it, (double)(n - 1)), idx);
+  pj_val_t fi = cast_like_cpu(L, idx, st), fr = cast_like_cpu(L, rev, st);
+  pj_val_t sb = bcast(L, s, vt), eb = bcast(L, e, vt), stepb = bcast(L, step, vt);
+  pj_val_t lo, hi;
+  if (fused) {
+    lo = fma_of(L, stepb, fi, sb);
+    hi = fma_of(L, pj_unary(H, "stablehlo.negate", stepb), fr, eb);
+  } else {
+    lo = ADD(sb, MUL(stepb, fi));
+    hi = SUB(eb, MUL(stepb, fr));
+  }
+  return SEL(CMP("LT", idx, pj_full(H, it, (double)(n / 2))), lo, hi);
+}
+
+/* (steps - 1) as type st, hidden from constant folding (see opaque). */
+static pj_val_t steps_less_one(pj_lower_t *L, int64_t n, pj_dtype_t st) {
+  return opaque(L, cast_like_cpu(L, pj_const_i(H, PJ_I64, n - 1), st));
+}
+
+static pj_val_t re_part(pj_lower_t *L, pj_val_t z, pj_dtype_t pt) {
+  return pj_hlo_op(H, "stablehlo.real", &z, 1, NULL, pj_type_with_dtype(z.t, pt));
+}
+static pj_val_t im_part(pj_lower_t *L, pj_val_t z, pj_dtype_t pt) {
+  return pj_hlo_op(H, "stablehlo.imag", &z, 1, NULL, pj_type_with_dtype(z.t, pt));
+}
+static pj_val_t make_complex(pj_lower_t *L, pj_val_t re, pj_val_t im, pj_dtype_t ct) {
+  pj_val_t parts[2] = {re, im};
+  return pj_hlo_op(H, "stablehlo.complex", parts, 2, NULL, pj_type_with_dtype(re.t, ct));
+}
+
+/* start and end as 0-d values of the result dtype dt (c10::Scalar::to<T>). */
+static void endpoints(pj_lower_t *L, pj_dtype_t dt, pj_val_t *s, pj_val_t *e) {
+  *s = cast_like_cpu(L, pj_scalar(L, "start"), dt);
+  *e = cast_like_cpu(L, pj_scalar(L, "end"), dt);
+}
+
+/* Linspace values for n >= 2 as a 1-D [n] of dt. */
+static pj_val_t linspace_values(pj_lower_t *L, pj_dtype_t dt, int64_t n) {
+  const pj_dtype_info_t *info = pj_dtype_info(dt);
+  pj_val_t s, e;
+  endpoints(L, dt, &s, &e);
+  if (info->is_complex) { /* complex / and * by a real count act on each part alone */
+    pj_dtype_t pt = dt == PJ_C128 ? PJ_F64 : PJ_F32;
+    pj_val_t parts[2];
+    for (int k = 0; k < 2; k++) {
+      pj_val_t sk = k ? im_part(L, s, pt) : re_part(L, s, pt);
+      pj_val_t ek = k ? im_part(L, e, pt) : re_part(L, e, pt);
+      pj_val_t step = DIV(SUB(ek, sk), steps_less_one(L, n, pt));
+      parts[k] = two_sided(L, n, sk, ek, step, true);
+    }
+    return make_complex(L, parts[0], parts[1], dt);
+  }
+  if (!info->is_float) { /* integers: the step and values in double, truncated at the end */
+    pj_val_t sd = pj_convert(H, s, PJ_F64), ed = pj_convert(H, e, PJ_F64);
+    pj_val_t step = DIV(SUB(ed, sd), steps_less_one(L, n, PJ_F64));
+    return pj_convert(H, two_sided(L, n, sd, ed, step, true), dt);
+  }
+  pj_val_t step = DIV(SUB(e, s), steps_less_one(L, n, dt));
+  return two_sided(L, n, s, e, step, dt == PJ_F32 || dt == PJ_F64);
+}
+
+/* A double to integer dtype dt as x86's truncating conversion (what CPU's cast compiles to):
+ * toward zero within the 32-bit range (64-bit for int64); outside it, and NaN, the range's
+ * minimum; types narrower than 32 bits keep the low bits of the 32-bit result. */
+static pj_val_t trunc_like_x86(pj_lower_t *L, pj_val_t v, pj_dtype_t dt) {
+  pj_dtype_t wide = dt == PJ_I64 ? PJ_I64 : PJ_I32;
+  double lim = dt == PJ_I64 ? 0x1p63 : 0x1p31;
+  pj_val_t ok = AND(CMP("GE", v, pj_full(H, v.t, -lim)), CMP("LT", v, pj_full(H, v.t, lim)));
+  pj_val_t w = pj_convert(H, SEL(ok, v, pj_full(H, v.t, 0)), wide);
+  pj_val_t wmin = pj_broadcast_in_dim(
+      H, pj_const_i(H, wide, wide == PJ_I64 ? INT64_MIN : INT32_MIN), w.t, NULL);
+  return pj_convert(H, SEL(ok, w, wmin), dt);
+}
+
+/* A double result converted to real dtype dt as CPU stores it. */
+static pj_val_t store_double(pj_lower_t *L, pj_val_t v, pj_dtype_t dt) {
+  if (dt == PJ_BOOL) return CMP("NE", v, pj_full(H, v.t, 0));
+  if (pj_dtype_is_integral(dt)) return trunc_like_x86(L, v, dt);
+  return cast_like_cpu(L, v, dt);
+}
+
+/* base ** x for complex x (parts xr, xi of type pt) and a real base: exp(x * log(base)) with
+ * log(base) = (log|base|, arg base), as the C library's complex power computes it. */
+static pj_val_t complex_pow(pj_lower_t *L, double base, pj_val_t xr, pj_val_t xi) {
+  pj_val_t lr = pj_full(H, xr.t, log(fabs(base))), la = pj_full(H, xr.t, atan2(0.0, base));
+  pj_val_t zr = SUB(MUL(xr, lr), MUL(xi, la)), zi = ADD(MUL(xr, la), MUL(xi, lr));
+  pj_val_t m = U("exponential", zr);
+  return make_complex(L, MUL(m, U("cosine", zi)), MUL(m, U("sine", zi)),
+                      xr.t.dtype == PJ_F64 ? PJ_C128 : PJ_C64);
+}
+
+/* Logspace values for n >= 2 as a 1-D [n] of dt. */
+static pj_val_t logspace_values(pj_lower_t *L, pj_dtype_t dt, int64_t n, double base) {
+  const pj_dtype_info_t *info = pj_dtype_info(dt);
+  pj_val_t s, e;
+  endpoints(L, dt, &s, &e);
+  if (info->is_complex) {
+    /* in the complex type: step * i is a complex product with (i, 0), rounded apart from the
+     * addition that follows (no contraction across it) */
+    pj_dtype_t pt = dt == PJ_C128 ? PJ_F64 : PJ_F32;
+    pj_val_t x[2];
+    for (int k = 0; k < 2; k++) {
+      pj_val_t sk = k ? im_part(L, s, pt) : re_part(L, s, pt);
+      pj_val_t ek = k ? im_part(L, e, pt) : re_part(L, e, pt);
+      pj_val_t step = DIV(SUB(ek, sk), steps_less_one(L, n, pt));
+      x[k] = two_sided(L, n, sk, ek, step, false);
+    }
+    return complex_pow(L, base, x[0], x[1]);
+  }
+  /* end - start in T's arithmetic: narrow integers promote to int (exact), int32 and int64
+   * wrap, floating types round to themselves */
+  pj_dtype_t at = pj_dtype_is_integral(dt) && dt != PJ_I64 ? PJ_I32 : dt;
+  pj_val_t diff = SUB(pj_convert(H, e, at), pj_convert(H, s, at));
+  pj_val_t step = DIV(pj_convert(H, diff, PJ_F64), steps_less_one(L, n, PJ_F64));
+  pj_val_t x = two_sided(L, n, pj_convert(H, s, PJ_F64), pj_convert(H, e, PJ_F64), step, true);
+  pj_val_t p = pj_binary(H, "stablehlo.power", pj_full(H, x.t, base), x);
+  return store_double(L, p, dt);
+}
+
+/* The n values as the destination's shape: CPU writes them in the destination's row-major
+ * order, and an out= tensor keeps its shape when it has n elements (see the bridge). */
+static void set_flat(pj_lower_t *L, pj_val_t flat, pj_type_t t) {
+  pj_set_result(L, 0, pj_reshape(H, flat, t.rank, t.dims));
 }
 
 static pj_status_t *lower_linspace(pj_lower_t *L) {
   pj_type_t t = pj_out_type(L, 0);
+  int64_t n = pj_type_numel(&t);
+  if (n == 0) return NULL;
+  if (n == 1) { /* CPU fills start */
+    set_flat(L, pj_reshape(H, cast_like_cpu(L, pj_scalar(L, "start"), t.dtype), 1, &n), t);
+    return NULL;
+  }
   if (!supported(L, t.dtype, "linspace_cpu")) return NULL;
-  int64_t steps = t.dims[0];
-  pj_dtype_t st = pj_dtype_info(t.dtype)->is_float ? t.dtype : PJ_F64;
-  pj_set_result(L, 0, linspace_values(L, t, steps, st)); /* integers: truncating conversion */
+  set_flat(L, linspace_values(L, t.dtype, n), t);
   return NULL;
 }
 
-/* logspace: base ** (linspace exponent), the power in double as CPU's std::pow(double, x). */
 static pj_status_t *lower_logspace(pj_lower_t *L) {
   pj_type_t t = pj_out_type(L, 0);
-  if (!supported(L, t.dtype, "logspace_cpu")) return NULL;
-  int64_t steps = t.dims[0];
-  pj_dtype_t st = pj_dtype_info(t.dtype)->is_float ? t.dtype : PJ_F64;
-  pj_val_t e;
-  if (steps == 1) /* CPU fills pow(base, start) with start as a double */
-    e = bcast(L, scalar_as(L, "start", PJ_F64), pj_type_with_dtype(t, PJ_F64));
-  else
-    e = pj_convert(H, linspace_values(L, t, steps, st), PJ_F64);
-  pj_val_t base = pj_full(H, e.t, pj_float(L, "base", 10.0));
-  pj_set_result(L, 0, pj_binary(H, "stablehlo.power", base, e));
+  int64_t n = pj_type_numel(&t);
+  double base = pj_float(L, "base", 10.0);
+  if (n == 0) return NULL;
+  pj_dtype_t dt = t.dtype;
+  if (n == 1) { /* CPU fills pow(base, start) computed in double (complex: complex double) */
+    pj_val_t x = pj_scalar(L, "start"), v;
+    if (pj_dtype_info(x.t.dtype)->is_complex) {
+      v = complex_pow(L, base, re_part(L, x, PJ_F64), im_part(L, x, PJ_F64));
+    } else {
+      x = pj_convert(H, x, PJ_F64);
+      v = pj_binary(H, "stablehlo.power", pj_full(H, x.t, base), x);
+    }
+    if (pj_dtype_info(dt)->is_complex) v = pj_convert(H, v, dt);
+    else if (pj_dtype_info(v.t.dtype)->is_complex) v = store_double(L, re_part(L, v, PJ_F64), dt);
+    else v = store_double(L, v, dt);
+    set_flat(L, pj_reshape(H, v, 1, &n), t);
+    return NULL;
+  }
+  if (!supported(L, dt, "logspace_cpu")) return NULL;
+  set_flat(L, logspace_values(L, dt, n, base), t);
   return NULL;
 }
 
@@ -142,7 +340,7 @@ static pj_status_t *lower_tri_indices(pj_lower_t *L) {
 
 const pj_lowering_entry_t pj_lowerings_factory[] = {
     {"arange", lower_arange},
-    {"range", lower_arange}, /* the same values, the end included by its Meta kernel's size */
+    {"range", lower_arange}, /* range.out: start + step * i likewise, the size from its Meta */
     {"linspace", lower_linspace},
     {"logspace", lower_logspace},
     {"eye", lower_eye},

@@ -18,6 +18,7 @@
  * integers use a modulo of 64 random bits over the requested range, permutations sort random
  * keys. Distribution checks that PyTorch's Meta kernels do not make are made here with CPU's
  * exception types and messages. */
+#include <float.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -26,6 +27,7 @@
 
 #include "table.h"
 #include "emit.h"
+#include "random.h"
 
 #define XOR(a, b) pj_binary(H, "stablehlo.xor", a, b)
 
@@ -366,65 +368,205 @@ static pj_status_t *lower_cauchy(pj_lower_t *L) {
   return NULL;
 }
 
-/* Largest value random_() may produce for dtype (inclusive): the type's max for integers,
- * 2^digits for floats (every integer up to it is exact), true for bool. */
-static int64_t random_max(pj_dtype_t dt) {
-  if (dt == PJ_BOOL) return 1;
-  if (pj_dtype_info(dt)->is_float) return (int64_t)1 << digits_of(dt);
-  /* pj_dtype_highest(I64) rounds up to 2^63 as a double; uint64's max is past int64 */
-  if (dt == PJ_I64 || dt == PJ_U64) return INT64_MAX;
-  return (int64_t)pj_dtype_highest(dt);
+/* ---- random_'s bounds (random.h) ---- */
+
+/* v rounded to `digits` significant bits, ties to even (the FPU's default mode). */
+static double round_bits(double v, int digits) {
+  if (v == 0 || !isfinite(v)) return v;
+  int e;
+  double m = frexp(v, &e);
+  return ldexp(nearbyint(ldexp(m, digits)), e - digits);
 }
 
-/* Smallest value an integer dtype holds (floats: -2^digits). */
-static int64_t random_min(pj_dtype_t dt) {
-  if (pj_dtype_info(dt)->is_float) return -random_max(dt);
-  if (dt == PJ_I64) return INT64_MIN;
-  return (int64_t)pj_dtype_lowest(dt);
+/* A double to int64 as x86's truncating conversion does (the instruction CPU's casts compile
+ * to): out of range and NaN give INT64_MIN. */
+static int64_t trunc_i64(double x) {
+  if (!(x >= -0x1p63 && x < 0x1p63)) return INT64_MIN;
+  return (int64_t)x;
+}
+
+/* (int64)(scalar_t)v for a float dtype, as PyTorch's C++ casts round: through float for the
+ * half types (so twice), float16 overflowing to infinity past its largest finite value. */
+static int64_t through_float(pj_dtype_t dt, int64_t v) {
+  double x;
+  switch (dt) {
+    case PJ_F64: x = (double)v; break;
+    case PJ_F16:
+      x = round_bits((float)v, 11);
+      if (fabs(x) > 65504.0) x = x > 0 ? INFINITY : -INFINITY;
+      break;
+    case PJ_BF16: x = round_bits((float)v, 8); break;
+    default: x = (float)v; break;
+  }
+  return trunc_i64(x);
+}
+
+/* Floats: the smallest from' >= from whose cast does not round below from (CPU moves the
+ * bounds inward so that a drawn integer, once cast, stays inside [from, to)). */
+static int64_t float_from(pj_dtype_t dt, int64_t from) {
+  int64_t p1 = through_float(dt, (int64_t)((uint64_t)from + 1));
+  if (p1 >= from) return from;
+  uint64_t a = (uint64_t)from + 1;
+  if ((int64_t)a < 0) a = 0 - a;
+  int n = 0;
+  while (a >>= 1) n++;
+  int sh = n - digits_of(dt) + 1;
+  return sh < 0 || sh > 62 ? p1 : (int64_t)((uint64_t)p1 + ((uint64_t)1 << sh));
+}
+
+/* Floats: the largest to' <= to whose to' - 1 does not round up to to or past it. */
+static int64_t float_to(pj_dtype_t dt, int64_t to) {
+  int64_t m1 = through_float(dt, (int64_t)((uint64_t)to - 1));
+  if (m1 < to) return to;
+  uint64_t a = (uint64_t)to - 1;
+  if ((int64_t)a < 0) a = 0 - a;
+  int n = 0;
+  while (a >>= 1) n++;
+  int sh = n - digits_of(dt) + 1;
+  return sh < 0 || sh > 62 ? m1 : (int64_t)((uint64_t)m1 - ((uint64_t)1 << sh));
+}
+
+/* The dtype's finite range (floats: lowest to largest finite value), for CPU's bounds checks.
+ * uint64's values past int64 cannot be asked for (from and to are int64). */
+static void dtype_range(pj_dtype_t dt, double *lo, double *hi) {
+  switch (dt) {
+    case PJ_F16: *hi = 65504.0; break;
+    case PJ_BF16: *hi = 0x1.fep127; break;
+    case PJ_F32: *hi = FLT_MAX; break;
+    case PJ_F64: *hi = DBL_MAX; break;
+    default:
+      *lo = pj_dtype_lowest(dt), *hi = pj_dtype_highest(dt);
+      return;
+  }
+  *lo = -*hi;
+}
+
+/* v within [lo, hi], compared as CPU does: as doubles for floats, as int64 for integers (where
+ * a double bound near 2^63 would round). */
+static bool in_range(pj_dtype_t dt, int64_t v, double lo, double hi) {
+  if (pj_dtype_info(dt)->is_float) return (double)v >= lo && (double)v <= hi;
+  if (dt == PJ_I64) return true;
+  if (dt == PJ_U64) return v >= 0;
+  return v >= (int64_t)lo && v <= (int64_t)hi;
+}
+
+static bool out_of_digits(int64_t v, int digits) {
+  int64_t lim = (int64_t)1 << digits;
+  return v < -lim || v > lim;
+}
+
+void pj_random_bounds(pj_dtype_t dt, bool has_from, int64_t from, bool has_to, int64_t to,
+                      pj_random_bounds_t *out) {
+  memset(out, 0, sizeof *out);
+  const pj_dtype_info_t *info = pj_dtype_info(dt);
+  const bool fl = info->is_float;
+  if (!fl && !pj_dtype_is_integral(dt) && dt != PJ_BOOL) {
+    out->check = PJ_RANDOM_BAD_DTYPE;
+    return;
+  }
+  out->digits = fl ? digits_of(dt) : 0;
+  if (!has_from && !has_to) {
+    /* random_(): [0, max], with no checks to make (uint64 stops at int64's max) */
+    out->to_inc = fl ? (int64_t)1 << out->digits
+                     : dt == PJ_BOOL                ? 1
+                     : dt == PJ_I64 || dt == PJ_U64 ? INT64_MAX
+                                                    : (int64_t)pj_dtype_highest(dt);
+    out->range = (uint64_t)out->to_inc + 1;
+    return;
+  }
+  if (!has_from) from = 0; /* random_(to) */
+  int64_t to_inc;
+  if (has_to) {
+    if (from >= to) {
+      out->check = PJ_RANDOM_FROM_NOT_LESS, out->msg_a = from, out->msg_b = to;
+      return;
+    }
+    if (fl) {
+      from = float_from(dt, from);
+      to = float_to(dt, to);
+      if (from >= to) {
+        out->check = PJ_RANDOM_CAST_FROM_NOT_LESS, out->msg_a = from, out->msg_b = to;
+        return;
+      }
+    }
+    to_inc = (int64_t)((uint64_t)to - 1);
+  } else if (from == INT64_MIN) {
+    /* all 2^64 values: CPU's kernel for it has the 64-bit types only (and bfloat16) */
+    if (dt != PJ_I64 && dt != PJ_F64 && dt != PJ_F32 && dt != PJ_BF16)
+      out->check = dt == PJ_I8 || dt == PJ_U8 || dt == PJ_I16 || dt == PJ_I32
+                       ? PJ_RANDOM_FULL_RANGE_DTYPE
+                       : PJ_RANDOM_FULL_RANGE_NO_KERNEL;
+    out->from = from, out->to_inc = INT64_MAX, out->range = 0;
+    return;
+  } else if (fl) {
+    to_inc = (int64_t)1 << out->digits;
+    from = float_from(dt, from);
+    if (from >= to_inc) {
+      out->check = PJ_RANDOM_CAST_FROM_TO_INC, out->msg_a = from, out->msg_b = to_inc;
+      return;
+    }
+  } else {
+    /* the dtype's max as int64: for uint64 that cast gives -1, which the check refuses */
+    to_inc = dt == PJ_BOOL ? 1 : dt == PJ_I64 ? INT64_MAX : dt == PJ_U64 ? -1
+                                                          : (int64_t)pj_dtype_highest(dt);
+  }
+  double lo, hi;
+  dtype_range(dt, &lo, &hi);
+  if (!in_range(dt, from, lo, hi)) {
+    out->check = PJ_RANDOM_FROM_OUT;
+    return;
+  }
+  if (!in_range(dt, to_inc, lo, hi)) {
+    out->check = PJ_RANDOM_TO_OUT;
+    return;
+  }
+  out->warn_from = fl && out_of_digits(from, out->digits);
+  out->warn_to = fl && out_of_digits(to_inc, out->digits);
+  out->from = from;
+  out->to_inc = to_inc;
+  out->range = (uint64_t)to_inc - (uint64_t)from + 1;
 }
 
 /* random_: integers uniform in [from, to) (to exclusive), or [from, max] when to is None, or
- * [0, max] with no bounds; 64 random bits reduced modulo the range (a compile-time constant;
- * 0 stands for 2^64). Results are from + r, exact in every dtype by the range checks. */
+ * [0, max] with no bounds (pj_random_bounds); 64 random bits reduced modulo the range (a
+ * compile-time constant; 0 stands for 2^64). Results are from + r. The bridge has already made
+ * CPU's checks with CPU's messages; those here keep a lowering from drawing out of range. */
 static pj_status_t *lower_random(pj_lower_t *L) {
   pj_type_t t = pj_out_type(L, 0);
   pj_dtype_t dt = t.dtype;
-  if (pj_dtype_info(dt)->is_complex) {
-    pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"random_\" not implemented for '%s'",
-            pj_dtype_info(dt)->name);
-    return NULL;
-  }
   bool has_from = pj_has(L, "from"), has_to = pj_has(L, "to");
-  int64_t from = has_from ? pj_int(L, "from", 0) : 0;
-  uint64_t range; /* 0: 2^64 */
-  if (has_to) {
-    int64_t to = pj_int(L, "to", 0);
-    if (from >= to) {
+  pj_random_bounds_t rb;
+  pj_random_bounds(dt, has_from, has_from ? pj_int(L, "from", 0) : 0, has_to,
+                   has_to ? pj_int(L, "to", 0) : 0, &rb);
+  const char *name = pj_dtype_info(dt)->name;
+  switch (rb.check) {
+    case PJ_RANDOM_OK: break;
+    case PJ_RANDOM_BAD_DTYPE:
+      pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"random_\" not implemented for '%s'", name);
+      return NULL;
+    case PJ_RANDOM_FROM_NOT_LESS:
+    case PJ_RANDOM_CAST_FROM_NOT_LESS:
+    case PJ_RANDOM_CAST_FROM_TO_INC:
       pj_fail(L, PJ_ERR_RUNTIME, "random_ expects 'from' to be less than 'to', but got from=%lld "
-              ">= to=%lld", (long long)from, (long long)to);
+              ">= to=%lld", (long long)rb.msg_a, (long long)rb.msg_b);
       return NULL;
-    }
-    if (!pj_dtype_info(dt)->is_float) {
-      if (from < random_min(dt)) {
-        pj_fail(L, PJ_ERR_RUNTIME, "from is out of bounds for %s", pj_dtype_info(dt)->name);
-        return NULL;
-      }
-      if (to - 1 > random_max(dt)) {
-        pj_fail(L, PJ_ERR_RUNTIME, "to - 1 is out of bounds for %s", pj_dtype_info(dt)->name);
-        return NULL;
-      }
-    }
-    range = (uint64_t)to - (uint64_t)from;
-  } else if (!has_from || from != INT64_MIN) {
-    int64_t to_inc = random_max(dt);
-    if (from > to_inc || (!pj_dtype_info(dt)->is_float && from < random_min(dt))) {
-      pj_fail(L, PJ_ERR_RUNTIME, "from is out of bounds for %s", pj_dtype_info(dt)->name);
+    case PJ_RANDOM_FROM_OUT:
+      pj_fail(L, PJ_ERR_RUNTIME, "from is out of bounds for %s", name);
       return NULL;
-    }
-    range = (uint64_t)to_inc - (uint64_t)from + 1;
-  } else {
-    range = 0;
+    case PJ_RANDOM_TO_OUT:
+      pj_fail(L, PJ_ERR_RUNTIME, "to - 1 is out of bounds for %s", name);
+      return NULL;
+    case PJ_RANDOM_FULL_RANGE_DTYPE:
+      pj_fail(L, PJ_ERR_RUNTIME, "random_full_64_bits_range_kernel_cpu handles only int64, "
+              "double, float and bfloat16");
+      return NULL;
+    case PJ_RANDOM_FULL_RANGE_NO_KERNEL:
+      pj_fail(L, PJ_ERR_UNIMPLEMENTED, "\"random_full_64_bits_range_kernel_cpu\" not "
+              "implemented for '%s'", name);
+      return NULL;
   }
+  int64_t from = rb.from;
+  uint64_t range = rb.range;
   pj_val_t w[4];
   if (!philox(L, t, w)) return NULL;
   pj_val_t b = bits64(L, w[0], w[1]);
