@@ -267,10 +267,15 @@ void fill_c32(const c10::FunctionSchema& schema, torch::jit::Stack& args, at::Te
   // CPU's conversion of the value to complex32, with its overflow check and message
   at::empty({self.numel() == 1 ? 1 : 2}, at::TensorOptions().dtype(kC32)).fill_(v);
   result = target_of(schema, self);
+  // each part rounded to half as CPU converts the value (past half's range: inf, where a
+  // float16 fill_ would raise its overflow error)
   const c10::complex<double> z = v.toComplexDouble();
+  auto half = [](double x) {
+    return static_cast<double>(static_cast<float>(c10::Half(static_cast<float>(x))));
+  };
   at::Tensor parts = complex_parts_view(result);
-  parts.select(-1, 0).fill_(z.real());
-  parts.select(-1, 1).fill_(z.imag());
+  parts.select(-1, 0).fill_(half(z.real()));
+  parts.select(-1, 1).fill_(half(z.imag()));
 }
 
 void complex_c32(const c10::OperatorHandle& op, torch::jit::Stack& args, at::Tensor& result) {
@@ -278,6 +283,9 @@ void complex_c32(const c10::OperatorHandle& op, torch::jit::Stack& args, at::Ten
   const std::optional<std::vector<c10::IValue>> meta = meta_returns(op, args);
   const at::Tensor& re = args[0].toTensor();
   const at::Tensor& im = args[1].toTensor();
+  TORCH_CHECK(re.scalar_type() == im.scalar_type(), "Expected object of scalar type ",
+              re.scalar_type(), " but got scalar type ", im.scalar_type(),
+              " for second argument");
   const auto& ai = op.schema().arguments().back().alias_info();
   if (ai && ai->isWrite()) {  // complex.out
     result = args.back().toTensor();
