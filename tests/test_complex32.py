@@ -438,3 +438,53 @@ def test_no_fallback_for_supported_ops(fallbacks):
         r.cpu()
     assert a[0, 0].item() == 1 - 2j
     fallbacks.assert_none()
+
+
+# ---- eager modes and devices -------------------------------------------------------------
+
+@pytest.mark.parametrize("mode", ["strict", "debug", "defer_and_fuse"])
+def test_eager_modes(mode):
+    from torch_pjrt.modes import eager_mode
+
+    def work(dev):
+        a = torch.view_as_complex(torch.arange(24, dtype=torch.float16).reshape(3, 4, 2) / 7)
+        a = a.to(dev)
+        b = torch.full((3, 4), 1 - 2j, dtype=C32, device=dev)
+        c = a * b + a
+        c[1:, ::2] = 3j
+        torch.view_as_real(c)[0, 0, 1] = 9
+        return c, torch.cat([c, a.t().t()]).to(torch.complex64), a == b, a[1, 2].item()
+
+    want = work("cpu")
+    with eager_mode(mode):
+        got = work(TPU)
+        got = [g.cpu() if isinstance(g, torch.Tensor) else g for g in got]
+    for g, w in zip(got[:3], want[:3]):
+        assert_same(g.to(TPU), w, **MUL_TOL)
+    assert got[3] == want[3]
+
+
+def test_across_devices():
+    from conftest import run_python
+
+    code = """
+import warnings, torch, torch_pjrt
+warnings.simplefilter("ignore")
+R = lambda t: torch.view_as_real(t) if t.dtype == torch.complex32 else t
+x = torch.view_as_complex(torch.arange(12, dtype=torch.float16).reshape(3, 2, 2))
+a = x.to("tpu:0")
+for dst in (torch.complex32, torch.complex64, torch.float32):
+    b = a.to("tpu:1", dtype=dst)
+    assert b.device.index == 1 and b.dtype == dst, (b.device, b.dtype)
+    assert torch.equal(R(b.cpu()), R(x.to(dst))), dst
+c = torch.zeros(3, 4, dtype=torch.complex32, device="tpu:1")
+c[:, 1:3] = a  # into a view, from another device
+w = torch.zeros(3, 4, dtype=torch.complex32)
+w[:, 1:3] = x
+assert torch.equal(R(c.cpu()), R(w))
+c64 = a.to(torch.complex64).to("tpu:1", dtype=torch.complex32)
+assert torch.equal(R(c64.cpu()), R(x))
+print("ok")
+"""
+    r = run_python(code, TORCH_PJRT_CPU_DEVICE_COUNT="2")
+    assert r.returncode == 0 and r.stdout.strip().splitlines()[-1] == "ok", r.stderr[-3000:]
