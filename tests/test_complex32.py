@@ -410,7 +410,7 @@ def test_complex_from_half_parts():
 
 @pytest.mark.parametrize("f", [
     lambda a: a / a, lambda a: a.sum(), lambda a: a.mean(), lambda a: a.exp(),
-    lambda a: a.flip(0), lambda a: a @ a.t(), lambda a: a.cumsum(0), lambda a: a < a,
+    lambda a: a.flip(-1), lambda a: a @ a.t(), lambda a: a.cumsum(0), lambda a: a < a,
     lambda a: a.sort(), lambda a: a.topk(1), lambda a: torch.maximum(a, a), lambda a: a.clamp(0, 1),
     lambda a: a.sign(), lambda a: a.argmax(), lambda a: a.pow(2), lambda a: torch.equal(a, a),
     lambda a: a.gather(0, torch.zeros(1, 4, dtype=torch.long, device=a.device)),
@@ -423,6 +423,24 @@ def test_complex_from_half_parts():
         "arange", "eye", "random_", "logical_not"])
 def test_refusals_like_cpu(f):
     like_cpu(f, sample(3, 4))
+
+
+# ops that tpu decomposes into ops it has (torch_pjrt/_decompositions.py), while CPU has no
+# complex32 kernel for them: CPU's refusal, not the decomposition's values
+@pytest.mark.parametrize("f", [
+    lambda a: torch.nn.functional.channel_shuffle(a.reshape(1, 4, 3, 1), 2),
+    lambda a: torch.nn.functional.glu(a), lambda a: torch.logaddexp(a, a),
+    lambda a: torch.isin(a, a[0]), lambda a: torch.nn.functional.hardshrink(a),
+    lambda a: a.sinc(), lambda a: torch.linalg.cross(a[:, :3], a[:, 1:]),
+    lambda a: torch.nn.functional.unfold(a.reshape(1, 1, 3, 4), 2),
+], ids=["channel_shuffle", "glu", "logaddexp", "isin", "hardshrink", "sinc", "cross", "im2col"])
+def test_decomposed_refusals_like_cpu(f):
+    like_cpu(f, sample(3, 4))
+
+
+def test_decomposed_op_cpu_has():
+    like_cpu(lambda a: torch.ops.aten.unfold_backward(a.reshape(3, 2, 2), [3, 4], 1, 2, 2),
+             sample(3, 4))
 
 
 def test_no_fallback_for_supported_ops(fallbacks):

@@ -1079,6 +1079,10 @@ void structured_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   for (c10::IValue& r : call) stack->push_back(std::move(r));
 }
 
+void complex32_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_cpu_fallback(op, stack, "no lowering for complex32");
+}
+
 std::map<std::string, int64_t> fallback_ops() {
   std::lock_guard<std::mutex> g(fallback_mu);
   return fallback_counts;
