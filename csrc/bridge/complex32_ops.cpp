@@ -139,14 +139,11 @@ c10::IValue widen_value(const c10::IValue& v, const c10::Argument& arg, Widen& w
     for (const at::Tensor& t : v.toTensorList()) l.push_back(widen(t));
     return l;
   }
-  if (v.isList()) {  // Tensor?[]
-    c10::List<std::optional<at::Tensor>> l;
+  if (v.isList() && v.type()->containedType(0)->kind() == c10::TypeKind::OptionalType) {
+    c10::List<std::optional<at::Tensor>> l;  // Tensor?[] (index's indices)
     for (const c10::IValue& e : v.toListRef())
       l.push_back(e.isTensor() ? std::optional<at::Tensor>(widen(e.toTensor())) : std::nullopt);
-    if (l.size() == v.toListRef().size() && v.type()->containedType(0)->kind() ==
-                                                 c10::TypeKind::OptionalType)
-      return l;
-    return v;
+    return l;
   }
   if (v.isInt() && is_scalar_type_arg(arg) && static_cast<at::ScalarType>(v.toInt()) == kC32)
     return c10::IValue(static_cast<int64_t>(at::kComplexFloat));
