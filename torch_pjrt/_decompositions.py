@@ -88,6 +88,37 @@ def _checked(check, fn):
     return decomposition
 
 
+# Decomposed ops whose CPU kernel takes complex32 (the decomposition computes what CPU does).
+_COMPLEX32_DECOMPOSED = {"narrow_copy", "unfold_backward"}
+
+
+def _involves_complex32(args, kwargs) -> bool:
+    def has(v):
+        if isinstance(v, torch.Tensor):
+            return v.dtype is torch.complex32
+        if isinstance(v, (list, tuple)):
+            return any(has(e) for e in v)
+        return v is torch.complex32
+    return any(has(a) for a in args) or any(has(v) for v in kwargs.values())
+
+
+def _complex32_to_cpu(op, fn):
+    """CPU has no complex32 kernel for nearly all of these ops, while the decomposition would
+    compute them from ops it has (channel_shuffle, glu, logaddexp, ...): a call involving
+    complex32 goes to CPU's kernel through the fallback instead, which raises CPU's error (or,
+    with TORCH_PJRT_CPU_FALLBACK=0, the fallback's), as for the lowered ops
+    (csrc/bridge/complex32_ops.cpp)."""
+    name, overload = op._schema.name, op._overloadname
+
+    def decomposition(*args, **kwargs):
+        if _involves_complex32(args, kwargs):
+            from torch_pjrt import _C
+            return _C._complex32_cpu_fallback(name, "" if overload == "default" else overload,
+                                              *args, **kwargs)
+        return fn(*args, **kwargs)
+    return decomposition
+
+
 def register(lowered: set) -> None:
     """Registers decompositions once per process (idempotent)."""
     global _LIB
@@ -109,6 +140,8 @@ def register(lowered: set) -> None:
             continue
         if name in _CPU_CHECKS:
             fn = _checked(_CPU_CHECKS[name], fn)
+        if _base_name(op) not in _COMPLEX32_DECOMPOSED:
+            fn = _complex32_to_cpu(op, fn)
         try:
             _LIB.impl(op, fn, "PrivateUse1")
         except RuntimeError:

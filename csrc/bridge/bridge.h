@@ -57,6 +57,20 @@ bool lowp_goes_to_cpu(const std::string& base, const c10::FunctionSchema& schema
 // (the fallback): CPU has kernels for few ops on them, and tpu raises where CPU raises.
 bool unsigned_goes_to_cpu(const std::string& base, const c10::FunctionSchema& schema,
                           c10::ArrayRef<c10::IValue> args);
+// complex32_ops.cpp: torch.complex32 (ComplexHalf), which the runtime has no element type for.
+// Its storage holds float16 (real, imag) pairs. complex_parts_view(t) is a complex tensor's
+// stored parts as a view of its part dtype with a trailing dim of 2 (t's conjugate and negative
+// bits are not applied); complex32_widen copies a tpu complex32 tensor to complex64 (bits
+// applied); complex32_device_copy copies between tpu tensors of one device of which one or both
+// are complex32 (src broadcast to dst). complex32_call runs an op involving complex32 (kDone),
+// or says it is none of its business (kNotInvolved) or must go to CPU's kernel (kToCpu: CPU
+// has no complex32 kernel for most ops, and tpu raises where CPU raises).
+at::Tensor complex_parts_view(const at::Tensor& t);
+at::Tensor complex32_widen(const at::Tensor& t);
+void complex32_device_copy(const at::Tensor& src, const at::Tensor& dst);
+enum class Complex32Call { kNotInvolved, kDone, kToCpu };
+Complex32Call complex32_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                             const std::string& base);
 // lowp_ops.cpp: output metadata of ops whose PyTorch Meta kernel does not apply to tpu tensors
 // (_scaled_mm's applies CUDA's rules), else nullopt.
 std::optional<std::vector<c10::IValue>> lowp_meta_returns(const std::string& base,

@@ -62,6 +62,9 @@ at::Tensor whole_storage_to_host(const at::Tensor& src) {
 
 // A host tensor with src's values (src on tpu); strided when it is a view of a small storage.
 at::Tensor to_host(const at::Tensor& src) {
+  // complex32: its float16 pairs travel, and are the complex32 values on the host
+  if (src.scalar_type() == at::kComplexHalf)
+    return at::view_as_complex(to_host(complex_parts_view(src)));
   at::Tensor dev = src;
   if (!is_whole_storage(dev)) {
     at::Tensor host = whole_storage_to_host(src);
@@ -84,6 +87,8 @@ at::Tensor to_host(const at::Tensor& src) {
 // Uploads host data (any layout, any dtype) into dst (tpu, any view).
 void from_host(const at::Tensor& src, const at::Tensor& dst) {
   at::Tensor h = src.to(dst.scalar_type()).expand(dst.sizes()).contiguous();
+  if (dst.scalar_type() == at::kComplexHalf)  // converted on the host; its float16 pairs travel
+    return from_host(at::view_as_real(h.resolve_conj().resolve_neg()), complex_parts_view(dst));
   int device = dst.device().index() < 0 ? 0 : dst.device().index();
   if (is_whole_storage(dst)) {
     pj_storage_t* s = storage_of(dst);
@@ -105,6 +110,16 @@ void from_host(const at::Tensor& src, const at::Tensor& dst) {
 // through a staging tensor on its own device and a device copy there, which also converts the
 // dtype and writes into views.
 void cross_device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  // complex32 travels as its float16 pairs: converted first on the source's device
+  if (dst.scalar_type() == at::kComplexHalf || src.scalar_type() == at::kComplexHalf) {
+    at::Tensor from = src;
+    if (src.scalar_type() != dst.scalar_type()) {
+      from = at::empty(src.sizes(), src.options().dtype(dst.scalar_type()));
+      from.copy_(src);
+    }
+    if (dst.scalar_type() != at::kComplexHalf) return cross_device_copy(from, dst);
+    return cross_device_copy(complex_parts_view(from), complex_parts_view(dst));
+  }
   at::Tensor dev = src;
   if (!is_whole_storage(dev)) {
     dev = at::empty(src.sizes(), src.options().memory_format(c10::MemoryFormat::Contiguous));
@@ -147,7 +162,10 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
     if (self.device() == dst.device()) {
       at::assert_no_internal_overlap(dst);
       at::assert_no_partial_overlap(dst, self);
-      device_copy(self, dst);
+      if (self.scalar_type() == at::kComplexHalf || dst.scalar_type() == at::kComplexHalf)
+        complex32_device_copy(self, dst);
+      else
+        device_copy(self, dst);
     } else {
       cross_device_copy(self, dst);
     }

@@ -1095,6 +1095,11 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   sync_product_precision();  // before the memo: its signature holds the precision
   if (run_memoized(op, stack)) return;
   const std::string base = base_name(op.schema());
+  switch (complex32_call(op, stack, base)) {  // before lookups: complex32 is never lowered as is
+    case Complex32Call::kDone: return;
+    case Complex32Call::kToCpu: return run_cpu_fallback(op, stack, "no lowering for complex32");
+    case Complex32Call::kNotInvolved: break;
+  }
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
   {
@@ -1146,6 +1151,10 @@ void structured_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) 
   }
   torch::jit::drop(*stack, static_cast<size_t>(n));
   for (c10::IValue& r : call) stack->push_back(std::move(r));
+}
+
+void complex32_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  run_cpu_fallback(op, stack, "no lowering for complex32");
 }
 
 std::map<std::string, int64_t> fallback_ops() {

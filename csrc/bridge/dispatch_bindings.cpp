@@ -1,5 +1,6 @@
 // Python bindings for the dispatch layer: which ops have lowerings (so the Python front can
 // register PyTorch decompositions for the others) and which ops fell back to the CPU.
+#include <torch/csrc/jit/python/pybind_utils.h>
 #include <torch/extension.h>
 
 #include "bridge.h"
@@ -16,6 +17,8 @@ extern "C" {
 namespace torch_pjrt {
 
 std::map<std::string, int64_t> fallback_ops();  // dispatch.cpp
+// dispatch.cpp: the call to CPU's kernel through the fallback (complex32_ops.cpp says why)
+void complex32_cpu_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 
 void bind_dispatch(pybind11::module_& m) {
   m.def("_lowered_ops", [] {
@@ -28,6 +31,21 @@ void bind_dispatch(pybind11::module_& m) {
   }, "Base names of the aten ops with a StableHLO lowering.");
   m.def("_in_meta_kernel", [] { return in_meta_kernel(); },
         "Whether this thread is inside a Meta kernel the dispatch layer called (meta_cache.h).");
+  // A Python decomposition (torch_pjrt/_decompositions.py) called with complex32 operands:
+  // the op goes to CPU's kernel, as the boxed fallback sends it (CPU has no complex32 kernel
+  // for those ops, and the decomposition would compute what CPU refuses).
+  m.def("_complex32_cpu_fallback", [](const std::string& name, const std::string& overload,
+                                      pybind11::args args, pybind11::kwargs kwargs) {
+    const c10::OperatorHandle op =
+        c10::Dispatcher::singleton().findSchemaOrThrow(name.c_str(), overload.c_str());
+    torch::jit::Stack stack =
+        torch::jit::createStackForSchema(op.schema(), args, kwargs, std::nullopt);
+    {
+      pybind11::gil_scoped_release no_gil;
+      complex32_cpu_fallback(op, &stack);
+    }
+    return torch::jit::createPyObjectForStack(std::move(stack));
+  });
   m.def("fallback_ops", [] { return fallback_ops(); },
         "aten ops that ran on the CPU through the fallback, with their counts.");
   m.def("_set_default_eager_mode", [](int m) {

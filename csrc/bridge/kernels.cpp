@@ -83,7 +83,8 @@ at::Tensor empty_memory_format(c10::IntArrayRef size, std::optional<at::ScalarTy
                                std::optional<at::MemoryFormat> memory_format) {
   c10::DeviceGuard g(tpu_device(device));
   auto dt = c10::dtype_or_default(dtype);
-  to_pj_dtype(dt);  // unsupported dtypes fail here, with a TypeError
+  // unsupported dtypes fail here, with a TypeError (complex32 is float16 pairs: complex32_ops.cpp)
+  if (dt != at::kComplexHalf) to_pj_dtype(dt);
   at::Tensor t = at::detail::empty_generic(size, device_allocator(),
                                            c10::DispatchKeySet(c10::DispatchKey::PrivateUse1),
                                            dt, memory_format);
@@ -96,7 +97,7 @@ at::Tensor empty_strided(c10::IntArrayRef size, c10::IntArrayRef stride,
                          std::optional<at::Device> device, std::optional<bool> pin_memory) {
   c10::DeviceGuard g(tpu_device(device));
   auto dt = c10::dtype_or_default(dtype);
-  to_pj_dtype(dt);
+  if (dt != at::kComplexHalf) to_pj_dtype(dt);
   at::Tensor t = at::detail::empty_strided_generic(
       size, stride, device_allocator(), c10::DispatchKeySet(c10::DispatchKey::PrivateUse1), dt);
   fill_new_tensor(t);
