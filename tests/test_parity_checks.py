@@ -445,3 +445,36 @@ def test_deterministic_alerts_like_cpu():
                 a.to(d).put_(idx.to(d), values.to(d), accumulate=False)
     finally:
         torch.use_deterministic_algorithms(before)
+
+
+# ---- convolution's memory format: CPU's (channels-last in, channels-last out) ----------------
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.bfloat16])
+@pytest.mark.parametrize("conv,shape,fmt", [
+    (torch.nn.Conv2d, (2, 3, 8, 8), torch.channels_last),
+    (torch.nn.Conv3d, (2, 3, 6, 6, 6), torch.channels_last_3d),
+    (torch.nn.ConvTranspose2d, (2, 3, 8, 8), torch.channels_last),
+])
+@pytest.mark.parametrize("which", ["input", "weight", "neither"])
+def test_conv_memory_format_like_cpu(dtype, conv, shape, fmt, which):
+    torch.manual_seed(0)
+    ref = conv(3, 4, 3).to(dtype)
+    x = torch.randn(*shape, dtype=dtype)
+    if which == "input":
+        x = x.contiguous(memory_format=fmt)
+    strides, grads = {}, {}
+    for d in ("cpu", "tpu"):
+        m = conv(3, 4, 3).to(dtype)
+        m.load_state_dict(ref.state_dict())
+        if which == "weight":
+            m = m.to(memory_format=fmt)
+        m = m.to(d)
+        xd = x.detach().to(d).requires_grad_()
+        y = m(xd)
+        gx, gw = torch.autograd.grad(y, (xd, m.weight), torch.ones_like(y))
+        strides[d] = (y.stride(), gx.stride(), gw.stride())
+        grads[d] = (y.detach().cpu().float(), gx.cpu().float(), gw.cpu().float())
+    assert strides["tpu"] == strides["cpu"]
+    tol = dict(atol=5e-2, rtol=5e-2) if dtype is torch.bfloat16 else {}
+    for ours, cpus in zip(grads["tpu"], grads["cpu"]):
+        torch.testing.assert_close(ours, cpus, **tol)

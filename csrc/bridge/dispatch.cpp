@@ -203,23 +203,53 @@ void cpu_norm_stat_returns(const std::string& base, const c10::FunctionSchema& s
   }
 }
 
-// CPU's reflection / replication padding kernels (2-d and 3-d, and their backward) write their
-// result in `self`'s suggested memory format, where the Meta kernels return contiguous ones.
-void cpu_pad_memory_format_returns(const std::string& base, const c10::FunctionSchema& schema,
-                                   const torch::jit::Stack& args, std::vector<c10::IValue>& meta) {
+// Memory formats CPU's kernels choose where the Meta kernels return contiguous results:
+// - reflection / replication padding (2-d and 3-d, and their backward) write in `self`'s
+//   suggested memory format;
+// - convolution (and convolution_backward's grad_input and grad_weight) is channels-last when
+//   the input or the weight is: 4-d always, 5-d where CPU's kernel is oneDNN's (float32,
+//   bfloat16); else contiguous (CPU's float64 and float16 3-d kernels, whatever the layouts).
+void restride(std::vector<c10::IValue>& meta, size_t r, at::MemoryFormat mf) {
+  if (r >= meta.size() || !meta[r].isTensor() || !meta[r].toTensor().defined()) return;
+  const at::Tensor& m = meta[r].toTensor();
+  if (m.dim() >= 4 && !m.is_contiguous(mf))
+    meta[r] = at::empty(m.sizes(), m.options().memory_format(mf));
+}
+
+const at::Tensor* named_tensor(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                               const char* name) {
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++)
+    if (schema.arguments()[i].name() == name && args[i].isTensor())
+      return &args[i].toTensor();
+  return nullptr;
+}
+
+void cpu_memory_format_returns(const std::string& base, const c10::FunctionSchema& schema,
+                               const torch::jit::Stack& args, std::vector<c10::IValue>& meta) {
   static const std::unordered_set<std::string> pads = {
       "reflection_pad2d",          "reflection_pad3d",          "replication_pad2d",
       "replication_pad3d",         "reflection_pad2d_backward", "reflection_pad3d_backward",
       "replication_pad2d_backward", "replication_pad3d_backward"};
-  if (meta.empty() || !meta[0].isTensor() || !pads.count(base)) return;
-  for (size_t i = 0; i < schema.arguments().size(); i++) {
-    if (schema.arguments()[i].name() != "self" || !args[i].isTensor()) continue;
-    const at::MemoryFormat mf = args[i].toTensor().suggest_memory_format();
-    const at::Tensor& m = meta[0].toTensor();
-    if (mf != at::MemoryFormat::Contiguous && !m.is_contiguous(mf))
-      meta[0] = at::empty(m.sizes(), m.options().memory_format(mf));
+  if (pads.count(base)) {
+    if (const at::Tensor* self = named_tensor(schema, args, "self")) {
+      const at::MemoryFormat mf = self->suggest_memory_format();
+      if (mf != at::MemoryFormat::Contiguous) restride(meta, 0, mf);
+    }
     return;
   }
+  if (base != "convolution" && base != "convolution_backward") return;
+  const at::Tensor* input = named_tensor(schema, args, "input");
+  const at::Tensor* weight = named_tensor(schema, args, "weight");
+  if (!input || !weight || input->dim() != weight->dim()) return;
+  const at::ScalarType dt = input->scalar_type();
+  if ((input->dim() != 4 && input->dim() != 5) || !at::isFloatingType(dt)) return;
+  const at::MemoryFormat cl =
+      input->dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
+  const bool takes_cl = input->dim() == 4 || dt == at::kFloat || dt == at::kBFloat16;
+  const bool asked = input->suggest_memory_format() == cl || weight->suggest_memory_format() == cl;
+  const at::MemoryFormat mf = takes_cl && asked ? cl : at::MemoryFormat::Contiguous;
+  restride(meta, 0, mf);
+  if (base == "convolution_backward") restride(meta, 1, mf);
 }
 
 // A few non-view ops (mm, bmm, addmm, dot, vdot, ...) let conjugate / negative views through
@@ -594,7 +624,7 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     meta.emplace(schema.returns().size(), c10::IValue());  // returns alias the arguments
   }
   cpu_norm_stat_returns(base, schema, args, *meta);
-  cpu_pad_memory_format_returns(base, schema, args, *meta);
+  cpu_memory_format_returns(base, schema, args, *meta);
   const std::vector<c10::IValue>& meta_returns_ = *meta;
 
   // 2. Destinations: returns first (fresh tensors, or the mutated arguments they alias), then
