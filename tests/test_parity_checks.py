@@ -478,3 +478,38 @@ def test_conv_memory_format_like_cpu(dtype, conv, shape, fmt, which):
     tol = dict(atol=5e-2, rtol=5e-2) if dtype is torch.bfloat16 else {}
     for ours, cpus in zip(grads["tpu"], grads["cpu"]):
         torch.testing.assert_close(ours, cpus, **tol)
+
+
+# ---- randperm's dtype bounds, normal's std tensor, roll's shifts/dims lengths ----------------
+
+@pytest.mark.parametrize("n,dtype", [(129, torch.int8), (257, torch.uint8), (32769, torch.int16),
+                                     (2050, torch.float16), (2**24 + 2, torch.float32)])
+def test_randperm_out_of_dtype_refused_like_cpu(n, dtype):
+    _same_error(lambda d: torch.randperm(n, dtype=dtype, device=d))
+
+
+@pytest.mark.parametrize("n,dtype", [(128, torch.int8), (256, torch.uint8), (2049, torch.float16)])
+def test_randperm_at_the_dtype_bound_like_cpu(n, dtype):
+    got = torch.randperm(n, dtype=dtype, device="tpu").cpu()
+    assert got.dtype == dtype
+    assert torch.equal(got.sort().values, torch.arange(n).to(dtype))
+
+
+@pytest.mark.parametrize("case", ["scalar_mean", "tensor_mean", "expanded"])
+def test_normal_negative_std_tensor_refused_like_cpu(case):
+    def call(d):
+        std = torch.tensor(-1.0, device=d)
+        if case == "scalar_mean":
+            return torch.normal(0.0, std)
+        if case == "tensor_mean":
+            return torch.normal(torch.zeros(3, device=d), std.expand(3))
+        return torch.normal(torch.tensor(0.0, device=d), torch.tensor([1.0, -1.0], device=d))
+
+    _same_error(call)
+    ok = torch.normal(torch.zeros(3, device="tpu"), torch.ones(3, device="tpu"))
+    assert ok.shape == (3,)
+
+
+@pytest.mark.parametrize("shifts,dims", [((1,), (1, 2)), ((1, 2), (1,)), ((1, 2), ())])
+def test_roll_misaligned_refused_like_cpu(shifts, dims):
+    _same_error(lambda d: torch.arange(6, device=d).view(2, 3).roll(shifts=shifts, dims=dims))

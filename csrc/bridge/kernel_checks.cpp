@@ -508,6 +508,69 @@ static void range_checks(const std::string& base, const c10::FunctionSchema& sch
               "invalid size, possible overflow?");
 }
 
+// CPU's randperm checks that n - 1 fits the result's dtype (integers: the checked conversion's
+// message; float16 / float32 / float64: the largest n whose values are all exact).
+static void randperm_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  std::optional<int64_t> n;
+  std::optional<at::ScalarType> dt;
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++) {
+    const std::string& name = schema.arguments()[i].name();
+    if (name == "n" && args[i].isInt()) n = args[i].toInt();
+    if (name == "dtype" && args[i].isInt()) dt = static_cast<at::ScalarType>(args[i].toInt());
+    if (name == "out" && !dt) {
+      if (const at::Tensor* out = tensor_arg(args, i)) dt = out->scalar_type();
+    }
+  }
+  if (!n || !dt || *n <= 0) return;
+  const int64_t last = *n - 1;
+  switch (*dt) {
+    case at::kChar:
+      TORCH_CHECK(last <= 127, "value cannot be converted to type int8_t without overflow");
+      break;
+    case at::kByte:
+      TORCH_CHECK(last <= 255, "value cannot be converted to type uint8_t without overflow");
+      break;
+    case at::kShort:
+      TORCH_CHECK(last <= 32767, "value cannot be converted to type int16_t without overflow");
+      break;
+    case at::kHalf:
+      TORCH_CHECK(*n <= 2049, "n cannot be greater than 2049 for Half type.");
+      break;
+    case at::kFloat:
+      TORCH_CHECK(*n <= (int64_t{1} << 24) + 1, "n cannot be greater than 2^24+1 for Float type.");
+      break;
+    case at::kDouble:
+      TORCH_CHECK(*n <= (int64_t{1} << 53) + 1, "n cannot be greater than 2^53+1 for Double type.");
+      break;
+    default:
+      break;
+  }
+}
+
+// CPU's normal with a std tensor reads it ("normal expects all elements of std >= 0.0"), as
+// CUDA's does: a host read of the tensor's minimum, so the check costs a synchronization.
+static void normal_std_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const at::Tensor* std = nullptr;
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++)
+    if (schema.arguments()[i].name() == "std") std = tensor_arg(args, i);
+  if (!std || !std->defined() || std->numel() == 0 || std->is_complex()) return;
+  TORCH_CHECK(std->min().ge(0).item<bool>(), "normal expects all elements of std >= 0.0");
+}
+
+// CPU's roll compares the lengths of shifts and dims before any dim is wrapped (the Meta kernel
+// wraps them first and raises IndexError for an out-of-range one).
+static void roll_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const auto shifts_i = schema.argumentIndexWithName("shifts");
+  const auto dims_i = schema.argumentIndexWithName("dims");
+  if (!shifts_i || !dims_i || static_cast<size_t>(*dims_i) >= args.size() ||
+      !args[*shifts_i].isIntList() || !args[*dims_i].isIntList())
+    return;
+  const size_t ns = args[*shifts_i].toIntList().size(), nd = args[*dims_i].toIntList().size();
+  TORCH_CHECK(ns > 0, "`shifts` required");
+  if (ns == 1 && nd == 0) return;  // a flattened roll
+  TORCH_CHECK(ns == nd, "shifts and dimensions must align. shifts: ", ns, ", dims:", nd);
+}
+
 void warn_complex_to_real(at::ScalarType src, at::ScalarType dst) {
   if (c10::isComplexType(src) && !c10::isComplexType(dst) && dst != at::kBool) {
     TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
@@ -517,6 +580,9 @@ void warn_complex_to_real(at::ScalarType src, at::ScalarType dst) {
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args) {
   if (base == "arange" || base == "range") range_checks(base, schema, args);
+  if (base == "randperm") randperm_checks(schema, args);
+  if (base == "roll") roll_checks(schema, args);
+  if (base == "normal") normal_std_check(schema, args);
   // CPU's put_ alerts under torch.use_deterministic_algorithms(True) unless it accumulates
   // (which of two values written to one index lands is unspecified; XLA's scatter alike)
   if (base == "put" && args.size() > 3 && args[3].isBool() && !args[3].toBool())
