@@ -513,3 +513,12 @@ def test_normal_negative_std_tensor_refused_like_cpu(case):
 @pytest.mark.parametrize("shifts,dims", [((1,), (1, 2)), ((1, 2), (1,)), ((1, 2), ())])
 def test_roll_misaligned_refused_like_cpu(shifts, dims):
     _same_error(lambda d: torch.arange(6, device=d).view(2, 3).roll(shifts=shifts, dims=dims))
+
+
+def test_range_integer_result_with_a_step_below_one_raises_instead_of_crashing():
+    # CPU's own torch.range dies of SIGFPE here; tpu refuses it (and arange keeps working)
+    with pytest.warns(UserWarning, match="deprecated"):
+        with pytest.raises(RuntimeError, match="step must be nonzero"):
+            torch.range(0.5, 7.3, 0.7, dtype=torch.int32, device="tpu")
+        got = torch.range(0, 7, 2, dtype=torch.int32, device="tpu")
+    assert got.cpu().tolist() == [0, 2, 4, 6]

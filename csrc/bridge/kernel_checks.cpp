@@ -492,6 +492,11 @@ static void range_checks(const std::string& base, const c10::FunctionSchema& sch
   if (!end) return;
   const double lo = start.value_or(0), hi = *end, st = step.value_or(1);
   TORCH_CHECK(st > 0 || st < 0, "step must be nonzero");
+  // range into an integer result takes the step as an integer: a fractional step below 1
+  // truncates to 0 and range's size computation divides by it (SIGFPE on CPU, in PyTorch's own
+  // code on tpu too): refused here instead of killing the process
+  if (base == "range" && out && c10::isIntegralType(out->scalar_type(), /*includeBool=*/true))
+    TORCH_CHECK(static_cast<int64_t>(st) != 0, "step must be nonzero");
   if (!std::isfinite(lo) || !std::isfinite(hi)) {
     const bool narrow = out && (out->scalar_type() == at::kHalf ||
                                 out->scalar_type() == at::kBFloat16);
