@@ -125,6 +125,36 @@ def raised_by(fn, device):
     return None
 
 
+def on_tpu(args):
+    """args with every tensor copied to tpu."""
+    return [a.to("tpu") if isinstance(a, torch.Tensor) else a for a in args]
+
+
+def like_cpu_with(compare, f, *args):
+    """f on CPU tensors and on their tpu copies: where CPU raises, tpu raises the same type;
+    else compare(tpu result, CPU result) for each tensor result (one, or a tuple / list), and
+    other results are equal."""
+    import warnings
+
+    try:
+        want = f(*args)
+    except Exception as e:  # noqa: BLE001 (the type is what is compared)
+        with pytest.raises(type(e)), warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # the fallback's warning, where CPU runs it
+            f(*on_tpu(args))
+            torch.tpu.synchronize()
+        return
+    got = f(*on_tpu(args))
+    if isinstance(want, torch.Tensor):
+        compare(got, want)
+    elif isinstance(want, (tuple, list)):
+        assert len(got) == len(want)
+        for g, w in zip(got, want):
+            compare(g, w)
+    else:
+        assert type(got) is type(want) and got == want
+
+
 def run_python(code: str, **env: str) -> subprocess.CompletedProcess:
     """Runs `code` in a fresh interpreter with `env` added to this process's environment. A job
     that asks for several CPU-plugin devices is skipped under another plugin (one GPU has one

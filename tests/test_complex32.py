@@ -10,6 +10,7 @@ import pytest
 import torch
 
 import torch_pjrt  # noqa: F401
+from conftest import like_cpu_with
 
 TPU = torch.device("tpu")
 C32 = torch.complex32
@@ -49,29 +50,9 @@ def assert_same(got, want, atol=0.0, rtol=0.0):
         assert torch.equal(got, want), f"{got.tolist()} != {want.tolist()}"
 
 
-def on_tpu(args):
-    return [a.to(TPU) if isinstance(a, torch.Tensor) else a for a in args]
-
-
 def like_cpu(f, *args, atol=0.0, rtol=0.0):
     """f on CPU tensors and on their tpu copies: CPU's values, or CPU's exception type."""
-    try:
-        want = f(*args)
-    except Exception as e:  # noqa: BLE001 (the type is what is compared)
-        with pytest.raises(type(e)), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the fallback's warning, where CPU runs it
-            f(*on_tpu(args))
-            torch.tpu.synchronize()
-        return
-    got = f(*on_tpu(args))
-    if isinstance(want, torch.Tensor):
-        assert_same(got, want, atol=atol, rtol=rtol)
-    elif isinstance(want, (tuple, list)):
-        assert len(got) == len(want)
-        for g, w in zip(got, want):
-            assert_same(g, w, atol=atol, rtol=rtol)
-    else:
-        assert type(got) is type(want) and got == want
+    like_cpu_with(lambda got, want: assert_same(got, want, atol=atol, rtol=rtol), f, *args)
 
 
 # ---- creation ----------------------------------------------------------------------------

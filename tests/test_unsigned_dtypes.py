@@ -8,6 +8,7 @@ import pytest
 import torch
 
 import torch_pjrt  # noqa: F401
+from conftest import like_cpu_with
 
 TPU = torch.device("tpu")
 U = [torch.uint16, torch.uint32, torch.uint64]
@@ -36,28 +37,9 @@ def assert_same(got, want):
         assert torch.equal(got, want), f"{got.tolist()} != {want.tolist()}"
 
 
-def on_tpu(args):
-    return [a.to(TPU) if isinstance(a, torch.Tensor) else a for a in args]
-
-
 def like_cpu(f, *args):
     """f on CPU tensors and on their tpu copies: CPU's values, or CPU's exception type."""
-    try:
-        want = f(*args)
-    except Exception as e:  # noqa: BLE001 (the type is what is compared)
-        with pytest.raises(type(e)), warnings.catch_warnings():
-            warnings.simplefilter("ignore")  # the fallback's warning, where CPU runs it
-            f(*on_tpu(args))
-            torch.tpu.synchronize()
-        return
-    got = f(*on_tpu(args))
-    if isinstance(want, torch.Tensor):
-        assert_same(got, want)
-    elif isinstance(want, tuple):
-        for g, w in zip(got, want):
-            assert_same(g, w)
-    else:
-        assert type(got) is type(want) and got == want
+    like_cpu_with(assert_same, f, *args)
 
 
 @pytest.mark.parametrize("dt", U, ids=str)

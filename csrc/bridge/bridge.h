@@ -2,6 +2,7 @@
 // Each function is defined in the file named beside it.
 #pragma once
 #include <ATen/ATen.h>
+#include <ATen/core/function_schema.h>
 #include <ATen/core/stack.h>
 #include <string>
 #include <optional>
@@ -37,6 +38,38 @@ void set_source_lines(const std::string& file, std::unordered_map<int, std::stri
 // (mm/bmm dtypes, convolution's bias shape, ...), raised before the op runs or is recorded.
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args);
+// Whether an argument is a ScalarType (dtype=), which a stack holds as an int.
+inline bool is_scalar_type_arg(const c10::Argument& a) {
+  const c10::TypePtr& ty = a.real_type();
+  return ty->kind() == c10::TypeKind::ScalarTypeType ||
+         (ty->kind() == c10::TypeKind::OptionalType &&
+          ty->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
+}
+
+// Whether a call's tensor (alone or in a Tensor[] / Tensor?[] list) has a dtype `of_tensor`
+// accepts, or one of its ScalarType arguments is a dtype `of_dtype` accepts.
+template <typename TensorPred, typename DtypePred>
+bool any_arg_dtype(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args,
+                   TensorPred of_tensor, DtypePred of_dtype) {
+  auto tensor_ok = [&](const c10::IValue& v) {
+    return v.isTensor() && v.toTensor().defined() && of_tensor(v.toTensor().scalar_type());
+  };
+  for (size_t i = 0; i < args.size(); i++) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      if (tensor_ok(v)) return true;
+    } else if (v.isList()) {  // (no copy of the list)
+      for (const c10::IValue& e : v.toListRef())
+        if (tensor_ok(e)) return true;
+    } else if (v.isInt() && i < schema.arguments().size() &&
+               is_scalar_type_arg(schema.arguments()[i]) &&
+               of_dtype(static_cast<at::ScalarType>(v.toInt()))) {
+      return true;
+    }
+  }
+  return false;
+}
+
 // kernel_checks.cpp: CPU's warning (once per process, as CPU warns) for a copy that drops the
 // imaginary part: complex source, destination neither complex nor bool.
 void warn_complex_to_real(at::ScalarType src, at::ScalarType dst);

@@ -76,13 +76,6 @@ const Row* find_row(const std::string& base) {
   return nullptr;
 }
 
-bool is_scalar_type_arg(const c10::Argument& a) {
-  const c10::TypePtr& ty = a.real_type();
-  return ty->kind() == c10::TypeKind::ScalarTypeType ||
-         (ty->kind() == c10::TypeKind::OptionalType &&
-          ty->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
-}
-
 bool is_tpu(const at::Tensor& t) {
   return t.defined() && t.device().type() == c10::DeviceType::PrivateUse1;
 }
@@ -92,23 +85,10 @@ bool is_tpu(const at::Tensor& t) {
 bool involves_c32(const std::string& base, const c10::FunctionSchema& schema,
                   c10::ArrayRef<c10::IValue> args) {
   const bool half_parts = base == "complex" || base == "polar";
-  auto of_tensor = [&](const at::Tensor& t) {
-    return t.defined() && (t.scalar_type() == kC32 || (half_parts && t.scalar_type() == at::kHalf));
-  };
-  for (size_t i = 0; i < args.size(); i++) {
-    const c10::IValue& v = args[i];
-    if (v.isTensor()) {
-      if (of_tensor(v.toTensor())) return true;
-    } else if (v.isList()) {  // Tensor[] and Tensor?[] (no copy of the list)
-      for (const c10::IValue& e : v.toListRef())
-        if (e.isTensor() && of_tensor(e.toTensor())) return true;
-    } else if (v.isInt() && i < schema.arguments().size() &&
-               is_scalar_type_arg(schema.arguments()[i]) &&
-               static_cast<at::ScalarType>(v.toInt()) == kC32) {
-      return true;
-    }
-  }
-  return false;
+  return any_arg_dtype(
+      schema, args,
+      [&](at::ScalarType t) { return t == kC32 || (half_parts && t == at::kHalf); },
+      [](at::ScalarType t) { return t == kC32; });
 }
 
 // A tensor of `dt` on t's device with t's sizes: t's strides where they are dense and

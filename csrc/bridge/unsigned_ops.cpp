@@ -91,27 +91,8 @@ at::ScalarType common_dtype(const c10::IValue& a, const c10::IValue& b) {
 
 // Whether a tensor or dtype argument of the call is a barebones unsigned dtype.
 bool involves_unsigned(const c10::FunctionSchema& schema, c10::ArrayRef<c10::IValue> args) {
-  auto of_tensor = [](const at::Tensor& t) {
-    return t.defined() && is_barebones_unsigned(t.scalar_type());
-  };
-  for (size_t i = 0; i < args.size(); i++) {
-    const c10::IValue& v = args[i];
-    if (v.isTensor()) {
-      if (of_tensor(v.toTensor())) return true;
-    } else if (v.isList()) {  // Tensor[] and Tensor?[] (no copy of the list)
-      for (const c10::IValue& e : v.toListRef())
-        if (e.isTensor() && of_tensor(e.toTensor())) return true;
-    } else if (v.isInt() && i < schema.arguments().size()) {
-      // a ScalarType argument (dtype=) arrives as an int
-      const c10::TypePtr& ty = schema.arguments()[i].real_type();
-      const bool scalar_type = ty->kind() == c10::TypeKind::ScalarTypeType ||
-                               (ty->kind() == c10::TypeKind::OptionalType &&
-                                ty->containedType(0)->kind() == c10::TypeKind::ScalarTypeType);
-      if (scalar_type && is_barebones_unsigned(static_cast<at::ScalarType>(v.toInt())))
-        return true;
-    }
-  }
-  return false;
+  auto unsigned_dtype = [](at::ScalarType t) { return is_barebones_unsigned(t); };
+  return any_arg_dtype(schema, args, unsigned_dtype, unsigned_dtype);
 }
 
 }  // namespace
