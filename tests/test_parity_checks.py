@@ -471,9 +471,10 @@ def test_conv_memory_format_like_cpu(dtype, conv, shape, fmt, which):
         m = m.to(d)
         xd = x.detach().to(d).requires_grad_()
         y = m(xd)
-        gx, gw = torch.autograd.grad(y, (xd, m.weight), torch.ones_like(y))
+        gx, gw, gb = torch.autograd.grad(y, (xd, m.weight, m.bias), torch.ones_like(y))
         strides[d] = (y.stride(), gx.stride(), gw.stride())
-        grads[d] = (y.detach().cpu().float(), gx.cpu().float(), gw.cpu().float())
+        grads[d] = (y.detach().cpu().float(), gx.cpu().float(), gw.cpu().float(),
+                    gb.cpu().float())
     assert strides["tpu"] == strides["cpu"]
     tol = dict(atol=5e-2, rtol=5e-2) if dtype is torch.bfloat16 else {}
     for ours, cpus in zip(grads["tpu"], grads["cpu"]):
