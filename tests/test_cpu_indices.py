@@ -289,3 +289,22 @@ def test_device_checked_ops_still_raise(case, fallbacks):
     with pytest.raises(RuntimeError, match="same device"):
         f(rnd(4, 3).to(TPU), i, m)
     fallbacks.assert_none()
+
+
+@pytest.mark.parametrize("accumulate", [False, True])
+def test_cpu_mask_put_one_program_for_every_count(accumulate):
+    # x[cpu_mask] = v with a device value: the mask goes over whole, so masks with different
+    # true counts share one program (its nonzero columns would key one program per count).
+    g = torch.Generator().manual_seed(3)
+    x = torch.randn(5, 7, generator=g)
+    xt = x.to(TPU)
+    v = torch.tensor(2.5)
+    vt = v.to(TPU)
+    compiles = []
+    for i in range(6):
+        mask = torch.rand(5, 7, generator=g) > (i + 1) / 8
+        x.index_put_((mask,), v, accumulate=accumulate)
+        xt.index_put_((mask,), vt, accumulate=accumulate)
+        same(xt, x)
+        compiles.append(torch.tpu.metrics()["compiles"])
+    assert compiles[1:] == [compiles[1]] * 5

@@ -56,3 +56,23 @@ def test_view_read_sees_pending_writes():
     c.add_(1)
     c[2].fill_(7)
     assert torch.equal(v.cpu(), c.t())
+
+
+def test_repeated_element_reads_see_every_write():
+    # Reads of the same storage are served from a host snapshot from the second on
+    # (whole_storage_to_host): a write in between must be seen, and a caller writing to what
+    # it got must not change later reads.
+    c = torch.arange(12.0).reshape(3, 4)
+    t = c.to("tpu")
+    assert [bool(v) for v in (t > 5).flatten()] == [bool(v) for v in (c > 5).flatten()]
+    assert [float(v) for v in t.flatten()] == c.flatten().tolist()
+    got = t[1].cpu()
+    got += 100  # the caller's copy: later reads must not see it
+    assert t[1].cpu().tolist() == c[1].tolist()
+    t[1, 2] = -1.0
+    c[1, 2] = -1.0
+    assert t[1].cpu().tolist() == c[1].tolist() and t[1, 2].item() == -1.0
+    t.add_(1)
+    c.add_(1)
+    assert [float(v) for v in t.flatten()] == c.flatten().tolist()
+    assert all(t.flatten()[i].item() == c.flatten()[i].item() for i in range(12))

@@ -1016,6 +1016,30 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   // integer path then checks values' shape against the result's and raises CPU's error).
   const bool split_tpu_mask = tpu_mask && (defined > 1 || rows_per_mask_element(op, *stack));
   if (!any_cpu && !split_tpu_mask) return;
+  // A lone CPU bool mask of an index_put whose values are on the device and broadcast along
+  // the mask's count dim goes over as a mask, not as its nonzero columns: the lone-mask
+  // lowering writes through it without a count, so its program depends on the mask's shape
+  // only, where the columns' length (the count) would key a new program for every mask
+  // (`x[cpu_mask] = v` in a loop compiled one per count). The result is the same; CPU's checks
+  // of the mask (index_tensor_checks) have run. Values on the CPU keep the split: with a
+  // device mask a one-element CPU value would take CPU's masked_fill_ path, which a CPU mask
+  // does not take on CPU or CUDA (it skips the dtype check).
+  const bool keep_cpu_mask = [&]() {
+    if (defined != 1 || tpu_mask || (base != "index_put" && base != "_index_put_impl" &&
+                                     base != "_unsafe_index_put"))
+      return false;
+    for (const c10::IValue& e : given)
+      if (defined_tensor(e) &&
+          (e.toTensor().scalar_type() != at::kBool || e.toTensor().dim() == 0))
+        return false;
+    for (size_t a = 0; a < nargs; a++) {
+      const c10::IValue& val = (*stack)[first + a];
+      if (schema.arguments()[a].name() == "values" &&
+          (!val.isTensor() || !val.toTensor().defined() || val.toTensor().is_cpu()))
+        return false;
+    }
+    return !rows_per_mask_element(op, *stack);
+  }();
   c10::impl::GenericList moved(given.elementType());  // a new list: the caller's stays as it is
   for (const c10::IValue& e : given) {
     const bool cpu = defined_tensor(e) && e.toTensor().is_cpu();
@@ -1025,7 +1049,8 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     }
     const at::Tensor& index = e.toTensor();
     const bool mask = index.scalar_type() == at::kBool || index.scalar_type() == at::kByte;
-    if (!mask || index.dim() == 0 || (index.scalar_type() == at::kByte && !split_tpu_mask)) {
+    if (!mask || index.dim() == 0 || (index.scalar_type() == at::kByte && !split_tpu_mask) ||
+        keep_cpu_mask) {
       // a lone uint8 mask keeps its path (the lowerings take one mask); 0-d masks too
       moved.push_back(index.to(self.device()));
       continue;

@@ -2,6 +2,8 @@
 /* Compilation and execution of single-device programs. */
 #include "torch_pjrt/exec.h"
 
+#include <stdatomic.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -56,6 +58,25 @@ static int64_t now_ns(void) {
 
 static pj_status_t *wrap_loaded(pj_runtime_t *rt, PJRT_LoadedExecutable *exe, pj_program_t **out);
 
+/* TORCH_PJRT_DUMP_PROGRAMS=DIR writes every compiled program's StableHLO to
+ * DIR/<sequence>-<compile microseconds>.mlir, for finding which programs are slow to compile.
+ * Best effort: a file that cannot be written is skipped (a debugging aid must not fail a
+ * compile). */
+static void dump_program(const char *text, size_t len, int64_t took_ns) {
+  static _Atomic long seq;
+  const char *dir = getenv("TORCH_PJRT_DUMP_PROGRAMS");
+  if (!dir || !*dir) return;
+  char path[4096];
+  long n = ++seq;
+  if (snprintf(path, sizeof path, "%s/%06ld-%lldus.mlir", dir, n, (long long)(took_ns / 1000)) >=
+      (int)sizeof path)
+    return;
+  FILE *f = fopen(path, "w");
+  if (!f) return;
+  fwrite(text, 1, len, f);
+  fclose(f);
+}
+
 pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out) {
   pj_runtime_t *rt;
   PJ_TRY(pj_runtime_get(&rt));
@@ -72,8 +93,10 @@ pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out
   options(&a.compile_options, &a.compile_options_size);
   int64_t t0 = now_ns();
   PJ_TRY(pj_runtime_take_error(rt, compile(&a), "compile"));
-  pj_metric_add(PJ_METRIC_COMPILE_NS, now_ns() - t0);
+  int64_t took = now_ns() - t0;
+  pj_metric_add(PJ_METRIC_COMPILE_NS, took);
   pj_metric_add(PJ_METRIC_COMPILES, 1);
+  dump_program(text, len, took);
 
   return wrap_loaded(rt, a.executable, out);
 }

@@ -114,6 +114,7 @@ void pj_storage_swap(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt) {
   struct PJRT_Buffer *old = s->buf;
   s->buf = buf;
   s->dtype = dt;
+  s->version++;
   if (old && old != buf) pj_buffer_destroy(old);
   /* every write installs a whole buffer; one that depended on the old contents read them
    * first (pj_storage_materialize), which raised while they were undefined */

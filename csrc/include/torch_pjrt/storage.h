@@ -23,6 +23,8 @@ typedef struct pj_storage {
   pj_dtype_t dtype;         /* element type of buf; meaningful when buf != NULL */
   struct PJRT_Buffer *buf;  /* owned; NULL until first written */
   uint64_t id;              /* unique per storage, for debugging and pending-graph text */
+  uint64_t version;         /* bumped by every pj_storage_swap: (id, version) names one buffer
+                               and so one content (buffers are immutable), never reused */
   int pending;              /* nonzero while a deferred (defer_and_fuse) op that writes this
                                storage is recorded but not yet run: buf is stale then, and
                                dtype is the element type the recorded write produces */
