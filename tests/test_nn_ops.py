@@ -179,6 +179,42 @@ def test_fractional_max_pool(nsp, shape, k, out):
     check(lambda x, s: f(x, list(k), list(out), s), x, s, grad=True)
 
 
+# random_samples may have more rows than the input has batches (an unbatched input takes one):
+# only the first ones are read, as on CPU. Through the modules, as nn.FractionalMaxPool*d are
+# built with _random_samples, in float32 and float64, with indices and the input's gradient.
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("nsp,shape,rows,kw", [
+    (3, (4, 5, 5, 5), 2, dict(kernel_size=2, output_ratio=0.5)),
+    (3, (3, 6, 7, 8), 3, dict(kernel_size=(2, 3, 2), output_size=(4, 3, 5))),
+    (3, (2, 4, 16, 7, 5), 3, dict(kernel_size=(4, 2, 3), output_size=(10, 3, 2))),
+    (2, (3, 5, 7), 2, dict(kernel_size=2, output_ratio=0.5)),
+    (2, (2, 3, 7, 6), 4, dict(kernel_size=(2, 3), output_size=(4, 3)))])
+def test_fractional_max_pool_module_extra_sample_rows(dtype, nsp, shape, rows, kw):
+    torch.manual_seed(0)
+    c = shape[-nsp - 1]
+    s = torch.rand(rows, c, nsp, dtype=dtype)
+    x = torch.randn(*shape, dtype=dtype, requires_grad=True)
+    cls = torch.nn.FractionalMaxPool2d if nsp == 2 else torch.nn.FractionalMaxPool3d
+
+    def f(x, s):
+        return cls(**kw, return_indices=True, _random_samples=s)(x)
+    check(f, x, s, grad=True)
+
+
+@pytest.mark.parametrize("rs_shape,dtype,msg", [
+    ((1, 4, 3), torch.float32, "no less then input batch size"),
+    ((2, 5, 3), torch.float32, "equals to input channel size"),
+    ((2, 4, 2), torch.float32, "size\\(2\\) equals to 3; got 2"),
+    ((24,), torch.float32, "to have 3 dimensions, got 1"),
+    ((2, 4, 3), torch.float64, "to have the same dtype as input")])
+def test_fractional_max_pool_sample_checks(rs_shape, dtype, msg):
+    # CPU's kernel (not its Meta kernel) checks random_samples against the input
+    x, s = torch.randn(2, 4, 5, 5, 5), torch.rand(*rs_shape, dtype=dtype)
+    for d in ("cpu", TPU):
+        with pytest.raises(RuntimeError, match=msg):
+            torch.ops.aten.fractional_max_pool3d(x.to(d), [2, 2, 2], [2, 2, 2], s.to(d))
+
+
 # ---- bicubic and antialiased interpolation (forward and backward) ----
 
 @pytest.mark.parametrize("mode,aa", [("bicubic", False), ("bicubic", True), ("bilinear", True)])

@@ -132,6 +132,52 @@ def test_nested_tensor_path_of_transformer_encoder_raises_a_clear_error():
     torch.testing.assert_close(got[keep], want[keep], rtol=1e-5, atol=1e-5)
 
 
+def _layer_pair(norm_first, dtype):
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(16, 4, 32, 0.0, batch_first=True,
+                                             norm_first=norm_first, dtype=dtype).eval()
+    lt = torch.nn.TransformerEncoderLayer(16, 4, 32, 0.0, batch_first=True,
+                                          norm_first=norm_first, dtype=dtype).eval()
+    lt.load_state_dict(layer.state_dict())
+    return layer, lt.to(TPU)
+
+
+# PyTorch's fast-path condition admits privateuse1, so a nested input reaches
+# _transformer_encoder_layer_fwd on NestedTensorPrivateUse1: with no elements CPU returns a
+# nested tensor of the input's sizes, and so does tpu (on the device, nothing falling back).
+@pytest.mark.parametrize("norm_first", [False, True])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64])
+@pytest.mark.parametrize("parts", [1, 3])
+def test_encoder_layer_over_an_empty_nested_tensor_matches_cpu(norm_first, dtype, parts):
+    layer, lt = _layer_pair(norm_first, dtype)
+    comps = [torch.rand(0, 16, dtype=dtype) for _ in range(parts)]
+    before = dict(torch.tpu.fallback_ops())
+    with torch.no_grad():
+        want = layer(torch.nested.nested_tensor(comps))
+        got = lt(torch.nested.nested_tensor([c.to(TPU) for c in comps]))
+    assert dict(torch.tpu.fallback_ops()) == before, "an op fell back to the CPU"
+    assert want.is_nested and got.is_nested and got.device.type == "tpu"
+    assert got.dtype == want.dtype and got.dim() == want.dim() and got.numel() == want.numel() == 0
+    assert [got.size(i) for i in range(3)] == [want.size(i) for i in range(3)] == [parts, 0, 16]
+
+
+def test_encoder_layer_over_a_nested_tensor_with_elements_raises_a_clear_error():
+    _, lt = _layer_pair(False, torch.float32)
+    nt = torch.nested.nested_tensor([torch.rand(2, 16, device=TPU), torch.rand(3, 16, device=TPU)])
+    with torch.no_grad(), pytest.raises(NotImplementedError, match="not supported on the tpu"):
+        lt(nt)
+
+
+# An empty dense batch (no sequences, or sequences of length 0) takes the dense fast path.
+@pytest.mark.parametrize("shape", [(0, 5, 16), (3, 0, 16)])
+def test_encoder_layer_over_an_empty_dense_batch_matches_cpu(shape):
+    layer, lt = _layer_pair(False, torch.float64)
+    x = torch.rand(*shape, dtype=torch.float64)
+    with torch.no_grad():
+        want, got = layer(x), lt(x.to(TPU))
+    _same(want, got)
+
+
 @pytest.mark.parametrize("rows", [[[1, 1, 0, 0], [1, 0, 0, 0]], [[1, 0, 1, 0], [1, 0, 0, 0]],
                                   [[0, 0, 0, 0], [1, 1, 1, 1]]])
 def test_left_aligned_mask_test_matches_cpu(rows):

@@ -17,9 +17,14 @@ fallback (torchvision's ViT does). They are written in torch ops, following CPU'
   GELU), each with a residual, layer norm before (norm_first) or after each block.
 
 The ops have no autograd formula (PyTorch's fast path runs only without grad). Nested tensors
-do not exist on tpu: `_nested_tensor_from_mask` (nn.TransformerEncoder's path for padded
-batches) raises NotImplementedError naming the way around it; the left-alignment test it
-follows runs here.
+can be built on tpu (torch.nested.nested_tensor) but PyTorch registers their kernels for
+NestedTensorCPU, CUDA and HPU only, so almost no op runs on them: `_nested_tensor_from_mask`
+(nn.TransformerEncoder's path for padded batches) raises NotImplementedError naming the way
+around it; the left-alignment test it follows runs here. One nested case is served, because
+PyTorch's fast-path condition lets privateuse1 nested inputs through: an encoder layer over a
+nested tensor with no elements, which CPU's kernel returns as a nested tensor over the same
+(empty) buffer without computing anything; any other nested input to the layer raises
+NotImplementedError.
 """
 from __future__ import annotations
 
@@ -132,6 +137,24 @@ def _nested_from_mask(t, mask, mask_check=True):
         "build it with enable_nested_tensor=False")
 
 
+_NESTED_CPU = torch._C.DispatchKeySet(torch._C.DispatchKey.NestedTensorCPU)
+
+
+def _encoder_layer_nested(src, *args, **kwargs):
+    """_transformer_encoder_layer_fwd for NestedTensorPrivateUse1. With no elements, the kernel
+    PyTorch registers for NestedTensorCPU (the device-generic one CPU and CUDA also use) returns
+    at once, wrapping src's own buffer and sizes in a new nested tensor: no element is read and
+    nothing leaves the device, so it is called as it is. With elements, that kernel would go on
+    to nested ops that have no tpu kernels; refused here with a message that says so."""
+    if src.numel() != 0:
+        raise NotImplementedError(
+            "nested tensors are not supported on the tpu device: nn.TransformerEncoderLayer's "
+            "inference fast path (torch._transformer_encoder_layer_fwd) over a nested tensor "
+            "with elements; pass a padded tensor with src_key_padding_mask instead")
+    return torch.ops.aten._transformer_encoder_layer_fwd.default.redispatch(
+        _NESTED_CPU, src, *args, **kwargs)
+
+
 def register() -> None:
     """Registers the kernels once per process (idempotent)."""
     if _LIBS:
@@ -142,4 +165,5 @@ def register() -> None:
     lib.impl("_transformer_encoder_layer_fwd", _encoder_layer, "PrivateUse1")
     lib.impl("_nested_tensor_from_mask_left_aligned", _left_aligned, "PrivateUse1")
     lib.impl("_nested_tensor_from_mask", _nested_from_mask, "PrivateUse1")
+    lib.impl("_transformer_encoder_layer_fwd", _encoder_layer_nested, "NestedTensorPrivateUse1")
     _LIBS.append(lib)

@@ -576,6 +576,29 @@ static void roll_checks(const c10::FunctionSchema& schema, const torch::jit::Sta
   TORCH_CHECK(ns == nd, "shifts and dimensions must align. shifts: ", ns, ", dims:", nd);
 }
 
+// CPU's fractional_max_pool{2,3}d kernels check random_samples against the input (its Meta
+// kernel does not): same dtype, [N' >= N, C, nsp], N being 1 for an unbatched input. The
+// lowering reads only the first N rows, as CPU's kernel does.
+static void fractional_samples_check(const std::string& base, const c10::FunctionSchema& schema,
+                                     const torch::jit::Stack& args) {
+  const auto self_i = schema.argumentIndexWithName("self");
+  const auto rs_i = schema.argumentIndexWithName("random_samples");
+  if (!self_i || !rs_i) return;
+  const at::Tensor *x = tensor_arg(args, *self_i), *rs = tensor_arg(args, *rs_i);
+  if (!x || !rs) return;
+  const int64_t nsp = base == "fractional_max_pool2d" ? 2 : 3;
+  TORCH_CHECK(x->scalar_type() == rs->scalar_type(),
+              "Expect _random_samples to have the same dtype as input");
+  TORCH_CHECK(rs->dim() == 3, "Expect _random_samples to have 3 dimensions, got ", rs->dim());
+  if (x->dim() < nsp + 1) return;  // the Meta kernel refuses the input's rank
+  const bool batched = x->dim() == nsp + 2;
+  const int64_t n = batched ? x->size(0) : 1, c = x->size(batched ? 1 : 0);
+  TORCH_CHECK(rs->size(0) >= n, "Expect _random_samples.size(0) no less then input batch size.");
+  TORCH_CHECK(rs->size(1) == c, "Expect _random_samples.size(1) equals to input channel size.");
+  TORCH_CHECK(rs->size(2) == nsp, "Expect _random_samples.size(2) equals to ", nsp, "; got ",
+              rs->size(2), ".");
+}
+
 void warn_complex_to_real(at::ScalarType src, at::ScalarType dst) {
   if (c10::isComplexType(src) && !c10::isComplexType(dst) && dst != at::kBool) {
     TORCH_WARN_ONCE("Casting complex values to real discards the imaginary part");
@@ -588,6 +611,8 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   if (base == "randperm") randperm_checks(schema, args);
   if (base == "roll") roll_checks(schema, args);
   if (base == "normal") normal_std_check(schema, args);
+  if (base == "fractional_max_pool2d" || base == "fractional_max_pool3d")
+    fractional_samples_check(base, schema, args);
   // CPU's put_ alerts under torch.use_deterministic_algorithms(True) unless it accumulates
   // (which of two values written to one index lands is unspecified; XLA's scatter alike)
   if (base == "put" && args.size() > 3 && args[3].isBool() && !args[3].toBool())

@@ -1680,7 +1680,10 @@ static pj_status_t *lower_adaptive_max_pool(pj_lower_t *L) {
 /* ---- fractional max pooling ---- */
 
 /* fractional_max_pool{2,3}d: windows of the kernel's size at starts drawn per plane from
- * random_samples ([planes, nsp], u in [0, 1), in CPU's per-dim order): with
+ * random_samples ([N', C, nsp] with N' >= N, u in [0, 1), in CPU's per-dim order; ATen's
+ * shape check has run before lowering). Only the first N rows are read, N being 1 for an
+ * unbatched input, as CPU does: module_db passes [2, 4, 3] samples to a [4, T, H, W] input.
+ * With
  * alpha = (in - k) / (out - 1), start[i] = trunc((i + u) alpha) - trunc(u alpha), the last
  * start being in - k. The starts are computed on the device; each window is gathered to
  * [planes, out..., k...] and reduced to (max, flat index within the plane). */
@@ -1700,8 +1703,16 @@ static pj_status_t *lower_fractional_max_pool(pj_lower_t *L) {
   int64_t planes = 1, psize = 1;
   for (int i = 0; i < lead; i++) planes *= x.t.dims[i];
   for (int j = 0; j < nsp; j++) psize *= x.t.dims[lead + j];
-  int64_t pn[2] = {planes, nsp};
-  pj_val_t u = pj_reshape(H, pj_convert(H, pj_tensor(L, "random_samples"), ct), 2, pn);
+  pj_val_t rs = pj_tensor(L, "random_samples");
+  int64_t nb = lead == 2 ? x.t.dims[0] : 1;
+  if (rs.id < 0 || rs.t.rank != 3 || rs.t.dims[0] < nb || nb * rs.t.dims[1] != planes ||
+      rs.t.dims[2] != nsp) {
+    if (pj_hlo_ok(H))
+      pj_fail(L, PJ_ERR_RUNTIME, "%s: random_samples of an unexpected shape", L->c->op);
+    return NULL;
+  }
+  int64_t r0[3] = {0, 0, 0}, r1[3] = {nb, rs.t.dims[1], nsp}, pn[2] = {planes, nsp};
+  pj_val_t u = pj_reshape(H, pj_convert(H, pj_slice(H, rs, r0, r1, NULL), ct), 2, pn);
   pj_type_t T = {.dtype = PJ_I64, .rank = 1 + 2 * nsp};
   T.dims[0] = planes;
   for (int j = 0; j < nsp; j++) {
