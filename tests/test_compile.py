@@ -24,12 +24,13 @@ pytestmark = pytest.mark.usefixtures("fresh_dynamo")
 # ---- training: the whole step (forward, backward, optimizer) compiled ----
 
 
-def _train_compiled(make_model, make_opt, batches, loss_fn, fallbacks, tpu_opt_kw=None):
+def _train_compiled(make_model, make_opt, batches, loss_fn, fallbacks, tpu_opt_kw=None,
+                    compile_kw=None):
     cpu = make_model()
     tpu = copy.deepcopy(cpu).to(TPU)
     cpu_opt, tpu_opt = make_opt(cpu, {}), make_opt(tpu, tpu_opt_kw or {})
 
-    @torch.compile(backend="tpu")
+    @torch.compile(**({"backend": "tpu"} if compile_kw is None else compile_kw))
     def step(x, y):
         tpu_opt.zero_grad()
         loss = loss_fn(tpu, x, y)
@@ -320,3 +321,84 @@ def test_unknown_option_is_an_error():
     cf = torch.compile(lambda x: x + 1, backend="tpu", options={"no_such_option": 1})
     with pytest.raises(Exception, match="no_such_option"):
         cf(torch.ones(2, device=TPU))
+
+
+# ---- torch.compile as users call it: no backend= (Inductor's entry), every mode= ----
+
+MODES = [None, "default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs"]
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_mlp_training_step_compiled_without_backend(fallbacks, mode):
+    # Inductor's own registration for a device named "tpu" (Pallas for Google's torch_tpu
+    # package) made this raise ModuleNotFoundError; tpu graphs now go to this backend
+    # (torch_pjrt/inductor_route.py) and run as captured programs.
+    g = torch.Generator().manual_seed(11)
+    w = torch.randn(32, 10, generator=g)
+    batches = [(x, (x @ w).argmax(1)) for x in (torch.randn(16, 32, generator=g) for _ in range(12))]
+    _train_compiled(lambda: _models.init_weights(_models.MLP(), seed=5),
+                    lambda m, kw: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                    batches, _ce, fallbacks, compile_kw={} if mode is None else {"mode": mode})
+
+
+def test_cnn_and_tiny_gpt_compiled_without_backend(fallbacks):
+    g = torch.Generator().manual_seed(21)
+    batches = []
+    for _ in range(10):
+        x = torch.randn(8, 3, 16, 16, generator=g)
+        batches.append((x, (x[:, 0].mean((1, 2)) > 0).long()))
+    _train_compiled(lambda: _models.init_weights(_models.SmallCNN(), seed=6),
+                    lambda m, kw: torch.optim.SGD(m.parameters(), lr=0.05, momentum=0.9),
+                    batches, _ce, fallbacks, compile_kw={"backend": "inductor"})
+    torch._dynamo.reset()
+    data = _models.CharDataset(_models.zen_corpus(), block=32)
+    g = torch.Generator().manual_seed(31)
+    batches = [data.batch(8, g) for _ in range(10)]
+    _train_compiled(lambda: _models.init_weights(_models.TinyGPT(data.vocab, tie_head=True), seed=7),
+                    lambda m, kw: torch.optim.AdamW(m.parameters(), lr=3e-3, weight_decay=0.1, **kw),
+                    batches, lambda m, x, y: m(x, y), fallbacks,
+                    tpu_opt_kw={"capturable": True}, compile_kw={"mode": "reduce-overhead"})
+
+
+def test_compiled_module_without_backend_matches_cpu_inference():
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(8, 16), torch.nn.GELU(), torch.nn.LayerNorm(16),
+                              torch.nn.Linear(16, 4)).eval()
+    tpu = copy.deepcopy(cpu).to(TPU)
+    compiled = torch.compile(tpu, options={"epilogue_fusion": False})  # options: validated, unused
+    x = torch.randn(3, 8)
+    before = metrics()
+    with torch.no_grad():
+        got = compiled(x.to(TPU))
+        exp = cpu(x)
+    assert delta(before, metrics()).get("graph_runs", 0) >= 1
+    assert got.dtype == exp.dtype and got.shape == exp.shape
+    torch.testing.assert_close(got.cpu(), exp, rtol=1e-5, atol=1e-6)
+    with pytest.raises(RuntimeError, match="Unexpected optimization option"):
+        torch.compile(tpu, options={"no_such_inductor_option": 1})
+
+
+def test_graph_on_tpu_routes_only_tpu_graphs():
+    from torch_pjrt.inductor_route import graph_on_tpu
+
+    def f(x):
+        return x.sin() + 1
+
+    gm_cpu = torch.fx.symbolic_trace(f)
+    assert not graph_on_tpu(gm_cpu, [torch.randn(3)])
+    assert graph_on_tpu(gm_cpu, [torch.randn(3, device=TPU)])
+    assert graph_on_tpu(torch.nn.Linear(2, 2).to(TPU), [])
+    assert not graph_on_tpu(torch.nn.Linear(2, 2), [])
+
+
+def test_replayed_outputs_are_not_views_and_take_in_place_updates():
+    # A replayed (captured) graph's results are tensors of their own, as the first call's were:
+    # AOTAutograd refuses an in-place update of a CompiledFunction output that is a view.
+    lin = torch.nn.Linear(4, 3).to(TPU)
+    step = torch.compile(lambda x: F.mse_loss(lin(x), torch.zeros(2, 3, device=TPU)), backend="tpu")
+    for i in range(3):
+        loss = step(torch.randn(2, 4).to(TPU))
+        assert loss._base is None, f"call {i}"
+        loss *= 0.5  # Trainer's loss scaling
+        loss.backward()
+    assert lin.weight.grad is not None

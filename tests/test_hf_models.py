@@ -162,33 +162,36 @@ _TRAINER_RUN = """
     args = transformers.TrainingArguments(
         output_dir=sys.argv[2], per_device_train_batch_size=4, num_train_epochs=1,
         learning_rate=1e-2, logging_steps=1, report_to=[], save_strategy="no", seed=0,
-        use_cpu=use_cpu, dataloader_num_workers=0, disable_tqdm=True)
+        use_cpu=use_cpu, dataloader_num_workers=0, disable_tqdm=True,
+        torch_compile=len(sys.argv) > 3 and sys.argv[3] == "compile")
     trainer = transformers.Trainer(model=model, args=args, train_dataset=Data())
     trainer.train()
     devices = {p.device.type for p in trainer.model.parameters()}
-    torch.save({"devices": sorted(devices),
+    metrics = torch.tpu.metrics() if not use_cpu else {}
+    torch.save({"devices": sorted(devices), "graph_runs": metrics.get("graph_runs", 0),
                 "logs": [h for h in trainer.state.log_history if "loss" in h],
                 "params": {n: p.detach().cpu() for n, p in trainer.model.named_parameters()}},
                sys.argv[2] + "/result.pt")
 """
 
 
-@pytest.mark.long  # 29 s; HF training parity stays in CI (test_train_three_steps_every_gradient)
-def test_trainer_trains_on_tpu_like_cpu(tmp_path):
+def _trainer_cpu_vs_tpu(tmp_path, tpu_compiled: bool):
     # transformers' Trainer puts the model on tpu by itself; Accelerate (which moves the batches)
     # knows no tpu device and is told by ACCELERATE_TORCH_DEVICE. Two fresh interpreters: both
-    # libraries keep process-wide device state.
+    # libraries keep process-wide device state. The CPU run is eager, the reference.
     out = {}
     for dev, env in (("cpu", {}), ("tpu", {"ACCELERATE_TORCH_DEVICE": "tpu"})):
         d = tmp_path / dev
         d.mkdir()
-        code = "import sys; sys.argv[1:] = " + repr([dev, str(d)]) + "\n" + \
+        argv = [dev, str(d)] + (["compile"] if dev == "tpu" and tpu_compiled else [])
+        code = "import sys; sys.argv[1:] = " + repr(argv) + "\n" + \
             __import__("textwrap").dedent(_TRAINER_RUN)
         r = run_python(code, **env)
         assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-3000:]
         out[dev] = torch.load(d / "result.pt")
     cpu, tpu = out["cpu"], out["tpu"]
     assert cpu["devices"] == ["cpu"] and tpu["devices"] == ["tpu"]
+    assert (tpu["graph_runs"] > 0) == tpu_compiled
     assert len(tpu["logs"]) == len(cpu["logs"]) == 3  # 12 samples, batches of 4
     for c, t in zip(cpu["logs"], tpu["logs"]):
         assert t["loss"] == pytest.approx(c["loss"], rel=1e-4, abs=1e-5), (c, t)
@@ -196,3 +199,14 @@ def test_trainer_trains_on_tpu_like_cpu(tmp_path):
     assert cpu["params"].keys() == tpu["params"].keys()
     for n, c in cpu["params"].items():
         torch.testing.assert_close(tpu["params"][n], c, rtol=1e-4, atol=1e-5, msg=n)
+
+
+@pytest.mark.long  # 29 s; HF training parity stays in CI (test_train_three_steps_every_gradient)
+def test_trainer_trains_on_tpu_like_cpu(tmp_path):
+    _trainer_cpu_vs_tpu(tmp_path, tpu_compiled=False)
+
+
+def test_trainer_torch_compile_trains_on_tpu_like_cpu(tmp_path):
+    # TrainingArguments(torch_compile=True) calls torch.compile(model) with Inductor, the
+    # default backend: the tpu graphs must run as this project's programs (graph_runs > 0)
+    _trainer_cpu_vs_tpu(tmp_path, tpu_compiled=True)

@@ -133,6 +133,9 @@ def _register() -> None:
 
         repeat_op.register()
         _register_distributed(device)
+        from . import inductor_route  # torch.compile(model) with no backend= on tpu graphs
+
+        inductor_route.install()
         _registered = True
 
 

@@ -118,9 +118,21 @@ struct GraphEntry {
         outs[i] = o.value;
         continue;
       }
-      const at::Tensor& src = o.kind == OutputSpec::kResult
-                                  ? bases[static_cast<size_t>(o.where)]
-                                  : THPVariable_Unpack(argt[static_cast<size_t>(o.where)].ptr());
+      if (o.kind == OutputSpec::kResult) {
+        // A result is a tensor of its own on the fresh storage, not a view of a base tensor:
+        // a view would carry view metadata the graph's eager output did not have, and
+        // AOTAutograd's autograd.Function refuses in-place updates of an output that is a view
+        // (Transformers' Trainer scales the loss with `loss *= scale`). Outputs sharing one
+        // result storage still share it.
+        const at::Tensor& base = bases[static_cast<size_t>(o.where)];
+        at::Tensor t = at::detail::make_tensor<c10::TensorImpl>(
+            c10::Storage(base.storage()), base.key_set(), base.dtype());
+        t.unsafeGetTensorImpl()->set_sizes_and_strides(o.sizes, o.strides, o.offset);
+        outs[i] = py::reinterpret_steal<py::object>(THPVariable_Wrap(std::move(t)));
+        continue;
+      }
+      // an output aliasing an input is a view of it, as the graph's eager output was
+      const at::Tensor& src = THPVariable_Unpack(argt[static_cast<size_t>(o.where)].ptr());
       outs[i] = py::reinterpret_steal<py::object>(
           THPVariable_Wrap(src.as_strided(o.sizes, o.strides, o.offset)));
     }

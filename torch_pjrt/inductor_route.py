@@ -1,0 +1,76 @@
+"""``torch.compile(model)`` as users write it: graphs on ``tpu`` go to this project's backend.
+
+With no ``backend=`` argument (what most users and libraries write: Transformers' Trainer with
+``torch_compile=True``, torchtitan's ``--compile.enable``, Diffusers), ``torch.compile`` hands
+every Dynamo graph to Inductor through ``torch._TorchCompileInductorWrapper``. Inductor has a
+device registration of its own for a device named "tpu" (Pallas code for Google's
+``torch_tpu`` package), so on this project's ``tpu`` device it failed with
+``ModuleNotFoundError: No module named 'torch_tpu'`` on any graph with an elementwise op.
+
+``install()`` wraps that class's ``__call__``: a graph whose tensors are on ``tpu`` (its example
+inputs, parameters and buffers, or, for a graph that takes none, the values its nodes produce)
+is compiled by ``tpu_backend`` (one StableHLO program per AOTAutograd graph, compile/backend.py);
+every other graph goes to Inductor unchanged. What ``mode=`` and ``options=`` mean for a tpu
+graph (both are validated by PyTorch as Inductor options first, so a misspelt option still
+raises PyTorch's own error):
+
+- ``mode="default"``, ``"reduce-overhead"``, ``"max-autotune"``,
+  ``"max-autotune-no-cudagraphs"``: the same compiled programs. Each graph is already captured
+  whole as one program and replayed with one launch per call, which is what CUDA graphs give
+  ``reduce-overhead`` on CUDA; there is no kernel autotuning to run (XLA picks its own fusions),
+  so the max-autotune modes add nothing.
+- ``options=``: Inductor's code-generation settings (Triton, C++, Pallas) do not apply to the
+  programs this backend builds and are not consulted for tpu graphs.
+
+``torch.compile(model, backend="inductor")`` is the same path. ``backend="tpu"`` remains the
+way to pass this backend's own options (compile/backend.py). This module stays outside the
+compile package so that installing the route costs no import (the package takes ~1 s).
+"""
+from __future__ import annotations
+
+import torch
+
+_MARK = "_torch_pjrt_tpu_route"
+
+
+def _on_tpu(value) -> bool:
+    return isinstance(value, torch.Tensor) and value.device.type == "tpu"
+
+
+def graph_on_tpu(gm, example_inputs) -> bool:
+    """Whether a Dynamo graph computes on ``tpu``: any example input, parameter or buffer there,
+    or, when it has no tensor inputs at all, any node value there (a graph of factory calls)."""
+    tensors = [t for t in example_inputs if isinstance(t, torch.Tensor)]
+    if isinstance(gm, torch.nn.Module):
+        tensors += list(gm.parameters()) + list(gm.buffers())
+    if tensors:
+        return any(_on_tpu(t) for t in tensors)
+    graph = getattr(gm, "graph", None)
+    if graph is None:
+        return False
+    for node in graph.nodes:
+        val = node.meta.get("val")
+        vals = val if isinstance(val, (list, tuple)) else (val,)
+        if any(_on_tpu(v) for v in vals):
+            return True
+    return False
+
+
+def install() -> None:
+    """Routes tpu graphs of Inductor-bound ``torch.compile`` calls to ``tpu_backend``
+    (idempotent)."""
+    cls = getattr(torch, "_TorchCompileInductorWrapper", None)
+    if cls is None or getattr(cls.__call__, _MARK, False):
+        return
+    inductor_call = cls.__call__
+
+    def __call__(self, model_, inputs_, *, config_patches=None):
+        if graph_on_tpu(model_, inputs_):
+            from .compile.backend import tpu_backend
+
+            return tpu_backend(model_, inputs_)
+        return inductor_call(self, model_, inputs_, config_patches=config_patches)
+
+    setattr(__call__, _MARK, True)
+    __call__.__doc__ = inductor_call.__doc__
+    cls.__call__ = __call__
