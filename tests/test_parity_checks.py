@@ -428,6 +428,46 @@ def test_storage_type_is_the_device_modules_class():
         assert s.device.type == "tpu" and s.tolist() == [1.0, 2.0]
 
 
+# ---- storage slices: UntypedStorage[a:b] points into its storage ------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.float32, torch.complex128, torch.bool])
+@pytest.mark.parametrize("start,stop", [(0, 4), (4, 12), (6, 16)])
+def test_storage_slice_reads_and_writes_like_cpu(dtype, start, stop):
+    # a slice's bytes, element by element (each a set_ of a byte tensor to the slice), and
+    # writes through it landing in the sliced storage
+    got = {}
+    for d in ("cpu", "tpu"):
+        t = (torch.arange(16) * 37 - 200).to(dtype).to(d)
+        piece = t.untyped_storage()[start:stop]
+        before = piece.tolist()
+        piece[1] = 0  # bytes a bool may hold (a tpu bool buffer stores no other byte values)
+        piece[2:4] = 1
+        got[d] = (before, piece.tolist(), piece.nbytes(), t.cpu())
+    assert got["tpu"][:3] == got["cpu"][:3]
+    assert torch.equal(got["tpu"][3], got["cpu"][3])
+
+
+@pytest.mark.parametrize("start", [0, 8, 12])
+def test_set_to_a_storage_slice_aliases_like_cpu(start):
+    got = {}
+    for d in ("cpu", "tpu"):
+        base = torch.arange(10, dtype=torch.int32, device=d)
+        t = torch.empty(0, dtype=torch.int32, device=d).set_(base.untyped_storage()[start:32])
+        assert t.data_ptr() == base.data_ptr() + start
+        t.mul_(-1)  # through the alias, into base
+        got[d] = (t.cpu(), base.cpu(), t.shape)
+    assert torch.equal(got["tpu"][0], got["cpu"][0])
+    assert torch.equal(got["tpu"][1], got["cpu"][1])
+    assert got["tpu"][2] == got["cpu"][2]
+
+
+def test_set_to_a_storage_slice_off_an_element_boundary_refused():
+    # CPU reads unaligned elements; tpu tensors address whole elements of their storage
+    base = torch.arange(10, dtype=torch.int32, device="tpu")
+    with pytest.raises(RuntimeError, match="not at a whole element of int"):
+        torch.empty(0, dtype=torch.int32, device="tpu").set_(base.untyped_storage()[2:10])
+
+
 # ---- nondeterminism alerts: CPU's (put_), not the CUDA ones PyTorch's Meta kernels raise ------
 
 def test_deterministic_alerts_like_cpu():
