@@ -78,6 +78,66 @@ def test_index_fill_accepted_like_cpu(make):
     torch.testing.assert_close(got.cpu(), expected)
 
 
+def _expanded(d, *shape):
+    """A tensor of `shape` whose size-1 dims of a small distinct-valued base are expanded."""
+    base_shape = [1 if i % 2 else n for i, n in enumerate(shape)]
+    n = 1
+    for s in base_shape:
+        n *= s
+    return (torch.arange(n, dtype=torch.float32) * 1.5 - 2).reshape(base_shape).to(d).expand(shape)
+
+
+EXPANDED_FILLS = {
+    # every indexed position writes through its one memory location, so any index fills it
+    "1d_some": lambda d: _expanded(d, 1, 6)[0].index_fill_(0, _i(d, 4), 2.0),
+    "1d_empty_index": lambda d: _expanded(d, 1, 6)[0].index_fill_(
+        0, torch.tensor([], dtype=torch.long, device=d), 2.0),
+    "along_expanded_dim": lambda d: _expanded(d, 3, 4).index_fill_(1, _i(d, 3, 0), -7.0),
+    "across_expanded_dim": lambda d: _expanded(d, 3, 4).index_fill_(0, _i(d, 1), -7.0),
+    "0d_index_tensor_value": lambda d: _expanded(d, 3, 4).index_fill_(
+        -1, torch.tensor(2, device=d), torch.tensor(5.0, device=d)),
+    "3d": lambda d: _expanded(d, 2, 5, 3).index_fill_(2, _i(d, 0, 2), -1.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPANDED_FILLS))
+def test_index_fill_of_expanded_tensor_warns_and_fills_like_cpu(case):
+    results = {}
+    for d in ("cpu", "tpu"):
+        with pytest.warns(UserWarning, match="index_fill_ on expanded tensors is deprecated"):
+            out = EXPANDED_FILLS[case](d)
+        results[d] = (out.cpu(), out.stride())
+    assert torch.equal(results["tpu"][0], results["cpu"][0])
+    assert results["tpu"][1] == results["cpu"][1]
+
+
+@pytest.mark.parametrize("make", [
+    # the control: an index of its own storage is accepted
+    lambda d: torch.tensor([2, 1, 0], device=d).index_fill_(0, _i(d, 2, 1, 0), 0),
+    # the index is self (a full overlap, which other in-place ops accept) or a part of it
+    lambda d: (lambda t: t.index_fill_(0, t, 0))(torch.tensor([2, 1, 0], device=d)),
+    lambda d: (lambda t: t[:3].index_fill_(0, t[2:], 0))(torch.tensor([2, 1, 0, 1], device=d)),
+    # an expanded self still warns first, then the index's overlap is refused
+    lambda d: (lambda t: t.expand(3).index_fill_(0, t, 0))(torch.tensor([0], device=d)),
+    # dim out of range: PyTorch's IndexError (functional and 0-d self too)
+    lambda d: torch.ones(3, 4, device=d).index_fill_(2, _i(d, 1), 2.0),
+    lambda d: torch.ones(3, 4, device=d).index_fill(-3, _i(d, 1), 2.0),
+    lambda d: torch.tensor(1.0, device=d).index_fill(1, torch.tensor(0, device=d), 2.0),
+    lambda d: _expanded(d, 3, 4).index_fill_(2, _i(d, 1), 2.0),
+], ids=["distinct_tensors_ok", "self_as_index", "partial", "expanded", "dim", "dim_functional",
+        "dim_0d", "dim_expanded"])
+def test_index_fill_overlap_and_dim_refused_like_cpu(make):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the expanded-self deprecation warning
+        expected = raised_by(make, "cpu")
+        got = raised_by(make, "tpu")
+    if expected is None:  # the accepted control case
+        assert got is None
+        return
+    assert type(got) is type(expected) and str(got) == str(expected), (got, expected)
+
 # ---- heaviside ---------------------------------------------------------------------------
 
 def _h(d, dtype, values=(-1, 0, 2)):

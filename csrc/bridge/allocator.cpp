@@ -170,8 +170,8 @@ pj_storage_t* storage_containing(const void* p, size_t* offset) {
 c10::Storage alias_storage(pj_storage_t* s, size_t nbytes) {
   TORCH_CHECK(nbytes <= s->nbytes, "alias of ", nbytes, " bytes of a storage of ", s->nbytes);
   pj_storage_retain(s);
-  c10::DataPtr p(reinterpret_cast<void*>(s->addr), s, &release_alias,
-                 c10::Device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(s->device)));
+  const c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(s->device));
+  c10::DataPtr p(reinterpret_cast<void*>(s->addr), s, &release_alias, device);
   return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
       c10::StorageImpl::use_byte_size_t(), nbytes, std::move(p), &g_allocator,
       /*resizable=*/false));

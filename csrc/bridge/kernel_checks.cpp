@@ -8,9 +8,11 @@
 #include "../ops/random.h"
 
 #include <ATen/Dispatch_v2.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <cmath>
@@ -151,6 +153,53 @@ void index_fill_complex_check(const c10::FunctionSchema& schema, const torch::ji
   }
   TORCH_CHECK(!complex,
               "index_fill_(): Converting complex Scalar to non-complex type is not supported");
+}
+
+// CPU's index_fill_ makes its own overlap checks, in place of TensorIterator's (it turns those
+// off), after its index dtype check and before the complex-value check: the index may not
+// share memory with self at all (assert_no_overlap: a full overlap is refused too, where
+// TensorIterator accepts one), and a self with internal overlap (an expanded tensor) only
+// draws a deprecation warning; the fill then writes every element through its one location.
+// The functional index_fill fills a fresh clone, so neither applies to it.
+void index_fill_overlap_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  if (schema.name() != "aten::index_fill_") return;
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  const at::Tensor *self = nullptr, *index = nullptr;
+  for (size_t a = 0; a < nargs; a++) {
+    const std::string& name = schema.arguments()[a].name();
+    const c10::IValue& v = args[first + a];
+    const bool t = v.isTensor() && v.toTensor().defined();
+    if (name == "self" && t) self = &v.toTensor();
+    if (name == "index" && t) index = &v.toTensor();
+  }
+  if (!self || !index || index->scalar_type() != at::kLong) return;
+  at::assert_no_overlap(*self, *index);
+  if (at::has_internal_overlap(*self) == at::MemOverlap::Yes)
+    TORCH_WARN("Use of index_fill_ on expanded tensors is deprecated. "
+               "Please clone() the tensor before performing this operation. "
+               "This also applies to advanced indexing e.g. tensor[mask] = scalar");
+}
+
+// CPU's index_fill_ wraps dim after the checks above (a 0-d self counts as rank 1), with
+// PyTorch's IndexError; the Meta kernel would raise Python's own list-index error instead.
+void index_fill_dim_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  const at::Tensor *self = nullptr, *index = nullptr;
+  std::optional<int64_t> dim;
+  for (size_t a = 0; a < nargs; a++) {
+    const std::string& name = schema.arguments()[a].name();
+    const c10::IValue& v = args[first + a];
+    const bool t = v.isTensor() && v.toTensor().defined();
+    if (name == "self" && t) self = &v.toTensor();
+    if (name == "index" && t) index = &v.toTensor();
+    if (name == "dim" && v.isInt()) dim = v.toInt();
+  }
+  if (!self || !index || !dim || index->scalar_type() != at::kLong) return;
+  (void)c10::maybe_wrap_dim(*dim, std::max<int64_t>(self->dim(), 1));
 }
 
 // The dtype an argument stands for in type promotion: a tensor's own, or a Scalar's category
@@ -607,7 +656,11 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
     bitwise_dtype_check(base, schema, args);
   } else if (is_fill(base)) {
     if (base == "masked_fill") masked_fill_mask_check(args);
-    if (base == "index_fill") index_fill_complex_check(schema, args);
+    if (base == "index_fill") {
+      index_fill_overlap_check(schema, args);
+      index_fill_complex_check(schema, args);
+      index_fill_dim_check(schema, args);
+    }
     fill_value_check(schema, args);
   } else if (base == "masked_scatter") {
     // CPU's kernel (not its Meta kernel) refuses a uint8 mask, naming the dtype's enum name
