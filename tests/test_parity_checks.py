@@ -101,7 +101,7 @@ EXPANDED_FILLS = {
 
 
 @pytest.mark.parametrize("case", sorted(EXPANDED_FILLS))
-def test_index_fill_of_expanded_tensor_warns_and_fills_like_cpu(case):
+def test_index_fill_of_expanded_tensor_warns_and_fills_like_cpu(case, mode):
     results = {}
     for d in ("cpu", "tpu"):
         with pytest.warns(UserWarning, match="index_fill_ on expanded tensors is deprecated"):
@@ -126,7 +126,7 @@ def test_index_fill_of_expanded_tensor_warns_and_fills_like_cpu(case):
     lambda d: _expanded(d, 3, 4).index_fill_(2, _i(d, 1), 2.0),
 ], ids=["distinct_tensors_ok", "self_as_index", "partial", "expanded", "dim", "dim_functional",
         "dim_0d", "dim_expanded"])
-def test_index_fill_overlap_and_dim_refused_like_cpu(make):
+def test_index_fill_overlap_and_dim_refused_like_cpu(make, mode):
     import warnings
 
     with warnings.catch_warnings():
@@ -594,6 +594,49 @@ def test_randperm_at_the_dtype_bound_like_cpu(n, dtype):
     got = torch.randperm(n, dtype=dtype, device="tpu").cpu()
     assert got.dtype == dtype
     assert torch.equal(got.sort().values, torch.arange(n).to(dtype))
+
+
+_F32_MAX = torch.finfo(torch.float32).max
+_F64_MAX = torch.finfo(torch.float64).max
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.complex64, torch.complex128])
+@pytest.mark.parametrize("from_,to", [
+    (1.0, -1.0),                       # from > to
+    (-_F32_MAX, _F32_MAX),             # to - from beyond float's largest value
+    (-_F64_MAX, _F64_MAX),             # out of float's range; to - from is inf in double
+    (0.0, 1e5),                        # beyond half's range only
+    (float("nan"), 1.0), (0.0, float("inf")), (float("-inf"), 0.0),
+])
+@pytest.mark.parametrize("size", [(4,), (0,)])
+def test_uniform_bounds_refused_like_cpu(dtype, from_, to, size, mode):
+    # checked before the tensor's size, except that CPU takes any pair for an empty complex one
+    def call(d):
+        return torch.empty(size, dtype=dtype, device=d).uniform_(from_, to).cpu()
+
+    expected = raised_by(call, "cpu")
+    got = raised_by(call, "tpu")
+    if expected is None:
+        assert got is None, got
+        return
+    assert type(got) is type(expected) and str(got) == str(expected), (got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_uniform_of_non_floating_refused_like_cpu(dtype):
+    _same_error(lambda d: torch.empty(3, dtype=dtype, device=d).uniform_())
+
+
+@pytest.mark.parametrize("dtype,from_,to", [
+    (torch.float32, -42.0, _F32_MAX), (torch.float64, -_F64_MAX / 2, _F64_MAX / 2),
+    (torch.float32, 3.0, 3.0), (torch.complex64, -2.0, 2.0),
+])
+def test_uniform_accepted_bounds_draw_in_range(dtype, from_, to):
+    got = torch.empty(200, dtype=dtype, device="tpu").uniform_(from_, to).cpu()
+    parts = torch.view_as_real(got) if got.is_complex() else got
+    assert parts.isfinite().all()
+    assert (parts.double() >= from_).all() and (parts.double() <= to).all()
 
 
 @pytest.mark.parametrize("case", ["scalar_mean", "tensor_mean", "expanded"])

@@ -413,6 +413,42 @@ bool is_bitwise(const std::string& base) {
   return false;
 }
 
+// uniform_(from, to): CPU's checks, in its order, with its messages, before it looks at the
+// tensor's size (an empty one is refused too). A complex tensor is drawn as its real view, so
+// its part type is the one checked and named; an empty complex one passes every check on CPU
+// (torch 2.13: any from and to are accepted), so it is not checked here either. from and to must lie within the dtype's finite
+// range (so NaN and the infinities are out of bounds), from <= to, and to - from, computed in
+// double, may not exceed the dtype's largest value (the width the kernel scales [0, 1) by).
+// Other dtypes: CPU's NotImplementedError, naming the dtype as its dispatch macro does.
+void uniform_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const auto self_i = schema.argumentIndexWithName("self");
+  const auto from_i = schema.argumentIndexWithName("from");
+  const auto to_i = schema.argumentIndexWithName("to");
+  if (!self_i || !from_i || !to_i) return;
+  const at::Tensor* self = tensor_arg(args, *self_i);
+  if (!self || !args[*from_i].isDouble() || !args[*to_i].isDouble()) return;
+  if (self->is_complex() && self->numel() == 0) return;
+  const at::ScalarType st = c10::toRealValueType(self->scalar_type());
+  TORCH_CHECK_NOT_IMPLEMENTED(st == c10::kFloat || st == c10::kDouble || st == c10::kHalf ||
+                                  st == c10::kBFloat16,
+                              "\"check_uniform_bounds\" not implemented for '",
+                              c10::toString(st), "'");
+  double lo = 0, hi = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(c10::kHalf, c10::kBFloat16, st, "check_uniform_bounds", [&] {
+    lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+    hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
+  });
+  const double from = args[*from_i].toDouble(), to = args[*to_i].toDouble();
+  const caffe2::TypeMeta dtype = c10::scalarTypeToTypeMeta(st);
+  TORCH_CHECK(from >= lo && from <= hi, "from is out of bounds for ", dtype);
+  TORCH_CHECK(to >= lo && to <= hi, "to is out of bounds for ", dtype);
+  TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from,
+              " > to=", to);
+  TORCH_CHECK(to - from <= hi, "uniform_ expects to-from <= std::numeric_limits<",
+              c10::toString(st), ">::max(), but found to=", to, " and from=", from,
+              " which result in to-from to exceed the limit");
+}
+
 // random_(from, to) / random_(to) / random_(from, None): CPU's bounds checks, in its order,
 // with its messages (naming the C++ element type, as CPU prints the dtype's TypeMeta), and its
 // precision warnings for float dtypes beyond +-2^digits. pj_random_bounds (csrc/ops/random.c)
@@ -650,6 +686,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   nonempty_dim_check(base, schema, args);
   if (base == "pow") pow_check(schema, args);
   if (base == "random") random_bounds_check(schema, args);
+  if (base == "uniform") uniform_check(schema, args);
   if (base == "linspace" || base == "logspace") range_value_checks(base, schema, args);
   if (base == "sub" || base == "rsub") sub_check(args);
   if (is_bitwise(base)) {
