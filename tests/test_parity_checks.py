@@ -78,6 +78,66 @@ def test_index_fill_accepted_like_cpu(make):
     torch.testing.assert_close(got.cpu(), expected)
 
 
+def _expanded(d, *shape):
+    """A tensor of `shape` whose size-1 dims of a small distinct-valued base are expanded."""
+    base_shape = [1 if i % 2 else n for i, n in enumerate(shape)]
+    n = 1
+    for s in base_shape:
+        n *= s
+    return (torch.arange(n, dtype=torch.float32) * 1.5 - 2).reshape(base_shape).to(d).expand(shape)
+
+
+EXPANDED_FILLS = {
+    # every indexed position writes through its one memory location, so any index fills it
+    "1d_some": lambda d: _expanded(d, 1, 6)[0].index_fill_(0, _i(d, 4), 2.0),
+    "1d_empty_index": lambda d: _expanded(d, 1, 6)[0].index_fill_(
+        0, torch.tensor([], dtype=torch.long, device=d), 2.0),
+    "along_expanded_dim": lambda d: _expanded(d, 3, 4).index_fill_(1, _i(d, 3, 0), -7.0),
+    "across_expanded_dim": lambda d: _expanded(d, 3, 4).index_fill_(0, _i(d, 1), -7.0),
+    "0d_index_tensor_value": lambda d: _expanded(d, 3, 4).index_fill_(
+        -1, torch.tensor(2, device=d), torch.tensor(5.0, device=d)),
+    "3d": lambda d: _expanded(d, 2, 5, 3).index_fill_(2, _i(d, 0, 2), -1.0),
+}
+
+
+@pytest.mark.parametrize("case", sorted(EXPANDED_FILLS))
+def test_index_fill_of_expanded_tensor_warns_and_fills_like_cpu(case, mode):
+    results = {}
+    for d in ("cpu", "tpu"):
+        with pytest.warns(UserWarning, match="index_fill_ on expanded tensors is deprecated"):
+            out = EXPANDED_FILLS[case](d)
+        results[d] = (out.cpu(), out.stride())
+    assert torch.equal(results["tpu"][0], results["cpu"][0])
+    assert results["tpu"][1] == results["cpu"][1]
+
+
+@pytest.mark.parametrize("make", [
+    # the control: an index of its own storage is accepted
+    lambda d: torch.tensor([2, 1, 0], device=d).index_fill_(0, _i(d, 2, 1, 0), 0),
+    # the index is self (a full overlap, which other in-place ops accept) or a part of it
+    lambda d: (lambda t: t.index_fill_(0, t, 0))(torch.tensor([2, 1, 0], device=d)),
+    lambda d: (lambda t: t[:3].index_fill_(0, t[2:], 0))(torch.tensor([2, 1, 0, 1], device=d)),
+    # an expanded self still warns first, then the index's overlap is refused
+    lambda d: (lambda t: t.expand(3).index_fill_(0, t, 0))(torch.tensor([0], device=d)),
+    # dim out of range: PyTorch's IndexError (functional and 0-d self too)
+    lambda d: torch.ones(3, 4, device=d).index_fill_(2, _i(d, 1), 2.0),
+    lambda d: torch.ones(3, 4, device=d).index_fill(-3, _i(d, 1), 2.0),
+    lambda d: torch.tensor(1.0, device=d).index_fill(1, torch.tensor(0, device=d), 2.0),
+    lambda d: _expanded(d, 3, 4).index_fill_(2, _i(d, 1), 2.0),
+], ids=["distinct_tensors_ok", "self_as_index", "partial", "expanded", "dim", "dim_functional",
+        "dim_0d", "dim_expanded"])
+def test_index_fill_overlap_and_dim_refused_like_cpu(make, mode):
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the expanded-self deprecation warning
+        expected = raised_by(make, "cpu")
+        got = raised_by(make, "tpu")
+    if expected is None:  # the accepted control case
+        assert got is None
+        return
+    assert type(got) is type(expected) and str(got) == str(expected), (got, expected)
+
 # ---- heaviside ---------------------------------------------------------------------------
 
 def _h(d, dtype, values=(-1, 0, 2)):
@@ -428,6 +488,46 @@ def test_storage_type_is_the_device_modules_class():
         assert s.device.type == "tpu" and s.tolist() == [1.0, 2.0]
 
 
+# ---- storage slices: UntypedStorage[a:b] points into its storage ------------------------------
+
+@pytest.mark.parametrize("dtype", [torch.int16, torch.float32, torch.complex128, torch.bool])
+@pytest.mark.parametrize("start,stop", [(0, 4), (4, 12), (6, 16)])
+def test_storage_slice_reads_and_writes_like_cpu(dtype, start, stop):
+    # a slice's bytes, element by element (each a set_ of a byte tensor to the slice), and
+    # writes through it landing in the sliced storage
+    got = {}
+    for d in ("cpu", "tpu"):
+        t = (torch.arange(16) * 37 - 200).to(dtype).to(d)
+        piece = t.untyped_storage()[start:stop]
+        before = piece.tolist()
+        piece[1] = 0  # bytes a bool may hold (a tpu bool buffer stores no other byte values)
+        piece[2:4] = 1
+        got[d] = (before, piece.tolist(), piece.nbytes(), t.cpu())
+    assert got["tpu"][:3] == got["cpu"][:3]
+    assert torch.equal(got["tpu"][3], got["cpu"][3])
+
+
+@pytest.mark.parametrize("start", [0, 8, 12])
+def test_set_to_a_storage_slice_aliases_like_cpu(start):
+    got = {}
+    for d in ("cpu", "tpu"):
+        base = torch.arange(10, dtype=torch.int32, device=d)
+        t = torch.empty(0, dtype=torch.int32, device=d).set_(base.untyped_storage()[start:32])
+        assert t.data_ptr() == base.data_ptr() + start
+        t.mul_(-1)  # through the alias, into base
+        got[d] = (t.cpu(), base.cpu(), t.shape)
+    assert torch.equal(got["tpu"][0], got["cpu"][0])
+    assert torch.equal(got["tpu"][1], got["cpu"][1])
+    assert got["tpu"][2] == got["cpu"][2]
+
+
+def test_set_to_a_storage_slice_off_an_element_boundary_refused():
+    # CPU reads unaligned elements; tpu tensors address whole elements of their storage
+    base = torch.arange(10, dtype=torch.int32, device="tpu")
+    with pytest.raises(RuntimeError, match="not at a whole element of int"):
+        torch.empty(0, dtype=torch.int32, device="tpu").set_(base.untyped_storage()[2:10])
+
+
 # ---- nondeterminism alerts: CPU's (put_), not the CUDA ones PyTorch's Meta kernels raise ------
 
 def test_deterministic_alerts_like_cpu():
@@ -494,6 +594,49 @@ def test_randperm_at_the_dtype_bound_like_cpu(n, dtype):
     got = torch.randperm(n, dtype=dtype, device="tpu").cpu()
     assert got.dtype == dtype
     assert torch.equal(got.sort().values, torch.arange(n).to(dtype))
+
+
+_F32_MAX = torch.finfo(torch.float32).max
+_F64_MAX = torch.finfo(torch.float64).max
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.float64, torch.float16, torch.bfloat16,
+                                   torch.complex64, torch.complex128])
+@pytest.mark.parametrize("from_,to", [
+    (1.0, -1.0),                       # from > to
+    (-_F32_MAX, _F32_MAX),             # to - from beyond float's largest value
+    (-_F64_MAX, _F64_MAX),             # out of float's range; to - from is inf in double
+    (0.0, 1e5),                        # beyond half's range only
+    (float("nan"), 1.0), (0.0, float("inf")), (float("-inf"), 0.0),
+])
+@pytest.mark.parametrize("size", [(4,), (0,)])
+def test_uniform_bounds_refused_like_cpu(dtype, from_, to, size, mode):
+    # checked before the tensor's size, except that CPU takes any pair for an empty complex one
+    def call(d):
+        return torch.empty(size, dtype=dtype, device=d).uniform_(from_, to).cpu()
+
+    expected = raised_by(call, "cpu")
+    got = raised_by(call, "tpu")
+    if expected is None:
+        assert got is None, got
+        return
+    assert type(got) is type(expected) and str(got) == str(expected), (got, expected)
+
+
+@pytest.mark.parametrize("dtype", [torch.int64, torch.bool])
+def test_uniform_of_non_floating_refused_like_cpu(dtype):
+    _same_error(lambda d: torch.empty(3, dtype=dtype, device=d).uniform_())
+
+
+@pytest.mark.parametrize("dtype,from_,to", [
+    (torch.float32, -42.0, _F32_MAX), (torch.float64, -_F64_MAX / 2, _F64_MAX / 2),
+    (torch.float32, 3.0, 3.0), (torch.complex64, -2.0, 2.0),
+])
+def test_uniform_accepted_bounds_draw_in_range(dtype, from_, to):
+    got = torch.empty(200, dtype=dtype, device="tpu").uniform_(from_, to).cpu()
+    parts = torch.view_as_real(got) if got.is_complex() else got
+    assert parts.isfinite().all()
+    assert (parts.double() >= from_).all() and (parts.double() <= to).all()
 
 
 @pytest.mark.parametrize("case", ["scalar_mean", "tensor_mean", "expanded"])

@@ -12,16 +12,17 @@
 
 #include <c10/core/CachingDeviceAllocator.h>
 
+#include <map>
 #include <mutex>
-#include <unordered_map>
 
 #include "torch_pjrt/memory_info.h"
 
 namespace torch_pjrt {
 namespace {
 
-// The storages behind live DataPtrs made here, by fake address. It answers one question:
-// which storage a tpu data pointer that did not come from this allocator names. DLPack import
+// The storages behind live DataPtrs made here, by fake address. It answers two questions:
+// which storage a tpu data pointer that did not come from this allocator names, and which
+// storage's byte range holds a pointer into one (storage_containing). DLPack import
 // (at::fromDLPack: torch.from_dlpack / torch.asarray of a tpu tensor or of its capsule) wraps
 // the exporter's data pointer in a from_blob StorageImpl whose DataPtr holds the capsule's
 // deleter; since tpu addresses are fake, such a pointer means something only as the address of
@@ -30,7 +31,7 @@ namespace {
 // long as the imported StorageImpl lives. Guarded by g_live_mu; entries are added when a DataPtr
 // is made and removed by its deleter, which may run on any thread (never taking the GIL).
 std::mutex g_live_mu;
-std::unordered_map<uintptr_t, pj_storage_t*> g_live;  // guarded by g_live_mu
+std::map<uintptr_t, pj_storage_t*> g_live;  // guarded by g_live_mu; ordered for range lookups
 
 void delete_storage(void* ctx) {
   pj_storage_t* s = static_cast<pj_storage_t*>(ctx);
@@ -41,6 +42,10 @@ void delete_storage(void* ctx) {
   }
   pj_storage_release(s);
 }
+
+// The deleter of alias_storage's DataPtrs: they hold one more reference to a storage whose own
+// DataPtr (delete_storage) keeps its g_live entry, so only the reference is dropped.
+void release_alias(void* ctx) { pj_storage_release(static_cast<pj_storage_t*>(ctx)); }
 
 class PjrtAllocator final : public c10::DeviceAllocator {
  public:
@@ -139,7 +144,8 @@ c10::DataPtr allocate_storage(int device, size_t nbytes) {
 pj_storage_t* storage_of(const c10::Storage& s) {
   if (!s) return nullptr;
   const c10::DataPtr& p = s.data_ptr();
-  if (p.get_deleter() == &delete_storage) return static_cast<pj_storage_t*>(p.get_context());
+  if (p.get_deleter() == &delete_storage || p.get_deleter() == &release_alias)
+    return static_cast<pj_storage_t*>(p.get_context());
   // A foreign DataPtr on tpu (DLPack import): the live storage at exactly that address. A
   // pointer inside a storage (an exported view with an offset) names no storage: the bridge
   // describes tensors as (storage, element offset) from the storage's start.
@@ -147,6 +153,28 @@ pj_storage_t* storage_of(const c10::Storage& s) {
   std::lock_guard<std::mutex> g(g_live_mu);
   auto it = g_live.find(reinterpret_cast<uintptr_t>(p.get()));
   return it == g_live.end() ? nullptr : it->second;
+}
+
+pj_storage_t* storage_containing(const void* p, size_t* offset) {
+  const auto a = reinterpret_cast<uintptr_t>(p);
+  std::lock_guard<std::mutex> g(g_live_mu);
+  auto it = g_live.upper_bound(a);  // the first storage starting after p
+  if (it == g_live.begin()) return nullptr;
+  --it;  // the last storage starting at or before p
+  pj_storage_t* s = it->second;
+  if (a - s->addr >= s->nbytes) return nullptr;
+  *offset = a - s->addr;
+  return s;
+}
+
+c10::Storage alias_storage(pj_storage_t* s, size_t nbytes) {
+  TORCH_CHECK(nbytes <= s->nbytes, "alias of ", nbytes, " bytes of a storage of ", s->nbytes);
+  pj_storage_retain(s);
+  const c10::Device device(c10::DeviceType::PrivateUse1, static_cast<c10::DeviceIndex>(s->device));
+  c10::DataPtr p(reinterpret_cast<void*>(s->addr), s, &release_alias, device);
+  return c10::Storage(c10::make_intrusive<c10::StorageImpl>(
+      c10::StorageImpl::use_byte_size_t(), nbytes, std::move(p), &g_allocator,
+      /*resizable=*/false));
 }
 
 pj_storage_t* storage_of(const at::Tensor& t) {

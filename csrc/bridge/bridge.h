@@ -120,6 +120,14 @@ pj_storage_t* storage_of(const c10::Storage& s);
 // A DataPtr owning a new storage of `nbytes` on `device` (used by allocate() and by resize_,
 // which swaps it into the StorageImpl). Initializes the runtime; checks the device index.
 c10::DataPtr allocate_storage(int device, size_t nbytes);
+// The live storage whose byte range [addr, addr + nbytes) holds the tpu address p, with p's
+// byte offset from its start in *offset; nullptr (offset untouched) if none does. A pointer
+// into a storage comes from PyTorch's storage slicing (UntypedStorage[a:b]), which wraps
+// `data + a` in a DataPtr of its own.
+pj_storage_t* storage_containing(const void* p, size_t* offset);
+// A new, non-resizable StorageImpl of `nbytes` (at most s->nbytes) sharing s (one more
+// reference): storage_of finds s in it, its data pointer is s's address, so it aliases s.
+c10::Storage alias_storage(pj_storage_t* s, size_t nbytes);
 
 // guard.cpp: the calling thread's current device (tpu:current; starts at 0), the bounds-checked
 // setter, and the number of devices (0 when the runtime cannot start: never throws).

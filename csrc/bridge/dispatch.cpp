@@ -702,8 +702,9 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   // device addresses of storages make PyTorch's own checks work here. CPU's fill_ and zero_
   // make none (their TensorIterator turns the check off: one value written to several
   // elements through one location is still that value), and empty_strided((10,), (0,))
-  // .fill_(0) is how PyTorch's tests initialize a tensor with overlapping strides.
-  const bool overlap_checked = base != "fill" && base != "zero";
+  // .fill_(0) is how PyTorch's tests initialize a tensor with overlapping strides. CPU's
+  // index_fill_ turns them off too and makes its own (kernel_checks.cpp, cpu_kernel_checks).
+  const bool overlap_checked = base != "fill" && base != "zero" && base != "index_fill";
   for (size_t a = 0; overlap_checked && a < nargs; a++)
     if (is_write(schema.arguments()[a]))
       for (const at::Tensor& d : tensors_of(args[a])) {

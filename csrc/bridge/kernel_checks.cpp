@@ -8,9 +8,11 @@
 #include "../ops/random.h"
 
 #include <ATen/Dispatch_v2.h>
+#include <ATen/MemoryOverlap.h>
 #include <ATen/core/function_schema.h>
 #include <torch/headeronly/version.h>  // TORCH_VERSION_MINOR
 
+#include <algorithm>
 #include <cmath>
 #include <mutex>
 #include <cmath>
@@ -151,6 +153,53 @@ void index_fill_complex_check(const c10::FunctionSchema& schema, const torch::ji
   }
   TORCH_CHECK(!complex,
               "index_fill_(): Converting complex Scalar to non-complex type is not supported");
+}
+
+// CPU's index_fill_ makes its own overlap checks, in place of TensorIterator's (it turns those
+// off), after its index dtype check and before the complex-value check: the index may not
+// share memory with self at all (assert_no_overlap: a full overlap is refused too, where
+// TensorIterator accepts one), and a self with internal overlap (an expanded tensor) only
+// draws a deprecation warning; the fill then writes every element through its one location.
+// The functional index_fill fills a fresh clone, so neither applies to it.
+void index_fill_overlap_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  if (schema.name() != "aten::index_fill_") return;
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  const at::Tensor *self = nullptr, *index = nullptr;
+  for (size_t a = 0; a < nargs; a++) {
+    const std::string& name = schema.arguments()[a].name();
+    const c10::IValue& v = args[first + a];
+    const bool t = v.isTensor() && v.toTensor().defined();
+    if (name == "self" && t) self = &v.toTensor();
+    if (name == "index" && t) index = &v.toTensor();
+  }
+  if (!self || !index || index->scalar_type() != at::kLong) return;
+  at::assert_no_overlap(*self, *index);
+  if (at::has_internal_overlap(*self) == at::MemOverlap::Yes)
+    TORCH_WARN("Use of index_fill_ on expanded tensors is deprecated. "
+               "Please clone() the tensor before performing this operation. "
+               "This also applies to advanced indexing e.g. tensor[mask] = scalar");
+}
+
+// CPU's index_fill_ wraps dim after the checks above (a 0-d self counts as rank 1), with
+// PyTorch's IndexError; the Meta kernel would raise Python's own list-index error instead.
+void index_fill_dim_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  const at::Tensor *self = nullptr, *index = nullptr;
+  std::optional<int64_t> dim;
+  for (size_t a = 0; a < nargs; a++) {
+    const std::string& name = schema.arguments()[a].name();
+    const c10::IValue& v = args[first + a];
+    const bool t = v.isTensor() && v.toTensor().defined();
+    if (name == "self" && t) self = &v.toTensor();
+    if (name == "index" && t) index = &v.toTensor();
+    if (name == "dim" && v.isInt()) dim = v.toInt();
+  }
+  if (!self || !index || !dim || index->scalar_type() != at::kLong) return;
+  (void)c10::maybe_wrap_dim(*dim, std::max<int64_t>(self->dim(), 1));
 }
 
 // The dtype an argument stands for in type promotion: a tensor's own, or a Scalar's category
@@ -362,6 +411,42 @@ bool is_bitwise(const std::string& base) {
   for (const char* n : names)
     if (base == n) return true;
   return false;
+}
+
+// uniform_(from, to): CPU's checks, in its order, with its messages, before it looks at the
+// tensor's size (an empty one is refused too). A complex tensor is drawn as its real view, so
+// its part type is the one checked and named; an empty complex one passes every check on CPU
+// (torch 2.13: any from and to are accepted), so it is not checked here either. from and to must lie within the dtype's finite
+// range (so NaN and the infinities are out of bounds), from <= to, and to - from, computed in
+// double, may not exceed the dtype's largest value (the width the kernel scales [0, 1) by).
+// Other dtypes: CPU's NotImplementedError, naming the dtype as its dispatch macro does.
+void uniform_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const auto self_i = schema.argumentIndexWithName("self");
+  const auto from_i = schema.argumentIndexWithName("from");
+  const auto to_i = schema.argumentIndexWithName("to");
+  if (!self_i || !from_i || !to_i) return;
+  const at::Tensor* self = tensor_arg(args, *self_i);
+  if (!self || !args[*from_i].isDouble() || !args[*to_i].isDouble()) return;
+  if (self->is_complex() && self->numel() == 0) return;
+  const at::ScalarType st = c10::toRealValueType(self->scalar_type());
+  TORCH_CHECK_NOT_IMPLEMENTED(st == c10::kFloat || st == c10::kDouble || st == c10::kHalf ||
+                                  st == c10::kBFloat16,
+                              "\"check_uniform_bounds\" not implemented for '",
+                              c10::toString(st), "'");
+  double lo = 0, hi = 0;
+  AT_DISPATCH_FLOATING_TYPES_AND2(c10::kHalf, c10::kBFloat16, st, "check_uniform_bounds", [&] {
+    lo = static_cast<double>(std::numeric_limits<scalar_t>::lowest());
+    hi = static_cast<double>(std::numeric_limits<scalar_t>::max());
+  });
+  const double from = args[*from_i].toDouble(), to = args[*to_i].toDouble();
+  const caffe2::TypeMeta dtype = c10::scalarTypeToTypeMeta(st);
+  TORCH_CHECK(from >= lo && from <= hi, "from is out of bounds for ", dtype);
+  TORCH_CHECK(to >= lo && to <= hi, "to is out of bounds for ", dtype);
+  TORCH_CHECK(from <= to, "uniform_ expects to return a [from, to) range, but found from=", from,
+              " > to=", to);
+  TORCH_CHECK(to - from <= hi, "uniform_ expects to-from <= std::numeric_limits<",
+              c10::toString(st), ">::max(), but found to=", to, " and from=", from,
+              " which result in to-from to exceed the limit");
 }
 
 // random_(from, to) / random_(to) / random_(from, None): CPU's bounds checks, in its order,
@@ -626,13 +711,18 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   nonempty_dim_check(base, schema, args);
   if (base == "pow") pow_check(schema, args);
   if (base == "random") random_bounds_check(schema, args);
+  if (base == "uniform") uniform_check(schema, args);
   if (base == "linspace" || base == "logspace") range_value_checks(base, schema, args);
   if (base == "sub" || base == "rsub") sub_check(args);
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
   } else if (is_fill(base)) {
     if (base == "masked_fill") masked_fill_mask_check(args);
-    if (base == "index_fill") index_fill_complex_check(schema, args);
+    if (base == "index_fill") {
+      index_fill_overlap_check(schema, args);
+      index_fill_complex_check(schema, args);
+      index_fill_dim_check(schema, args);
+    }
     fill_value_check(schema, args);
   } else if (base == "masked_scatter") {
     // CPU's kernel (not its Meta kernel) refuses a uint8 mask, naming the dtype's enum name

@@ -144,10 +144,31 @@ at::Tensor& set_storage(at::Tensor& self, at::Storage source, c10::SymInt storag
   // and in bounds, and both storages on one device. A cross-device set_ reaches this kernel when
   // either side is tpu (e.g. cpu_tensor.set_(tpu_tensor)); it must raise, never give a CPU
   // tensor a device storage.
+  //
+  // A slice of a tpu storage (UntypedStorage[a:b]; PyTorch's storage element access, storage_get
+  // and storage_set, set_ a byte tensor to one) is a StorageImpl whose DataPtr points `a` bytes
+  // into a live storage. The bridge describes tensors as (storage, element offset from its
+  // start), so self gets an alias of the whole storage (alias_storage) with the slice's start
+  // added to its offset: the same elements, data_ptr() and overlap answers as CPU; only
+  // storage_offset() and untyped_storage() name the whole storage rather than the slice.
+  size_t slice_start = 0;
+  pj_storage_t* sliced = nullptr;
+  if (source.device().type() == c10::DeviceType::PrivateUse1 && source.nbytes() > 0 &&
+      storage_of(source) == nullptr)
+    sliced = storage_containing(source.data_ptr().get(), &slice_start);
   TORCH_CHECK(source.device().type() != c10::DeviceType::PrivateUse1 ||
-                  storage_of(source) != nullptr || source.nbytes() == 0,
+                  storage_of(source) != nullptr || sliced != nullptr || source.nbytes() == 0,
               "set_: the storage on ", source.device(), " was not allocated by torch_pjrt");
-  at::native::checkSetStorage(self, source, off, sizes, strides);  // sets it when all checks pass
+  const size_t item = static_cast<size_t>(self.element_size());
+  TORCH_CHECK(sliced == nullptr || slice_start % item == 0, "set_: the storage slice starts ",
+              slice_start, " bytes into a tpu storage, not at a whole element of ", self.dtype(),
+              " (", item, " bytes)");
+  // PyTorch's checks run against the slice itself (its bounds, its device); set it when all pass
+  at::native::checkSetStorage(self, source, off, sizes, strides);
+  if (sliced) {
+    impl->set_storage_keep_dtype(alias_storage(sliced, slice_start + source.nbytes()));
+    off += static_cast<int64_t>(slice_start / item);
+  }
   impl->set_storage_offset(off);
   if (strides.empty())
     impl->set_sizes_contiguous(sizes);

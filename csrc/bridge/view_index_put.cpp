@@ -27,12 +27,14 @@
 // [16, 8, 64] view of a 256 MB storage costs what it costs on a tensor of the view's size).
 //
 // Also here: CPU's dtype check of every index_put form, which the lowering (converting the
-// values) would not make.
+// values) would not make, and index_fill_ into an expanded self (fill_expanded).
 #include "view_index_put.h"
 
 #include "bridge.h"
 #include "call_builder.h"
 #include "eager_mode.h"
+
+#include <ATen/MemoryOverlap.h>
 
 #include <algorithm>
 #include <optional>
@@ -504,6 +506,60 @@ bool scatter(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   return true;
 }
 
+// index_fill_ into a self with internal overlap (a dim of stride 0 and size > 1: an expanded
+// tensor), which CPU allows with a deprecation warning (kernel_checks.cpp): it writes every
+// indexed position through its one memory location, so a storage element is filled when any
+// position it stands for is indexed. The general path's write-back of such a destination
+// would keep one position's result per element instead, often an unfilled one. So the fill is
+// made on a dense copy (the index checked and the value converted as usual), and each
+// expanded dim is then reduced to one position: along `dim`, a filled one (index[0]: when the
+// index is empty nothing changes), elsewhere any one (all are equal), and written into self
+// with its expanded dims at size 1.
+bool fill_expanded(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  const std::string& overload = schema.overload_name();
+  if (schema.name() != "aten::index_fill_" ||
+      (overload != "int_Scalar" && overload != "int_Tensor"))
+    return false;
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+  if (nargs != 4 || !(*stack)[first].isTensor() || !(*stack)[first + 1].isInt() ||
+      !(*stack)[first + 2].isTensor())
+    return false;
+  const at::Tensor self = (*stack)[first].toTensor();
+  const at::Tensor index = (*stack)[first + 2].toTensor();
+  const c10::IValue value = (*stack)[first + 3];
+  // an index of another dtype goes to the general path, which raises CPU's error for it first
+  if (!storage_of(self) || index.scalar_type() != at::kLong ||
+      at::has_internal_overlap(self) != at::MemOverlap::Yes)
+    return false;
+  // the warning, then CPU's refusals (index overlapping self, a complex value)
+  cpu_kernel_checks("index_fill", schema, torch::jit::Stack(stack->end() - nargs, stack->end()));
+  const int64_t raw_dim = (*stack)[first + 1].toInt();
+  at::Tensor dense = self.clone(at::MemoryFormat::Contiguous);
+  if (value.isTensor())
+    dense.index_fill_(raw_dim, index, value.toTensor());
+  else
+    dense.index_fill_(raw_dim, index, value.toScalar());
+  const int64_t dim = c10::maybe_wrap_dim(raw_dim, self.dim());  // valid: the fill took it
+  std::vector<int64_t> sizes = self.sizes().vec();
+  at::Tensor src = dense;
+  bool changed = true;
+  for (int64_t d = 0; d < self.dim(); d++) {
+    if (self.stride(d) != 0 || self.size(d) <= 1) continue;
+    if (d == dim) {
+      changed = index.numel() > 0;
+      if (changed) src = src.index_select(d, index.reshape({-1}).narrow(0, 0, 1));
+    } else {
+      src = src.narrow(d, 0, 1);
+    }
+    sizes[d] = 1;
+  }
+  if (changed) self.as_strided(sizes, self.strides(), self.storage_offset()).copy_(src);
+  torch::jit::drop(*stack, nargs);
+  stack->push_back(self);
+  return true;
+}
+
 }  // namespace
 
 bool view_put_candidate(const std::string& base) {
@@ -526,7 +582,8 @@ bool index_put_takes_masked_fill(const c10::FunctionSchema& schema,
 
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
-  return index_put(schema, stack) || slices(schema, stack) || scatter(schema, stack);
+  return index_put(schema, stack) || slices(schema, stack) || scatter(schema, stack) ||
+         fill_expanded(schema, stack);
 }
 
 }  // namespace torch_pjrt
