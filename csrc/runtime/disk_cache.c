@@ -373,7 +373,10 @@ static int by_mtime(const void *a, const void *b) {
  * Another process may delete the same file first: unlink failures are ignored. Only regular
  * files named *.pjx are counted or removed (lstat semantics: a symlink is neither). */
 static void evict(int dfd, int64_t max_bytes) {
-  int scan_fd = fcntl(dfd, F_DUPFD_CLOEXEC, 0); /* fdopendir takes it over */
+  /* A new open file description of the same directory (not a dup, which would share the
+   * read position with every other dup: a second scan would start at the end and see
+   * nothing). fdopendir takes it over. */
+  int scan_fd = openat(dfd, ".", O_RDONLY | O_DIRECTORY | O_CLOEXEC);
   DIR *d = scan_fd >= 0 ? fdopendir(scan_fd) : NULL;
   if (!d) {
     if (scan_fd >= 0) close(scan_fd);
