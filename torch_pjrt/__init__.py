@@ -92,7 +92,8 @@ def _register() -> None:
                 # a flag the plugin does not know would abort the process when it starts
                 from . import _flags_probe
 
-                refused = _flags_probe.rejected(choice.path, cfg.cache_dir)
+                refused = _flags_probe.rejected(choice.path, cfg.cache_dir,
+                                                cfg.cache_readonly)
                 if refused:
                     device._note_problem("plugin", refused)
                     device._C._refuse(refused)
@@ -100,7 +101,8 @@ def _register() -> None:
             device._C._defer_set_max_ops(cfg.defer_max_ops)
             device._C._set_default_eager_mode(modes.MODES.index(cfg.eager_mode))
             try:
-                device._C._configure_cache(cfg.cache_dir, cfg.cache_max_bytes)
+                device._C._configure_cache(cfg.cache_dir, cfg.cache_max_bytes,
+                                           cfg.cache_shared, cfg.cache_readonly, cfg.cache_key)
             except RuntimeError as e:  # an unusable directory costs speed, not correctness
                 _log.warning("torch_pjrt: persistent compile cache disabled: %s", e)
 

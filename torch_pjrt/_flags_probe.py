@@ -45,7 +45,7 @@ def _marker(cache_dir: str, plugin_path: str) -> Optional[str]:
     return os.path.join(cache_dir, "flags-ok", _key(plugin_path)) if cache_dir else None
 
 
-def rejected(plugin_path: str, cache_dir: str) -> Optional[str]:
+def rejected(plugin_path: str, cache_dir: str, readonly: bool = False) -> Optional[str]:
     """The plugin's complaint when it would abort on this environment's flags, else None."""
     if os.environ.get(_IN_CHILD) or not any(os.environ.get(v, "").strip() for v in VARIABLES):
         return None
@@ -59,9 +59,11 @@ def rejected(plugin_path: str, cache_dir: str) -> Optional[str]:
     except (OSError, subprocess.SubprocessError):
         return None
     if child.returncode == 0:
-        if marker:
+        if marker and not readonly:  # TORCH_PJRT_CACHE_READONLY: nothing is written
             try:
-                os.makedirs(os.path.dirname(marker), exist_ok=True)
+                # private, as the compile cache creates it (csrc/runtime/disk_cache.c)
+                os.makedirs(cache_dir, mode=0o700, exist_ok=True)
+                os.makedirs(os.path.dirname(marker), mode=0o700, exist_ok=True)
                 with open(marker, "w"):
                     pass
             except OSError:  # an unusable cache directory only costs the probe next time

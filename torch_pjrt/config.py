@@ -22,6 +22,14 @@ Variables (the README's table lists all of them):
     ``~/.cache/torch_pjrt``); ``0`` disables it. Many processes and hosts may share it.
 ``TORCH_PJRT_CACHE_MAX_BYTES``
     Size bound of that directory; least recently used entries are evicted (default 4 GiB).
+``TORCH_PJRT_CACHE_SHARED``
+    ``1``: load entries owned by other users and entries in a directory writable by group or
+    others (refused by default), and create files by the umask instead of 0600/0700.
+``TORCH_PJRT_CACHE_KEY``
+    A secret: every stored entry carries an HMAC-SHA256 tag under it, and entries without a
+    valid tag are not loaded.
+``TORCH_PJRT_CACHE_READONLY``
+    ``1``: the cache is read, never written (no stores, no directory creation, no evictions).
 
 PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
 ``import torch``; it is read by torch, not here. Native code reads these switches where they act:
@@ -58,6 +66,9 @@ class Config:
     cpu_device_count: int
     cache_dir: str = dataclasses.field(default_factory=default_cache_dir)  # "" = disabled
     cache_max_bytes: int = DEFAULT_CACHE_MAX_BYTES
+    cache_shared: bool = False
+    cache_readonly: bool = False
+    cache_key: bytes = dataclasses.field(default=b"", repr=False)  # a secret: never shown
     eager_mode: str = "strict"
     defer_max_ops: int = 64
     check_nan: bool = False
@@ -102,4 +113,8 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
         cpu_device_count=_positive_int(env, "TORCH_PJRT_CPU_DEVICE_COUNT", 1),
         cache_dir=cache_dir,
         cache_max_bytes=_positive_int(env, "TORCH_PJRT_CACHE_MAX_BYTES", DEFAULT_CACHE_MAX_BYTES),
+        cache_shared=env.get("TORCH_PJRT_CACHE_SHARED", "").strip() == "1",
+        cache_readonly=env.get("TORCH_PJRT_CACHE_READONLY", "").strip() == "1",
+        # the secret's bytes as given (os.fsencode: what the environment held)
+        cache_key=os.fsencode(env.get("TORCH_PJRT_CACHE_KEY", "")),
     )

@@ -560,8 +560,10 @@ from .modes import eager_mode, flush, get_eager_mode, pending_graph, set_eager_m
 
 
 def cache_stats() -> dict[str, Any]:
-    """The persistent compile cache: its directory ("" when disabled) and this process's hits,
-    misses, stores, bytes read/written, corrupt entries replaced and evictions."""
+    """The persistent compile cache: its directory ("" when disabled), its trust settings
+    (``shared``, ``readonly``, ``keyed``: TORCH_PJRT_CACHE_SHARED / _READONLY / _KEY) and this
+    process's hits, misses, stores, bytes read/written, corrupt entries replaced, evictions,
+    entries refused as untrusted (``disk_cache_refused_entries``) and the last warning."""
     return dict(_C.cache_stats()) if _C is not None else {}
 
 

@@ -90,16 +90,46 @@ void bind_dispatch(pybind11::module_& m) {
   m.def("_defer_max_ops", [] { return pj_defer_max_ops(); });
   m.def("_defer_reset_detector", [] { pj_defer_reset_detector(); });
   m.def("_set_check_nan", [](bool on) { set_check_nan(on); });
-  m.def("_configure_cache", [](const std::string& dir, int64_t max_bytes) {
-    check(pj_disk_cache_configure(dir.c_str(), max_bytes));
-  }, "Sets the persistent compile cache directory ('' disables it) and its size bound.");
+  m.def("_configure_cache", [](const std::string& dir, int64_t max_bytes, bool shared,
+                               bool readonly, const std::string& secret) {
+    // The cache's warnings (refused entries, naming the file) become PyTorch warnings: a
+    // Python UserWarning when the lookup runs under an op called from Python, c10's log line
+    // on other threads. TORCH_WARN only records (the Python handler raises, if warnings are
+    // errors, when the op returns), so nothing unwinds through the C runtime; catch anyway.
+    pj_disk_cache_set_warning_handler([](const char* message) {
+      try {
+        TORCH_WARN("torch_pjrt: ", message);
+      } catch (...) {
+      }
+    });
+    pj_disk_cache_options_t o{};
+    o.dir = dir.c_str();
+    o.max_bytes = max_bytes;
+    o.shared = shared;
+    o.readonly = readonly;
+    o.secret = secret.data();
+    o.secret_len = secret.size();
+    check(pj_disk_cache_configure_options(&o));
+  }, pybind11::arg("dir"), pybind11::arg("max_bytes"), pybind11::arg("shared") = false,
+     pybind11::arg("readonly") = false, pybind11::arg("secret") = pybind11::bytes(""),
+     "Sets the persistent compile cache directory ('' disables it), its size bound and its "
+     "trust settings (csrc/include/torch_pjrt/disk_cache.h).");
   m.def("cache_stats", [] {
     std::map<std::string, pybind11::object> out;
     out["dir"] = pybind11::str(pj_disk_cache_dir());
     for (pj_metric_t k : {PJ_METRIC_DISK_HITS, PJ_METRIC_DISK_MISSES, PJ_METRIC_DISK_STORES,
                           PJ_METRIC_DISK_BYTES_READ, PJ_METRIC_DISK_BYTES_WRITTEN,
-                          PJ_METRIC_DISK_CORRUPT, PJ_METRIC_DISK_EVICTIONS})
+                          PJ_METRIC_DISK_CORRUPT, PJ_METRIC_DISK_EVICTIONS,
+                          PJ_METRIC_DISK_REFUSED})
       out[pj_metric_name(k)] = pybind11::int_(pj_metric_get(k));
+    bool shared, readonly, keyed;
+    pj_disk_cache_mode(&shared, &readonly, &keyed);
+    out["shared"] = pybind11::bool_(shared);
+    out["readonly"] = pybind11::bool_(readonly);
+    out["keyed"] = pybind11::bool_(keyed);
+    char last[1024];
+    pj_disk_cache_last_warning(last, sizeof last);
+    out["last_warning"] = pybind11::str(last);
     return out;
   }, "Persistent compile cache statistics of this process.");
 }

@@ -20,6 +20,7 @@ static const char *const kNames[PJ_NUM_METRICS] = {
     [PJ_METRIC_DISK_BYTES_WRITTEN] = "disk_cache_bytes_written",
     [PJ_METRIC_DISK_CORRUPT] = "disk_cache_corrupt_entries",
     [PJ_METRIC_DISK_EVICTIONS] = "disk_cache_evictions",
+    [PJ_METRIC_DISK_REFUSED] = "disk_cache_refused_entries",
     [PJ_METRIC_DEFER_OPS] = "defer_ops",
     [PJ_METRIC_MEMO_HITS] = "memo_hits",
     [PJ_METRIC_DEFER_FLUSHES] = "defer_flushes",

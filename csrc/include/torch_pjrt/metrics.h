@@ -25,6 +25,7 @@ typedef enum {
   PJ_METRIC_DISK_BYTES_WRITTEN,
   PJ_METRIC_DISK_CORRUPT,
   PJ_METRIC_DISK_EVICTIONS,
+  PJ_METRIC_DISK_REFUSED,    /* persistent cache entries not trusted (disk_cache.h): not loaded */
   PJ_METRIC_DEFER_OPS,       /* ops recorded by the defer_and_fuse mode */
   PJ_METRIC_DEFER_FLUSHES,   /* fused programs executed */
   PJ_METRIC_DEFER_CUTS,      /* flushes at a detected loop-iteration boundary */
