@@ -157,6 +157,8 @@ at::Generator make_generator(int device);
 // dispatch.cpp: registers the boxed fallback and the required kernels (TORCH_LIBRARY_IMPL).
 // copy.cpp: host<->device and device<->device copies (used by _copy_from).
 at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blocking);
+// The value of a one-element tpu tensor (Tensor.item(), bool(t), the elements of `for v in t`).
+c10::Scalar local_scalar(const at::Tensor& self);
 // copy.cpp: grows (never shrinks) a tpu storage to nbytes, keeping its contents. Used by resize_
 // and by the hooks' resizePrivateUse1Bytes.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);

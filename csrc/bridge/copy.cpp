@@ -61,8 +61,9 @@ at::Tensor snapshot;       // the contents under snapshot_key, or undefined afte
 // Reads src's whole storage to the host and returns src's view of it there (strided), or an
 // undefined tensor when that does not apply: a storage larger than kWholeStorageReadMax, or one
 // whose buffer holds another element type than src's (a dtype-reinterpreting view; its device
-// copy converts).
-at::Tensor whole_storage_to_host(const at::Tensor& src) {
+// copy converts). `borrow`: a view served from the snapshot is the snapshot itself, for a
+// caller that only reads it before returning (local_scalar); otherwise it is a copy.
+at::Tensor whole_storage_to_host(const at::Tensor& src, bool borrow = false) {
   pj_storage_t* s = storage_of(src);
   const pj_dtype_t dt = to_pj_dtype(src.scalar_type());
   if (!s || s->nbytes > kWholeStorageReadMax || s->nbytes % src.element_size() != 0)
@@ -85,7 +86,7 @@ at::Tensor whole_storage_to_host(const at::Tensor& src) {
         at::Tensor hit = snapshot;
         check(pj_checks_report(s->device));  // still a synchronizing point
         // a copy: the caller may write to what it gets, the snapshot must stay as read
-        return view_of(hit).clone(at::MemoryFormat::Preserve);
+        return borrow ? view_of(hit) : view_of(hit).clone(at::MemoryFormat::Preserve);
       }
       again = true;
     }
@@ -126,6 +127,21 @@ at::Tensor to_host(const at::Tensor& src) {
   check(pj_checks_report(s->device));
   return host;
 }
+
+}  // namespace
+
+c10::Scalar local_scalar(const at::Tensor& self) {
+  // An element of a storage read before is taken from its snapshot with no copy of its own
+  // (iterating over a tensor reads every element this way); else the general read.
+  if (self.scalar_type() != at::kComplexHalf && !self.is_conj() && !self.is_neg() &&
+      !is_whole_storage(self)) {
+    at::Tensor host = whole_storage_to_host(self, /*borrow=*/true);
+    if (host.defined()) return host.item();
+  }
+  return self.to(c10::kCPU).item();
+}
+
+namespace {
 
 // Uploads host data (any layout, any dtype) into dst (tpu, any view).
 void from_host(const at::Tensor& src, const at::Tensor& dst) {

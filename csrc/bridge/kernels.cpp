@@ -210,10 +210,7 @@ at::Tensor copy_from_and_resize(const at::Tensor& self, const at::Tensor& dst) {
   return copy_from(self, dst, false);
 }
 
-c10::Scalar local_scalar_dense(const at::Tensor& self) {
-  at::Tensor host = self.to(c10::kCPU);
-  return host.item();
-}
+c10::Scalar local_scalar_dense(const at::Tensor& self) { return local_scalar(self); }
 
 // view(dtype): PyTorch's own metadata rules (sizes, strides and offset rescaled by the element
 // size ratio, its checks and messages), on the same storage. Reading or writing a view whose
