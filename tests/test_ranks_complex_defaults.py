@@ -6,6 +6,8 @@ import math
 import pytest
 import torch
 
+from conftest import run_python
+
 NAN, INF = float("nan"), float("inf")
 COMPLEX_SPECIALS = [complex(1, 2), complex(NAN, 0), complex(0, NAN), complex(INF, 0),
                     complex(0, -INF), complex(NAN, INF), complex(INF, NAN), complex(-INF, 1),
@@ -166,13 +168,124 @@ def test_eighteen_dim_view_matches_cpu():
     assert torch.equal((got * 2).cpu(), base.contiguous().view(*size) * 2)
 
 
-def test_rank_above_limit_is_a_clear_error():
-    with pytest.raises(NotImplementedError, match="rank 65 .*at most 64"):
-        (torch.zeros([1] * 65).to("tpu") + 1).cpu()
-    with pytest.raises(NotImplementedError, match="rank 65"):
-        torch.randn([1] * 65, device="tpu").cpu()
-    # the device still works afterwards
-    assert torch.equal((torch.ones(2, device="tpu") * 3).cpu(), torch.full((2,), 3.0))
+# ---- tensors of rank above 64 (PJ_MAX_RANK): as CPU takes them ----
+# CPU runs elementwise ops at any rank; tpu runs them lowered, over views without the result's
+# size-1 dims (csrc/bridge/high_rank.cpp). Other ops go to CPU, which refuses some with its dim
+# bitsets ("only tensors with up to 64 dims are supported").
+
+RANK65 = [2] + [1] * 63 + [3]
+
+
+def _same(got, want):
+    assert got.shape == want.shape and got.dtype == want.dtype
+    # (comparisons of rank-65 tensors would themselves hit CPU's dim bitsets: flattened)
+    torch.testing.assert_close(got.cpu().flatten(), want.flatten(), equal_nan=True)
+
+
+RANK65_ELEMENTWISE = {
+    "add_broadcast": lambda x, y: x + y,
+    "mul_scalar": lambda x, y: x * 2.5,
+    "ne": lambda x, y: x.ne(y),
+    "where_scalar": lambda x, y: torch.where(x > 0, x, 0.0),
+    "logical_not_": lambda x, y: (x > 0).logical_not_(),
+    "to_bool": lambda x, y: x.to(torch.bool),
+    "to_int": lambda x, y: x.to(torch.int32),
+    "clone_transposed": lambda x, y: x.transpose(0, -1).contiguous(),
+    "mul_into_view": lambda x, y: (lambda c: (c.transpose(0, -1).mul_(2), c)[1])(x.clone()),
+    "fill_": lambda x, y: x.clone().fill_(3),
+    "masked_fill": lambda x, y: x.masked_fill(x > 0, 1.0),
+    "add_out": lambda x, y: torch.add(x, y, out=torch.empty_like(x)),
+    "add_out_resized": lambda x, y: torch.add(x, y, out=torch.empty(0, device=x.device)),
+    "frexp_mantissa": lambda x, y: torch.frexp(x)[0],
+    "ones": lambda x, y: torch.ones(RANK65, device=x.device),
+    "zeros_like": lambda x, y: torch.zeros_like(x),
+}
+
+
+@pytest.mark.parametrize("name", sorted(RANK65_ELEMENTWISE))
+def test_rank_65_elementwise_ops_match_cpu(name, fallbacks):
+    torch.manual_seed(0)
+    x, y = torch.randn(RANK65), torch.randn(3)
+    f = RANK65_ELEMENTWISE[name]
+    _same(f(x.to("tpu"), y.to("tpu")), f(x, y))
+    fallbacks.assert_none(name)
+
+
+def test_rank_65_in_place_result_is_self():
+    x = torch.zeros(RANK65, device="tpu")
+    assert x.add_(1) is x
+    out = torch.empty(RANK65, device="tpu")
+    assert torch.mul(x, 2, out=out) is out
+    _same(out, torch.full(RANK65, 2.0))
+
+
+def test_rank_65_random_fills(fallbacks):
+    u = torch.empty(RANK65, device="tpu").uniform_(2, 3)
+    n = torch.randn(RANK65, device="tpu", dtype=torch.float64)
+    assert u.shape == torch.Size(RANK65) and n.dtype == torch.float64
+    flat = u.cpu().flatten()
+    assert bool(((flat >= 2) & (flat < 3)).all()) and flat.unique().numel() == 6
+    fallbacks.assert_none("random fills")
+
+
+RANK65_OTHER = {  # CPU refuses the first five (dim bitsets), runs the rest
+    "sum_dim0": lambda x: x.sum(0),
+    "argmax_dim0": lambda x: x.argmax(0),
+    "all": lambda x: x.all(),
+    "nansum_dim0": lambda x: x.nansum(0),
+    "flip": lambda x: x.flip(0),
+    "sum": lambda x: x.sum(),
+    "cumsum": lambda x: x.cumsum(0),
+    "std_all": lambda x: x.std(),
+}
+
+
+@pytest.mark.filterwarnings("ignore:The operator .* is not lowered")
+@pytest.mark.parametrize("name", sorted(RANK65_OTHER))
+def test_rank_65_other_ops_match_cpu(name):
+    # (in-process: the CPU fallback on, so the ops CPU runs give CPU's results)
+    x = torch.randn(RANK65)
+    f = RANK65_OTHER[name]
+    try:
+        want = f(x)
+    except RuntimeError as e:
+        with pytest.raises(type(e)) as got:
+            f(x.to("tpu"))
+        assert str(got.value) == str(e)
+        return
+    _same(f(x.to("tpu")), want)
+
+
+def test_rank_65_with_the_fallback_off():
+    # CPU's own error where CPU refuses (also where only its kernel does: argmax, nansum),
+    # NotImplementedError naming the rank where CPU would run it; elementwise ops still run
+    r = run_python(f"""
+        import torch, torch_pjrt
+        x = torch.randn({RANK65})
+        t = torch.empty({RANK65}, device="tpu").uniform_()
+        t.copy_(x)
+        for name, f in [("sum", lambda a: a.sum(0)), ("argmax", lambda a: a.argmax(0)),
+                        ("nansum", lambda a: a.nansum(0)), ("amax", lambda a: a.amax(0)),
+                        ("var", lambda a: a.var(0))]:
+            try:
+                f(x)
+                raise SystemExit(name + ": CPU ran it")
+            except RuntimeError as e:
+                want = (type(e), str(e))
+            try:
+                f(t)
+                raise SystemExit(name + ": tpu ran it")
+            except Exception as e:
+                assert (type(e), str(e)) == want, (name, type(e), str(e), want)
+        try:
+            t.cumsum(0)
+            raise SystemExit("cumsum ran")
+        except NotImplementedError as e:
+            assert "rank 65" in str(e) and "at most 64" in str(e), str(e)
+        assert torch.equal((t * 2).cpu().flatten(), (x * 2).flatten())
+        print("ok")
+    """, TORCH_PJRT_CPU_FALLBACK="0")
+    assert r.returncode == 0 and r.stdout.strip().endswith("ok"), r.stderr[-3000:]
 
 
 # ---- results that follow torch.set_default_dtype ----

@@ -234,3 +234,84 @@ def test_orthogonal_polynomials_of_unsigned_operands(name, dt, fallbacks):
     with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64 types"):
         f(x.to(TPU), n.long().to(TPU))
     fallbacks.assert_none()
+
+
+# torch.special's functions of one tensor (and i0, logit, polygamma, logsumexp): CPU converts
+# integer input to float32 and runs its float kernel, at every unsigned dtype
+SPECIAL_UNARY = {
+    name: (lambda name: lambda x: getattr(torch.special, name)(x))(name)
+    for name in ["airy_ai", "bessel_j0", "bessel_j1", "bessel_y0", "bessel_y1", "entr",
+                 "erfcx", "i0", "i0e", "i1", "i1e", "log_ndtr", "modified_bessel_i0",
+                 "modified_bessel_i1", "modified_bessel_k0", "modified_bessel_k1", "ndtr",
+                 "ndtri", "scaled_modified_bessel_k0", "scaled_modified_bessel_k1",
+                 "spherical_bessel_j0", "logit", "expit", "gammaln", "digamma", "erfinv"]
+}
+SPECIAL_UNARY["polygamma_2"] = lambda x: torch.special.polygamma(2, x)
+SPECIAL_UNARY["logsumexp"] = lambda x: torch.special.logsumexp(x, 0)
+
+
+def close(got, want):
+    got = got.cpu()
+    assert got.dtype == want.dtype and got.shape == want.shape
+    torch.testing.assert_close(got, want, equal_nan=True)
+
+
+@pytest.mark.parametrize("dt", U, ids=str)
+@pytest.mark.parametrize("name", sorted(SPECIAL_UNARY))
+def test_special_functions_of_an_unsigned_tensor(name, dt, fallbacks):
+    x = torch.tensor([0, 1, 2, 3, 5, 9, 30], dtype=dt)
+    like_cpu_with(close, SPECIAL_UNARY[name], x)
+    fallbacks.assert_none(name)
+
+
+SPECIAL_BINARY = {
+    "zeta": torch.special.zeta, "xlogy": torch.special.xlogy,
+    "xlog1py": torch.special.xlog1py, "hermite_polynomial_h": torch.special.hermite_polynomial_h,
+}
+OPERANDS = {  # (x, y) given one unsigned tensor each of x and y, on CPU or tpu
+    "tensors": lambda x, y: (x, y),
+    "float_scalar": lambda x, y: (x, 2.5),
+    "int_scalar": lambda x, y: (x, 2),
+    "scalar_first": lambda x, y: (3, y),
+    "float32_tensor": lambda x, y: (x, y.float()),
+}
+
+
+@pytest.mark.parametrize("dt", U, ids=str)
+@pytest.mark.parametrize("operands", sorted(OPERANDS))
+@pytest.mark.parametrize("name", sorted(SPECIAL_BINARY))
+def test_special_functions_of_unsigned_operands(name, operands, dt, fallbacks):
+    """float32 on CPU for unsigned operands (with each other, Python numbers, float tensors),
+    and so on tpu, lowered; out= too."""
+    f, pick = SPECIAL_BINARY[name], OPERANDS[operands]
+    x, y = torch.tensor([1, 2, 3, 7, 40], dtype=dt), torch.tensor([3, 2, 5, 1, 2], dtype=dt)
+    like_cpu_with(close, lambda a, b: f(*pick(a, b)), x, y)
+    like_cpu_with(close, lambda a, b: f(*pick(a, b), out=torch.empty(5, device=a.device)), x, y)
+    fallbacks.assert_none(name)
+
+
+@pytest.mark.parametrize("dt", U, ids=str)
+@pytest.mark.parametrize("name", sorted(SPECIAL_BINARY) + ["gammainc"])
+def test_special_functions_refuse_promotion_like_cpu(name, dt):
+    f = getattr(torch.special, name)
+    x = torch.tensor([1, 2], dtype=dt)
+    with pytest.raises(RuntimeError, match="Promotion for uint16, uint32, uint64") as want:
+        f(x, x.long())
+    with pytest.raises(RuntimeError) as got:
+        f(x.to(TPU), x.long().to(TPU))
+    assert str(got.value) == str(want.value)
+
+
+@pytest.mark.parametrize("dt", U, ids=str)
+def test_incomplete_gamma_of_unsigned_operands(dt, fallbacks):
+    """CPU has no integer kernel for igamma/igammac ("igamma_cpu" not implemented for
+    'UInt16'), but with a float32 operand runs its float one: lowered then."""
+    x, y = torch.tensor([1, 2, 5], dtype=dt), torch.tensor([0.5, 2.0, 7.0])
+    for f in (torch.special.gammainc, torch.special.gammaincc):
+        like_cpu_with(close, f, x, y)
+        like_cpu_with(close, f, y, x)
+    fallbacks.assert_none()
+    for f in (torch.special.gammainc, torch.special.gammaincc):
+        with pytest.raises(NotImplementedError), warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            f(x.to(TPU), x.to(TPU))

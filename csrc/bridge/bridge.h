@@ -163,4 +163,23 @@ c10::Scalar local_scalar(const at::Tensor& self);
 // and by the hooks' resizePrivateUse1Bytes.
 void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes);
 
+// high_rank.cpp: tensors of rank above PJ_MAX_RANK (64), which PyTorch takes wherever no dim
+// bitset is involved. Whether a call's tensors (alone or in lists) exceed it; *rank: the
+// highest rank seen.
+bool exceeds_max_rank(c10::ArrayRef<c10::IValue> args, int64_t* rank);
+// The dims of shape whose size is not 1.
+std::vector<int64_t> non_unit_dims(c10::IntArrayRef shape);
+// t viewed without the dims of a result of rank `rank` that `keep` (non_unit_dims of that
+// result's shape) leaves out; t broadcasts to that result (its dims align with the last ones).
+at::Tensor without_unit_dims(const at::Tensor& t, int64_t rank, const std::vector<int64_t>& keep);
+// Whether op (base: its name without "aten::" and the in-place "_") is elementwise: its values
+// do not depend on the result's size-1 dims.
+bool elementwise_op(const c10::OperatorHandle& op, const std::string& base);
+// Runs an elementwise op through run over views of its tensors without the result's size-1
+// dims, and returns the results at the full shape (in-place and out= forms: the caller's own
+// tensors). False, with nothing run, where that does not apply (tensor lists, a written tensor
+// not of the result's shape).
+bool run_without_unit_dims(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                           void (*run)(const c10::OperatorHandle&, torch::jit::Stack*));
+
 }  // namespace torch_pjrt

@@ -26,6 +26,14 @@ bool is_whole_storage(const at::Tensor& t) {
 }
 
 void device_copy(const at::Tensor& src, const at::Tensor& dst) {
+  // Above PJ_MAX_RANK (a lowered call's limit) the copy runs between views without dst's
+  // size-1 dims: it is elementwise, and src broadcasts to dst (copy_ checked that).
+  if (dst.dim() > PJ_MAX_RANK && src.dim() <= dst.dim()) {
+    const std::vector<int64_t> keep = non_unit_dims(dst.sizes());
+    if (keep.size() <= PJ_MAX_RANK)
+      return device_copy(without_unit_dims(src, dst.dim(), keep),
+                         without_unit_dims(dst, dst.dim(), keep));
+  }
   CallBuilder b("_pj_copy", "", dst.device().index() < 0 ? 0 : dst.device().index());
   b.add_tensor("src", src);
   b.add_out(dst);

@@ -1147,6 +1147,29 @@ void index_tensor_checks(const c10::OperatorHandle& op, const torch::jit::Stack&
   }
 }
 
+void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack);
+
+// A call with a tensor of rank above PJ_MAX_RANK (which no lowered call describes): an
+// elementwise op runs over views without the result's size-1 dims (high_rank.cpp); any other
+// op goes to CPU. CPU refuses some by dim bitsets ("only tensors with up to 64 dims are
+// supported") with no rule to predict which (sum(dim=0) and all() raise, std(dim=None) and
+// cumsum run), and PyTorch's Python Meta kernels refuse some that CPU runs (sum(), cumsum:
+// "Received a tensor with 65 dimensions"), so CPU itself decides: the fallback runs it, or,
+// with the fallback off, a replay on host copies raises CPU's error where CPU refuses (a rare
+// error path; the result is discarded) before the fallback's refusal. False when every
+// tensor fits.
+bool high_rank_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
+                    const std::string& base) {
+  const auto args = torch::jit::last(*stack, op.schema().arguments().size());
+  int64_t rank = 0;
+  if (!exceeds_max_rank(args, &rank)) return false;
+  if (elementwise_op(op, base) && run_without_unit_dims(op, stack, &boxed_fallback)) return true;
+  if (!cpu_fallback_allowed()) check_like_cpu(op, args.vec(), false);
+  run_cpu_fallback(op, stack, c10::str("tensors of rank ", rank, " are not lowered (at most ",
+                                       PJ_MAX_RANK, ")"));
+  return true;
+}
+
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   sync_product_precision();  // before the memo: its signature holds the precision
   if (run_memoized(op, stack)) return;
@@ -1156,6 +1179,7 @@ void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
     case Complex32Call::kToCpu: return run_cpu_fallback(op, stack, "no lowering for complex32");
     case Complex32Call::kNotInvolved: break;
   }
+  if (high_rank_call(op, stack, base)) return;
   if (!pj_lowering_find(base.c_str()))
     return run_cpu_fallback(op, stack, "no lowering");
   {

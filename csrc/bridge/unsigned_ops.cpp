@@ -51,25 +51,40 @@ const Binary kBinary[] = {
     {"bitwise_and", 0}, {"bitwise_or", 0}, {"bitwise_xor", 0},
     {"pow", 0},       {"fmod", 0},      {"remainder", 0},   {"floor_divide", 0},
     {"hypot", 0},     {"where", 1},
+    // no integer kernel on CPU ("igamma_cpu" not implemented for 'UInt16'): lowered only where
+    // a float operand makes the common dtype float
+    {"igamma", 0},    {"igammac", 0},
 };
 
 // Ops that compute in the default float dtype for integer inputs (CPU converts first and runs
-// its float kernel): uint16.sin() and copysign(uint16, uint16) are float32 on CPU.
+// its float kernel): uint16.sin() and copysign(uint16, uint16) are float32 on CPU, as are the
+// special functions of one tensor (torch.special.i1(uint32), polygamma(n, uint16)) and
+// logsumexp (which converts integer input itself).
 const char* const kIntToFloat[] = {
     "acos", "acosh", "asin", "asinh", "atan", "atanh", "cos", "cosh", "erf", "erfc", "erfinv",
     "exp", "exp2", "expm1", "log", "log10", "log1p", "log2", "reciprocal", "rsqrt", "sigmoid",
     "sin", "sinc", "sinh", "sqrt", "tan", "tanh", "lgamma", "digamma", "copysign", "atan2",
+    "i0", "logit", "polygamma", "logsumexp", "special_airy_ai", "special_bessel_j0",
+    "special_bessel_j1", "special_bessel_y0", "special_bessel_y1", "special_entr",
+    "special_erfcx", "special_i0e", "special_i1", "special_i1e", "special_log_ndtr",
+    "special_modified_bessel_i0", "special_modified_bessel_i1", "special_modified_bessel_k0",
+    "special_modified_bessel_k1", "special_ndtr", "special_ndtri",
+    "special_scaled_modified_bessel_k0", "special_scaled_modified_bessel_k1",
+    "special_spherical_bessel_j0",
 };
 
-// The orthogonal polynomials (x, n): float32 for integer operands of one type on CPU, after
-// its promotion check (an unsigned dtype with another integer type raises).
-const char* const kPolynomials[] = {
+// Functions of two operands that compute in float32 for integer operands of one type on CPU,
+// after its promotion check (an unsigned dtype with another integer type raises "Promotion
+// for uint16, uint32, uint64 types is not supported"): the orthogonal polynomials (x, n),
+// zeta, xlogy and xlog1py, each with a Scalar in either place too.
+const char* const kBinaryIntToFloat[] = {
     "special_chebyshev_polynomial_t", "special_chebyshev_polynomial_u",
     "special_chebyshev_polynomial_v", "special_chebyshev_polynomial_w",
     "special_shifted_chebyshev_polynomial_t", "special_shifted_chebyshev_polynomial_u",
     "special_shifted_chebyshev_polynomial_v", "special_shifted_chebyshev_polynomial_w",
     "special_hermite_polynomial_h", "special_hermite_polynomial_he",
     "special_laguerre_polynomial_l", "special_legendre_polynomial_p",
+    "special_zeta", "xlogy", "special_xlog1py",
 };
 
 bool in(const std::string& base, const char* const* names, size_t n) {
@@ -114,7 +129,7 @@ bool unsigned_goes_to_cpu(const std::string& base, const c10::FunctionSchema& sc
     at::native::result_type(tensors);
   }
   if (in(base, kIntToFloat, sizeof kIntToFloat / sizeof *kIntToFloat)) return false;
-  if (in(base, kPolynomials, sizeof kPolynomials / sizeof *kPolynomials)) {
+  if (in(base, kBinaryIntToFloat, sizeof kBinaryIntToFloat / sizeof *kBinaryIntToFloat)) {
     if (args.size() >= 2 && operand(args[0]) && operand(args[1])) common_dtype(args[0], args[1]);
     return false;
   }
