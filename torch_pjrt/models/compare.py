@@ -381,7 +381,8 @@ def _recompile_reason(message: str) -> str:
     head = lines[0] if lines else message
     fn = head.split("Recompiling function", 1)[-1].strip().split(" in ", 1)[0]
     guards = [ln.lstrip("- ").strip() for ln in lines[1:] if ln.startswith("-")]
-    return f"{fn}: {guards[0] if guards else head}"[:300]
+    import re
+    return re.sub(r"\s+", " ", f"{fn}: {guards[0] if guards else head}")[:300]
 
 
 def _compile_phase(rec: dict, phase: str, compiled: bool) -> None:

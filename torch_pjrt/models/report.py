@@ -65,6 +65,11 @@ def _normalize(reason: str) -> str:
     return s[:200]
 
 
+def _blank_numbers(s: str) -> str:
+    """Whitespace runs to one space, numbers to N: Dynamo's messages with one cause group."""
+    return re.sub(r"\b\d+\b", "N", re.sub(r"\s+", " ", s)).strip()
+
+
 def causes(recs: List[dict]) -> Dict[str, Counter]:
     """fallback ops (models whose run fell back on each op), errors grouped, mismatches by phase
     and output kind, skip reasons grouped."""
@@ -307,12 +312,14 @@ def render_compile(recs: List[dict], eager: Dict[tuple, dict], primary: str) -> 
     recompile_reasons = Counter()
     for r in ran:
         s = r.get("compile") or {}
+        mine = Counter()
         for k, v in (s.get("break_reasons") or {}).items():
-            key = _esc(k)[:240]
+            mine[_esc(_blank_numbers(k))[:240]] += v
+        for key, v in mine.items():
             breaks_models[key] += 1
             breaks_total[key] += v
-        for k in s.get("recompile_reasons") or []:
-            recompile_reasons[_normalize(k)] += 1
+        for k in set(_blank_numbers(x)[:240] for x in s.get("recompile_reasons") or []):
+            recompile_reasons[k] += 1
     if breaks_models:
         lines += ["Graph-break reasons (Dynamo's, by the models that hit each):", "",
                   "| reason | models | breaks |", "| --- | --- | --- |"]
