@@ -387,3 +387,103 @@ def test_layers_in_a_plain_list_are_a_cpu_only_model_not_a_tpu_error():
     del net.proj
     from torch_pjrt.models.compare import _unregistered_modules
     assert _unregistered_modules(net) == ""
+
+
+# --- compiled mode (`--compile`): torch.compile(model), plain, against CPU eager ----------------
+
+
+class _Broken(_Net):
+    """A graph break in the middle of the forward pass: two Dynamo graphs per compiled call."""
+
+    def forward(self, x):
+        y = self.lin(x)
+        torch._dynamo.graph_break()
+        return torch.tanh(y) * 2
+
+
+def _assert_compiled(rec: dict) -> dict:
+    assert rec["mode"] == "compile", rec
+    _assert_pass(rec)
+    assert rec["phases"] == {"forward": "pass", "train": "pass"}
+    # forward, training forward+loss and SGD step each compiled at least one graph
+    assert set(rec["compile_phases"]) == {"forward", "train", "sgd step"}
+    assert all(n >= 1 for n in rec["compile_phases"].values()), rec["compile_phases"]
+    c = rec["compile"]
+    assert c["graphs"] == sum(rec["compile_phases"].values())
+    assert c["graph_breaks"] == sum(c["break_reasons"].values())
+    # the harness adds no graph break of its own (the compiled loss draws no random numbers),
+    # nor does torch_pjrt (the Meta kernels' wrapper is not traced: _meta_no_dynamo.py)
+    assert not any("Generator" in k or "opaque object" in k or "disable" in k
+                   for k in c["break_reasons"]), c["break_reasons"]
+    assert c["recompiles"] == len(c["recompile_reasons"])
+    assert c["graph_runs"] >= 0 and "graph_captures" in c
+    return c
+
+
+def test_compiled_mode_small_module_passes_with_every_gradient_compared():
+    rec = run_case(Case(zoo="test", name="net", build=_Net, inputs=_inputs), "compile")
+    c = _assert_compiled(rec)
+    assert rec["compared"] == 1 + 1 + 2 + 2  # output, loss, 2 gradients, 2 updated parameters
+    assert rec["compile_phases"]["forward"] == 1 and rec["compile_phases"]["train"] == 1
+    assert rec["fallback_ops"] == {}
+    assert c["graphs"] >= 3 and c["recompiles"] == 0, c
+
+
+def test_compiled_mode_records_graph_breaks_with_their_reason():
+    rec = run_case(Case(zoo="test", name="broken", build=_Broken, inputs=_inputs), "compile")
+    c = _assert_compiled(rec)
+    assert rec["compile_phases"]["forward"] == 2 and rec["compile_phases"]["train"] >= 2
+    user = [k for k in c["break_reasons"] if "graph_break()" in k]
+    assert user and c["break_reasons"][user[0]] >= 2, c["break_reasons"]  # forward and train
+    assert "\n" not in user[0] and len(user[0]) <= 300
+    # the frames compiled around the break under no_grad (eval) are compiled again for
+    # training: recompiles, each with its guard failure
+    assert c["recompiles"] >= 1 and all("grad_mode" in r for r in c["recompile_reasons"]), c
+
+
+def test_compiled_mode_wrong_result_is_a_mismatch():
+    rec = run_case(Case(zoo="test", name="net", build=lambda: _Net(tpu_offset=1e-2),
+                        inputs=_inputs), "compile")
+    assert rec["mode"] == "compile" and rec["status"] == "mismatch", rec
+    assert "out" in rec["mismatched_tensors"] and rec["compile"]["graphs"] >= 1
+    # the float64 check reruns compiled; no per-op audit for compiled programs
+    assert rec["float64_check"].startswith("float64 differs"), rec["float64_check"]
+
+
+def test_compiled_mode_error_names_the_cause_and_keeps_dynamo_counts():
+    class Boom(_Net):
+        def forward(self, x):
+            if x.device.type == "tpu":
+                raise RuntimeError("no lowering for this")
+            return super().forward(x)
+    rec = run_case(Case(zoo="test", name="boom", build=Boom, inputs=_inputs), "compile")
+    assert rec["status"] == "error" and rec["phase"] == "forward", rec
+    assert "no lowering for this" in rec["reason"] and "compile" in rec
+
+
+def test_compiled_mode_cli_defaults_and_report(tmp_path):
+    from torch_pjrt.models import report
+    from torch_pjrt.models.__main__ import _default_out
+    assert _default_out(["hf"]).endswith("results-hf.jsonl")
+    assert _default_out(["hf"], "compile").endswith("results-hf-compile.jsonl")
+    rec = run_case(Case(zoo="hf", name="broken", build=_Broken, inputs=_inputs), "compile")
+    rec["eager_mode"] = "strict"
+    eager = [{"zoo": "hf", "name": "broken", "status": "pass", "eager_mode": "strict"},
+             {"zoo": "hf", "name": "other", "status": "error", "phase": "train",
+              "reason": "RuntimeError: x", "eager_mode": "strict"},
+             {"zoo": "hf", "name": "broken", "status": "mismatch", "eager_mode": "defer_and_fuse"}]
+    (tmp_path / "results-hf.jsonl").write_text("".join(json.dumps(r) + "\n" for r in eager))
+    (tmp_path / "results-hf-compile.jsonl").write_text(json.dumps(rec) + "\n")
+    md = tmp_path / "models.md"
+    report.write_report([str(tmp_path / "results-hf.jsonl"),
+                         str(tmp_path / "results-hf-compile.jsonl")], str(md))
+    text = md.read_text()
+    # the eager sections keep the strict records only; each mode gets its column
+    assert "| hf | 2 | 1 | 0 | 0 | 1 | 0 | 50% | 50% |" in text
+    assert ("| zoo | strict | defer_and_fuse | strict on defer_and_fuse's models | compile |"
+            " strict on compile's models |") in text
+    assert ("| hf | 1/2 (50%); 1 error | 0/1 (0%); 1 mismatch | 1/1 (100%) | 1/1 (100%) |"
+            " 1/1 (100%) |") in text
+    assert "## Compiled mode (torch.compile)" in text
+    assert "Call to `torch._dynamo.graph_break()`" in text  # the break reasons table
+    assert "| hf/broken | pass | pass | " in text

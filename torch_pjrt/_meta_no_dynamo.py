@@ -44,6 +44,26 @@ class _UntilDynamo:
         return self.disabled(*args, **kwargs)
 
 
+def _skip_in_dynamo(code) -> None:
+    """Tells Dynamo's frame hook never to compile frames of `code` (what
+    ``torch._dynamo.eval_frame.skip_code`` does, through the C extension, so torch._dynamo is
+    not imported). ``_UntilDynamo.__call__`` runs inside eager ops (their Meta kernels), also
+    in the eager parts of a ``torch.compile``'d function (after a graph break, or code Dynamo
+    leaves to eager): the wrapper it replaces is in torch/, which Dynamo skips, but this file
+    is not, so without this Dynamo compiled a frame per Meta kernel call there (graph breaks
+    on the ``disable``d function, recompiles on each new input rank)."""
+    try:
+        from torch._C._dynamo import eval_frame as ef
+
+        ef.set_code_exec_strategy(
+            code, ef._FrameExecStrategy(ef._FrameAction.SKIP, ef._FrameAction.DEFAULT))
+    except (ImportError, AttributeError, TypeError):  # another torch: Dynamo may trace it
+        pass
+
+
+_skip_in_dynamo(_UntilDynamo.__call__.__code__)
+
+
 def _wrapper_code():
     probe = torch._disable_dynamo(lambda: None)
     return probe.__code__

@@ -13,9 +13,10 @@ from . import zoos  # noqa: E402
 DEFAULT_DIR = os.path.join("docs", "models")
 
 
-def _default_out(zoo_list):
+def _default_out(zoo_list, mode="eager"):
     tag = zoo_list[0] if len(zoo_list) == 1 else "all"
-    return os.path.join(DEFAULT_DIR, f"results-{tag}.jsonl")
+    # compiled results go to a file of their own: never appended to (or resumed from) eager ones
+    return os.path.join(DEFAULT_DIR, f"results-{tag}{'' if mode == 'eager' else '-' + mode}.jsonl")
 
 
 def main(argv=None) -> int:
@@ -23,9 +24,10 @@ def main(argv=None) -> int:
     if argv[:1] == ["worker"]:
         p = argparse.ArgumentParser(prog="python -m torch_pjrt.models worker")
         p.add_argument("--eager-mode", default="strict")
+        p.add_argument("--mode", default="eager", choices=("eager", "compile"))
         a = p.parse_args(argv[1:])
         from .runner import serve
-        serve(a.eager_mode)
+        serve(a.eager_mode, a.mode)
         return 0
     if argv[:1] == ["report"]:
         p = argparse.ArgumentParser(prog="python -m torch_pjrt.models report",
@@ -56,7 +58,12 @@ def main(argv=None) -> int:
     p.add_argument("--per-worker", type=int, default=25,
                    help="models a worker process runs before a fresh one replaces it")
     p.add_argument("--eager-mode", default="strict", choices=("strict", "debug", "defer_and_fuse"))
-    p.add_argument("--out", help="JSONL file (default docs/models/results-<zoo>.jsonl)")
+    p.add_argument("--compile", action="store_true",
+                   help="compiled mode: the eval forward as torch.compile(model) (no backend=), "
+                        "the training step's forward+loss, backward and SGD step compiled; "
+                        "records Dynamo's graphs, graph breaks and recompiles (mode 'compile')")
+    p.add_argument("--out", help="JSONL file (default docs/models/results-<zoo>.jsonl; "
+                                 "with --compile results-<zoo>-compile.jsonl)")
     a = p.parse_args(argv)
     zoo_list = a.zoo or list(zoos.ZOOS)
     todo = zoos.select(zoo_list, a.k, 0)
@@ -64,7 +71,8 @@ def main(argv=None) -> int:
         for z, n in todo[: a.limit or None]:
             print(f"{z}/{n}")
         return 0
-    out = a.out or _default_out(zoo_list)
+    mode = "compile" if a.compile else "eager"
+    out = a.out or _default_out(zoo_list, mode)
     if a.resume or a.rerun:
         from .runner import load_records
         last = {(r["zoo"], r["name"]): r["status"] for r in load_records(out)}
@@ -73,10 +81,12 @@ def main(argv=None) -> int:
     if a.limit:
         todo = todo[: a.limit]
     from .runner import run_all
-    print(f"{len(todo)} models -> {out} ({a.jobs} workers, {a.timeout:.0f} s each)", flush=True)
+    print(f"{len(todo)} models -> {out} ({a.jobs} workers, {a.timeout:.0f} s each, {mode})",
+          flush=True)
     try:
         recs = run_all(todo, out, jobs=a.jobs, timeout=a.timeout, per_worker=a.per_worker,
-                       eager_mode=a.eager_mode, progress=lambda s: print(s, flush=True))
+                       eager_mode=a.eager_mode, progress=lambda s: print(s, flush=True),
+                       mode=mode)
     except KeyboardInterrupt:
         return 130
     counts = {}

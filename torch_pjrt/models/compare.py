@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import dataclasses
+import logging
 import math
 import time
 import traceback
@@ -233,6 +234,36 @@ def default_loss(out: Any) -> torch.Tensor:
     return projection_loss(out)
 
 
+class FixedProjectionLoss:
+    """default_loss with projection_loss's random tensors drawn ahead, from the shapes of an
+    output (the CPU's: the same draws in the same order, so the same W) and placed on `device`.
+    Compiled mode's loss: a generator created inside a compiled function is a graph break
+    (torch.Generator cannot be traced), which would be the harness's, not the model's."""
+
+    def __init__(self, out: Any, device: torch.device):
+        gen = torch.Generator().manual_seed(1234)
+        self.ws = [torch.randn(t.shape, generator=gen, dtype=torch.float32).to(device, t.dtype)
+                   for _, t in flatten(out) if t.is_floating_point() and t.requires_grad]
+
+    def __call__(self, out: Any) -> torch.Tensor:
+        loss = getattr(out, "loss", None)
+        if isinstance(loss, torch.Tensor) and loss.requires_grad:
+            return loss
+        if isinstance(out, dict) and isinstance(out.get("loss"), torch.Tensor) and out["loss"].requires_grad:
+            return out["loss"]
+        total = None
+        i = 0
+        for _, t in flatten(out):
+            if not t.is_floating_point() or not t.requires_grad:
+                continue
+            term = (t * self.ws[i]).sum() / max(1, t.numel())
+            i += 1
+            total = term if total is None else total + term
+        if total is None:
+            raise Skip("no floating output that requires grad: nothing to train")
+        return total
+
+
 class FallbackWatch:
     """CPU fallbacks during a with-block: the ops (with counts) that fell back."""
 
@@ -253,6 +284,117 @@ class FallbackWatch:
         return False
 
 
+# --- compiled mode: Dynamo's accounting ---------------------------------------------------------
+
+MODES = ("eager", "compile")
+# the artifact logger Dynamo writes each recompilation (with its guard failure) to
+_RECOMPILES_LOGGER = "torch._dynamo.guards.__recompiles"
+
+
+class _Lines(logging.Handler):
+    def __init__(self):
+        super().__init__(logging.DEBUG)
+        self.lines: List[str] = []
+
+    def emit(self, record: logging.LogRecord) -> None:
+        try:
+            self.lines.append(record.getMessage())
+        except Exception:
+            pass
+
+
+class DynamoStats:
+    """What Dynamo did for one case in compiled mode. Starts from a clean Dynamo (reset: no
+    cached frames from the previous model, counters cleared) and reads, on `snapshot()`: the
+    graphs compiled (counters["stats"]["unique_graphs"]), graph breaks with their reasons and
+    counts (counters["graph_break"]), recompilations with their guard failures (Dynamo's
+    "recompiles" log), and the change of torch.tpu.metrics()' graph_runs, graph_captures and
+    compiles."""
+
+    METRICS = ("graph_runs", "graph_captures", "graph_captures_broken", "compiles")
+
+    def __init__(self):
+        import torch._dynamo as dynamo  # `import torch._dynamo` would make `torch` a local
+        from torch._dynamo.utils import counters
+        self.counters = counters
+        dynamo.reset()
+        counters.clear()
+        self.m0 = dict(torch.tpu.metrics())
+        self.handler = _Lines()
+        self.logger = logging.getLogger(_RECOMPILES_LOGGER)
+        self.level, self.propagate = self.logger.level, self.logger.propagate
+        self.logger.addHandler(self.handler)
+        self.logger.setLevel(logging.DEBUG)
+        self.logger.propagate = False  # kept here, not printed
+        self._enable_recompile_log()
+
+    @staticmethod
+    def _enable_recompile_log() -> None:
+        # Dynamo formats recompile reasons only when its "recompiles" artifact is enabled
+        try:
+            from torch._logging._internal import log_state
+            log_state.enable_artifact("recompiles")
+        except Exception:
+            pass
+
+    def graphs(self) -> int:
+        return int(self.counters["stats"]["unique_graphs"])
+
+    def snapshot(self) -> Dict[str, Any]:
+        m = torch.tpu.metrics()
+        breaks: Dict[str, int] = {}
+        for k, v in self.counters["graph_break"].items():
+            key = break_reason(str(k))
+            breaks[key] = breaks.get(key, 0) + int(v)
+        recompiles = [ln for ln in self.handler.lines if "Recompiling" in ln]
+        return {
+            "graphs": self.graphs(),
+            "graph_breaks": sum(breaks.values()),
+            "break_reasons": breaks,
+            "recompiles": len(recompiles),
+            "recompile_reasons": [_recompile_reason(ln) for ln in recompiles][:10],
+            "frames": int(self.counters["frames"]["total"]),
+            **{k: int(m.get(k, 0)) - int(self.m0.get(k, 0)) for k in self.METRICS},
+        }
+
+    def close(self) -> None:
+        self.logger.removeHandler(self.handler)
+        self.logger.setLevel(self.level)
+        self.logger.propagate = self.propagate
+
+
+def break_reason(message: str) -> str:
+    """Dynamo's graph-break message (title, explanation, hint, debug context, link) -> 'title:
+    debug context', object addresses blanked, so one cause reads as one line and groups."""
+    import re
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    title = lines[0] if lines else message
+    ctx = next((ln.split(":", 1)[1].strip() for ln in lines
+                if ln.startswith("Developer debug context:")), "")
+    out = f"{title}: {ctx}" if ctx and ctx not in title else title
+    return re.sub(r" at 0x[0-9a-f]+", "", out)[:300]
+
+
+def _recompile_reason(message: str) -> str:
+    """'Recompiling function forward in f.py:12 / triggered by ... / - guard' -> 'forward: guard'."""
+    lines = [ln.strip() for ln in message.splitlines() if ln.strip()]
+    head = lines[0] if lines else message
+    fn = head.split("Recompiling function", 1)[-1].strip().split(" in ", 1)[0]
+    guards = [ln.lstrip("- ").strip() for ln in lines[1:] if ln.startswith("-")]
+    import re
+    return re.sub(r"\s+", " ", f"{fn}: {guards[0] if guards else head}")[:300]
+
+
+def _compile_phase(rec: dict, phase: str, compiled: bool) -> None:
+    """In compiled mode, the graphs Dynamo compiled during `phase` (since the phase before)."""
+    if not compiled:
+        return
+    from torch._dynamo.utils import counters
+    total = int(counters["stats"]["unique_graphs"])
+    per = rec.setdefault("compile_phases", {})
+    per[phase] = total - sum(per.values())
+
+
 # --- the run -------------------------------------------------------------------------------------
 
 
@@ -260,6 +402,38 @@ class _TpuError(Exception):
     def __init__(self, phase: str, exc: BaseException):
         super().__init__(phase)
         self.phase, self.exc = phase, exc
+
+
+def _compile_cause(e: BaseException) -> BaseException:
+    """The exception a Dynamo failure wraps, else `e`: BackendCompilerFailed's first line only
+    names the backend, TorchRuntimeError's ("RuntimeError when making fake tensor call") only
+    the stage; the cause says what failed."""
+    for _ in range(8):
+        inner = getattr(e, "inner_exception", None)
+        if not isinstance(inner, BaseException) and type(e).__module__.startswith("torch._dynamo"):
+            inner = e.__cause__
+        if not isinstance(inner, BaseException):
+            break
+        e = inner
+    return e
+
+
+def _explained(e: BaseException) -> str:
+    """For Dynamo's errors in its graph-break format (a title line, then "Explanation: ..."):
+    what the explanation says failed (after its last ": got "), else ''. "RuntimeError when
+    making fake tensor call" names no op; its explanation names the op's own error."""
+    if not type(e).__module__.startswith("torch._dynamo"):
+        return ""
+    for ln in str(e).splitlines():
+        ln = ln.strip()
+        if ln.startswith("Explanation:"):
+            got = ln.rsplit(": got ", 1)
+            what = got[1] if len(got) == 2 else ln[len("Explanation:"):].strip()
+            import re
+            op = re.search(r"call_function <built-in method (\w+)|call_function (\S+)", ln)
+            name = (op.group(1) or op.group(2)) if op else ""
+            return f" ({name + ': ' if name else ''}{re.sub(r' at 0x[0-9a-f]+', '', what)})"[:400]
+    return ""
 
 
 def _on_cpu(phase: str, fn: Callable[[], Any]) -> Any:
@@ -336,11 +510,18 @@ Keep = Callable[[str, torch.Tensor, torch.Tensor, str], None]
 
 
 def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
-                       dtype: torch.dtype = torch.float32, keep: Optional[Keep] = None
-                       ) -> List[Diff]:
+                       dtype: torch.dtype = torch.float32, keep: Optional[Keep] = None,
+                       compiled: bool = False) -> List[Diff]:
     """The forward / training-step / generate comparison in `dtype` (float32; float64 for the
     rounding check). `keep`, when given, is called with every compared pair (name, cpu tensor,
-    tpu tensor, kind) when it is compared; the tensors may change afterwards (the SGD step)."""
+    tpu tensor, kind) when it is compared; the tensors may change afterwards (the SGD step).
+
+    `compiled`: the tpu side as `torch.compile` users write it (no backend=, fullgraph=False;
+    tpu graphs go to this project's backend through inductor_route): the eval forward is
+    `torch.compile(model)`, the training step's forward and loss one compiled function (its
+    backward is the compiled AOTAutograd backward) and the SGD step `torch.compile(opt.step)`.
+    Generation is not run (only the forward and the training step are compiled). CPU stays
+    eager: the reference is the same as the eager mode's."""
     tpu_dev = torch.device("tpu")
 
     def diff(name: str, c: torch.Tensor, t: torch.Tensor, kind: str) -> Diff:
@@ -388,8 +569,10 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
     with FallbackWatch(watch):
         tpu_model = _on_tpu("to(tpu)", lambda: tpu_model.to(tpu_dev))
         tpu_model.eval()
+        fwd_t = torch.compile(tpu_model) if compiled else tpu_model
         with torch.no_grad():
-            out_t = _on_tpu("forward", lambda: tpu_model(**to_device(inputs, tpu_dev)))
+            out_t = _on_tpu("forward", lambda: fwd_t(**to_device(inputs, tpu_dev)))
+        _compile_phase(rec, "forward", compiled)
     if case.canonical is not None:  # canonical orders are computed on the CPU
         out_t = canon(to_device(out_t, torch.device("cpu")))
     got = dict(flatten(out_t))
@@ -413,9 +596,14 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
         cpu.train()
         opt_c = torch.optim.SGD(cpu.parameters(), lr=SGD_LR)
 
+        out_kept: List[Any] = []
+
         def cpu_step():
             opt_c.zero_grad(set_to_none=True)
-            loss = loss_fn(cpu(**train_inputs))
+            out = cpu(**train_inputs)
+            if compiled and case.loss is None:
+                out_kept.append(out)  # its shapes make the compiled loss's projection
+            loss = loss_fn(out)
             loss.backward()
             return loss
 
@@ -447,10 +635,20 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
             tpu_model.train()
             opt_t = torch.optim.SGD(tpu_model.parameters(), lr=SGD_LR)
 
+            loss_t_fn = (FixedProjectionLoss(out_kept[0], tpu_dev) if out_kept else loss_fn)
+            out_kept.clear()
+
+            def forward_loss(kwargs):
+                return loss_t_fn(tpu_model(**kwargs))
+
+            if compiled:
+                forward_loss = torch.compile(forward_loss)
+            sgd_step = torch.compile(opt_t.step) if compiled else opt_t.step
+
             def tpu_step():
                 torch.manual_seed(SEED)
                 opt_t.zero_grad(set_to_none=True)
-                loss = loss_fn(tpu_model(**to_device(train_inputs, tpu_dev)))
+                loss = forward_loss(to_device(train_inputs, tpu_dev))
                 loss.backward()
                 return loss
 
@@ -465,7 +663,9 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
                                        f"gradient on {'tpu' if gc is None else 'cpu'} only"))
                     elif gc is not None:
                         tr.append(diff(f"grad {n}", gc, gt, "grad"))
-                _on_tpu("sgd step", opt_t.step)
+                _compile_phase(rec, "train", compiled)
+                _on_tpu("sgd step", sgd_step)
+                _compile_phase(rec, "sgd step", compiled)
                 params_t = dict(tpu_model.named_parameters())
                 for n, pc in cpu.named_parameters():
                     if pc.requires_grad and n in params_t:
@@ -475,7 +675,7 @@ def _forward_and_train(case: Case, rec: dict, watch: List[FallbackWatch],
             phases["train"] = _phase_status(tr)
 
     # greedy generation
-    if case.generate is not None:
+    if case.generate is not None and not compiled:
         gen_inputs = _cast_floats(_seeded_inputs(case.inputs), dtype)
         cpu.eval()
         tpu_model.eval()
@@ -527,7 +727,7 @@ ROUNDING_FACTOR = 10.0
 
 
 def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tensor, str]],
-                    bad: List[Diff]) -> Tuple[bool, str]:
+                    bad: List[Diff], compiled: bool = False) -> Tuple[bool, str]:
     # a shape, NaN/inf placement or integer difference has no distance to weigh (see below)
     discrete = [d for d in bad if math.isinf(d.ratio)]
     if any(d.note.startswith(("dtype", "missing", "gradient")) for d in discrete):
@@ -555,7 +755,11 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
         # float64 also by default while the models run: tensors a model creates inside
         # (coordinate grids) match it; weights and inputs are still drawn in float32
         torch.set_default_dtype(torch.float64)
-        diffs64 = _forward_and_train(case, rec64, [], torch.float64, against_float64)
+        if compiled:  # the float64 run compiles its own graphs (its counts are not recorded)
+            import torch._dynamo as dynamo
+            dynamo.reset()
+        diffs64 = _forward_and_train(case, rec64, [], torch.float64, against_float64,
+                                     compiled=compiled)
     except Skip as s:
         no64 = s
     except _TpuError as e:
@@ -567,7 +771,7 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
     if no64 is not None:
         # CPU itself cannot run the model in float64 (a dtype fixed inside it): the op-by-op
         # audit alone decides, provided it could check every op
-        return _audit_verdict(case, f"float64 not possible ({no64})", None, require_all=True)
+        return _audit_verdict(case, compiled, f"float64 not possible ({no64})", None, require_all=True)
     bad64 = [d for d in diffs64 if d.ratio > 1.0]
     if bad64:
         w = worst(bad64)
@@ -587,7 +791,7 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
                            "NaN/inf or integer values where CPU's own float32 matches its float64")
         names = ", ".join(d.name for d in discrete[:3])
         return _audit_verdict(
-            case, f"{names} differ in shape, NaN/inf or integer values, as CPU's own float32 "
+            case, compiled, f"{names} differ in shape, NaN/inf or integer values, as CPU's own float32 "
             f"does from CPU's float64; in float64 tpu matches CPU (worst {worst(diffs64).ratio:.2g}x "
             "the tolerance)", None, require_all=True)
     # accuracy of each side's float32 against CPU's float64, at each side's worst tensor (per
@@ -610,13 +814,17 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
         return True, matched
     # The model amplifies rounding more than CPU's own float32 run happened to show (which
     # tensor an amplified error lands in varies from run to run): ask op by op instead.
-    return _audit_verdict(case, f"float64 matches, but {figures}", matched, require_all=False)
+    return _audit_verdict(case, compiled, f"float64 matches, but {figures}", matched, require_all=False)
 
 
-def _audit_verdict(case: Case, why: str, matched: Optional[str],
+def _audit_verdict(case: Case, compiled: bool, why: str, matched: Optional[str],
                    require_all: bool) -> Tuple[bool, str]:
     """The per-op audit's verdict: rounding when every audited op is within ROUNDING_FACTOR of
-    CPU float32's own error (and, with require_all, CPU could rerun every op)."""
+    CPU float32's own error (and, with require_all, CPU could rerun every op). The audit runs
+    ops eagerly, one by one: it says nothing about a compiled program (whose fusions XLA
+    chooses), so in compiled mode it is not consulted and the model-level figures decide."""
+    if compiled:
+        return False, f"{why}; no per-op audit in compiled mode (it checks eager ops only)"
     try:
         ops = _audit_ops(case)
     except Exception as e:
@@ -654,21 +862,35 @@ def _audit_ops(case: Case) -> "OpAudit":
     return audit
 
 
-def run_case(case: Case) -> dict:
+def run_case(case: Case, mode: str = "eager") -> dict:
     """Runs one case; never raises (except KeyboardInterrupt/SystemExit). The record:
-    zoo, name, status, reason, phases, worst (for mismatches), fallback_ops, params, seconds."""
+    zoo, name, mode, status, reason, phases, worst (for mismatches), fallback_ops, params,
+    seconds; in compiled mode (`mode="compile"`, see _forward_and_train) also `compile`
+    (DynamoStats.snapshot(): graphs, graph breaks and their reasons, recompiles, the tpu graph
+    metrics) and `compile_phases` (the graphs compiled in each phase)."""
+    if mode not in MODES:
+        raise ValueError(f"mode {mode!r}: one of {MODES}")
+    compiled = mode == "compile"
     t0 = time.time()
-    rec: Dict[str, Any] = {"zoo": case.zoo, "name": case.name, "status": None, "reason": "",
-                           "phases": {}, **({"info": case.info} if case.info else {})}
+    rec: Dict[str, Any] = {"zoo": case.zoo, "name": case.name, "mode": mode, "status": None,
+                           "reason": "", "phases": {}, **({"info": case.info} if case.info else {})}
     watch: List[FallbackWatch] = []
+    stats: Optional[DynamoStats] = None
     try:
+        if compiled and case.pipeline:
+            raise Skip("compiled mode compiles a model's forward and training step; a pipeline "
+                       "case runs in eager mode only")
+        if compiled:
+            stats = DynamoStats()
         keep32: Dict[str, Tuple[torch.Tensor, torch.Tensor, str]] = {}
 
         def keep_pair(name: str, c: torch.Tensor, t: torch.Tensor, kind: str) -> None:
             keep32[name] = (c.detach().clone(), t.detach().cpu(), kind)
 
         diffs = (_pipeline(case, rec, watch) if case.pipeline
-                 else _forward_and_train(case, rec, watch, keep=keep_pair))
+                 else _forward_and_train(case, rec, watch, keep=keep_pair, compiled=compiled))
+        if stats is not None:  # before the float64 check, which compiles graphs of its own
+            rec["compile"] = stats.snapshot()
         fallback_ops: Dict[str, int] = {}
         for w in watch:
             for k, v in w.ops.items():
@@ -681,7 +903,7 @@ def run_case(case: Case) -> dict:
         rec["compared"] = len(diffs)
         rounding = False
         if bad and not case.pipeline:
-            rounding, rec["float64_check"] = _rounding_check(case, keep32, bad)
+            rounding, rec["float64_check"] = _rounding_check(case, keep32, bad, compiled)
         keep32.clear()
         if bad and rounding:
             wd = worst(bad)
@@ -717,8 +939,10 @@ def run_case(case: Case) -> dict:
     except _TpuError as e:
         rec["status"] = "error"
         rec["phase"] = e.phase
-        rec["reason"] = first_line(e.exc)
-        rec["where"] = where(e.exc)
+        cause = _compile_cause(e.exc)
+        rec["reason"] = (first_line(cause) if cause is e.exc else
+                         f"{type(e.exc).__name__}: {first_line(cause)}"[:400]) + _explained(cause)
+        rec["where"] = where(cause)
         rec["phases"][e.phase] = "error"
         ops: Dict[str, int] = {}
         for w in watch:
@@ -730,5 +954,13 @@ def run_case(case: Case) -> dict:
         rec["phase"] = "harness"
         rec["reason"] = first_line(e)
         rec["where"] = where(e)
+    finally:
+        if stats is not None:
+            if "compile" not in rec:  # an error: what Dynamo did up to it
+                try:
+                    rec["compile"] = stats.snapshot()
+                except Exception:
+                    pass
+            stats.close()
     rec["seconds"] = round(time.time() - t0, 2)
     return rec

@@ -1,6 +1,11 @@
 """docs/models.md from the JSONL results: pass rates per zoo and overall, the failure causes
 grouped (ops without a lowering, by op; errors by their first line), and every model that did not
-pass with its reason. Generated: edit this module, not the markdown."""
+pass with its reason. Generated: edit this module, not the markdown.
+
+Records of several modes (eager `strict`, eager `defer_and_fuse`, `compile`: a record's mode_key)
+are kept apart: the main sections describe the primary mode (strict when it has records), a
+*Modes* table gives each mode's pass rates side by side, and compiled records get a section of
+their own (graphs per model, graph-break reasons, compile failure causes)."""
 from __future__ import annotations
 
 import glob
@@ -14,14 +19,31 @@ from .runner import load_records
 
 STATUSES = ("pass", "fallback", "mismatch", "error", "skipped")
 ZOO_ORDER = ("hf", "timm", "torchvision", "diffusers")
+MODE_ORDER = ("strict", "debug", "defer_and_fuse", "compile")
+NOTES_COMPILE = os.path.join("docs", "models", "NOTES-compile.md")
+
+
+def mode_key(r: dict) -> str:
+    """The column a record belongs to: its eager mode (strict, defer_and_fuse, ...) for eager
+    records, "compile" for compiled ones (with the eager mode of the ops outside the graphs
+    appended when it is not strict)."""
+    eager = r.get("eager_mode", "strict")
+    if r.get("mode") == "compile":
+        return "compile" if eager == "strict" else f"compile+{eager}"
+    return eager
+
+
+def _mode_rank(m: str) -> int:
+    return MODE_ORDER.index(m) if m in MODE_ORDER else len(MODE_ORDER)
 
 
 def latest(paths: Iterable[str]) -> List[dict]:
-    """One record per (zoo, name): the last one written (a rerun replaces an earlier result)."""
+    """One record per (zoo, name, mode): the last one written (a rerun replaces an earlier
+    result of the same mode)."""
     by_key: Dict[tuple, dict] = {}
     for p in paths:
         for r in load_records(p):
-            by_key[(r["zoo"], r["name"])] = r
+            by_key[(r["zoo"], r["name"], mode_key(r))] = r
     return list(by_key.values())
 
 
@@ -41,6 +63,11 @@ def _normalize(reason: str) -> str:
     s = re.sub(r"\d+(\.\d+)?(e[-+]?\d+)?", "N", s)
     s = re.sub(r"'[^']{0,80}'", "'…'", s)
     return s[:200]
+
+
+def _blank_numbers(s: str) -> str:
+    """Whitespace runs to one space, numbers to N: Dynamo's messages with one cause group."""
+    return re.sub(r"\b\d+\b", "N", re.sub(r"\s+", " ", s)).strip()
 
 
 def causes(recs: List[dict]) -> Dict[str, Counter]:
@@ -64,13 +91,16 @@ def causes(recs: List[dict]) -> Dict[str, Counter]:
     return {"fallback": fb, "error": err, "mismatch": mm, "skipped": sk}
 
 
-def render(recs: List[dict]) -> str:
+def render(all_recs: List[dict]) -> str:
+    modes_present = sorted({mode_key(r) for r in all_recs}, key=_mode_rank)
+    primary = "strict" if "strict" in modes_present else (modes_present[0] if modes_present else "strict")
+    recs = [r for r in all_recs if mode_key(r) == primary]
     zoos = sorted({r["zoo"] for r in recs},
                   key=lambda z: ZOO_ORDER.index(z) if z in ZOO_ORDER else len(ZOO_ORDER))
     # each package's versions over the records, with the zoos that ran under each (the sweeps
     # may come from different environments, e.g. torchvision's from the torch 2.14.1 venv)
     seen: Dict[str, Dict[str, set]] = defaultdict(lambda: defaultdict(set))
-    for r in recs:
+    for r in recs:  # the primary mode's
         for k, v in (r.get("versions") or {}).items():
             seen[k][v].add(r["zoo"])
     versions: Dict[str, str] = {}
@@ -194,7 +224,140 @@ def render(recs: List[dict]) -> str:
         lines.append("")
     passed = sorted(f"{r['zoo']}/{r['name']}" for r in recs if r["status"] == "pass")
     lines += ["## Models that passed", "", ", ".join(f"`{p}`" for p in passed) or "(none)", ""]
+    if len(modes_present) > 1:
+        lines += render_modes(all_recs, modes_present, primary)
+    compiled = [r for r in all_recs if mode_key(r).startswith("compile")]
+    if compiled:
+        lines += render_compile(compiled, {(r["zoo"], r["name"]): r for r in recs}, primary)
     return "\n".join(lines)
+
+
+def _cell(rs: List[dict]) -> str:
+    if not rs:
+        return "-"
+    c = Counter(r["status"] for r in rs)
+    ran = len(rs) - c["skipped"]
+    rest = ", ".join(f"{c[s]} {s}" for s in STATUSES[1:] if c[s])
+    return f"{c['pass']}/{ran} ({_pct(c['pass'], ran)})" + (f"; {rest}" if rest else "")
+
+
+def render_modes(recs: List[dict], modes: List[str], primary: str) -> List[str]:
+    """Pass rates side by side, one column per mode; a mode that ran on a sample of a zoo also
+    gets the primary mode's figures on the same models, so the two compare like for like."""
+    zoos = sorted({r["zoo"] for r in recs},
+                  key=lambda z: ZOO_ORDER.index(z) if z in ZOO_ORDER else len(ZOO_ORDER))
+    by = defaultdict(dict)  # (zoo, mode) -> {name: rec}
+    for r in recs:
+        by[(r["zoo"], mode_key(r))][r["name"]] = r
+    others = [m for m in modes if m != primary]
+    head = [primary] + [c for m in others for c in (m, f"{primary} on {m}'s models")]
+    lines = ["## Modes", "",
+             "Each cell: passes / models run (skipped left out), then the other statuses. A mode"
+             " that ran on a sample of a zoo is set beside the "
+             f"{primary} results of the same models.", "",
+             "| zoo | " + " | ".join(head) + " |", "| --- |" + " --- |" * len(head)]
+    for z in zoos:
+        base = by[(z, primary)]
+        cells = [_cell(list(base.values()))]
+        for m in others:
+            got = by[(z, m)]
+            cells += [_cell(list(got.values())), _cell([base[n] for n in got if n in base])]
+        lines.append(f"| {z} | " + " | ".join(cells) + " |")
+    lines.append("")
+    return lines
+
+
+def _median(xs: List[float]) -> float:
+    xs = sorted(xs)
+    if not xs:
+        return 0.0
+    mid = len(xs) // 2
+    return float(xs[mid]) if len(xs) % 2 else (xs[mid - 1] + xs[mid]) / 2.0
+
+
+def render_compile(recs: List[dict], eager: Dict[tuple, dict], primary: str) -> List[str]:
+    """The compiled mode: what Dynamo made of each model (graphs, breaks, recompiles), the
+    graph-break reasons and the failure causes by frequency, and a row per model."""
+    ran = [r for r in recs if r["status"] != "skipped"]
+    stats = [r["compile"] for r in ran if r.get("compile")]
+    lines = ["## Compiled mode (torch.compile)", "",
+             "`python -m torch_pjrt.models --compile` (records with mode `compile`, in"
+             " `docs/models/results-<zoo>-compile.jsonl`): the same models and inputs, compared"
+             " with CPU eager under the same tolerances, with the tpu side compiled as users write"
+             " it, plain `torch.compile` (no `backend=`, `fullgraph=False`; tpu graphs reach this"
+             " project's backend through `torch_pjrt/inductor_route.py`): the eval forward is"
+             " `torch.compile(model)`, the training step's forward and loss one compiled function"
+             " (its backward the compiled AOTAutograd backward; every parameter's gradient is"
+             " compared) and the SGD step `torch.compile(optimizer.step)` (every updated"
+             " parameter compared). Generation and pipeline cases are not compiled. Dynamo is"
+             " reset between models. *Graphs*: Dynamo graphs compiled"
+             " (`counters[\"stats\"][\"unique_graphs\"]`), forward / training forward+loss /"
+             " SGD step; *breaks*: graph breaks (`counters[\"graph_break\"]`); *recompiles*:"
+             " Dynamo recompilations (the eval-to-train switch of `model.training` is one where"
+             " the same code object is compiled twice); *graph runs*: `torch.tpu.metrics()`"
+             " `graph_runs`.", ""]
+    if os.path.exists(NOTES_COMPILE):
+        with open(NOTES_COMPILE, encoding="utf-8") as f:
+            lines += [f.read().strip(), ""]
+    c = Counter(r["status"] for r in recs)
+    graphs = [s.get("graphs", 0) for s in stats]
+    lines += ["| models | " + " | ".join(STATUSES) + " | median graphs / model | models with a"
+              " graph break | graph breaks | recompiles |",
+              "| --- |" + " --- |" * (len(STATUSES) + 4),
+              f"| {len(recs)} | " + " | ".join(str(c[s]) for s in STATUSES)
+              + f" | {_median(graphs):g} | {sum(1 for s in stats if s.get('graph_breaks'))}"
+              f" | {sum(s.get('graph_breaks', 0) for s in stats)}"
+              f" | {sum(s.get('recompiles', 0) for s in stats)} |", ""]
+    breaks_models, breaks_total = Counter(), Counter()
+    recompile_reasons = Counter()
+    for r in ran:
+        s = r.get("compile") or {}
+        mine = Counter()
+        for k, v in (s.get("break_reasons") or {}).items():
+            mine[_esc(_blank_numbers(k))[:240]] += v
+        for key, v in mine.items():
+            breaks_models[key] += 1
+            breaks_total[key] += v
+        for k in set(_blank_numbers(x)[:240] for x in s.get("recompile_reasons") or []):
+            recompile_reasons[k] += 1
+    if breaks_models:
+        lines += ["Graph-break reasons (Dynamo's, by the models that hit each):", "",
+                  "| reason | models | breaks |", "| --- | --- | --- |"]
+        lines += [f"| {k} | {n} | {breaks_total[k]} |" for k, n in breaks_models.most_common()]
+        lines.append("")
+    cz = causes(recs)
+    if cz["error"] or cz["mismatch"] or cz["fallback"]:
+        lines += ["Failure causes:", "", "| cause | models |", "| --- | --- |"]
+        lines += [f"| error in {_esc(e)} | {n} |" for e, n in cz["error"].most_common()]
+        lines += [f"| mismatch: {_esc(e)} | {n} |" for e, n in cz["mismatch"].most_common()]
+        lines += [f"| CPU fallback: `{op}` | {n} |" for op, n in cz["fallback"].most_common()]
+        lines.append("")
+    if recompile_reasons:
+        lines += ["Recompilation reasons (the first guard that failed):", "",
+                  "| function: guard | models |", "| --- | --- |"]
+        lines += [f"| {_esc(k)} | {n} |" for k, n in recompile_reasons.most_common(20)]
+        lines.append("")
+    lines += ["| model | status | " + primary + " | graphs (fwd / train / sgd) | breaks |"
+              " recompiles | graph runs | CPU fallbacks | reason |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in sorted(recs, key=lambda r: (ZOO_ORDER.index(r["zoo"]) if r["zoo"] in ZOO_ORDER
+                                         else 9, r["name"])):
+        s = r.get("compile") or {}
+        ph = r.get("compile_phases") or {}
+        per = " / ".join(str(ph[k]) if k in ph else "-" for k in ("forward", "train", "sgd step"))
+        fb = sum((r.get("fallback_ops") or {}).values())
+        reason = r.get("reason", "")
+        if r["status"] == "error":
+            reason = f"{r.get('phase', '?')}: {reason}" + (f" (at {r['where']})" if r.get("where") else "")
+        e = eager.get((r["zoo"], r["name"]))
+        lines.append(
+            f"| {r['zoo']}/{_esc(r['name'])} | {r['status']} | {e['status'] if e else '-'} | "
+            + (f"{s.get('graphs', 0)} ({per}) | {s.get('graph_breaks', 0)} | "
+               f"{s.get('recompiles', 0)} | {s.get('graph_runs', 0)} | {fb} | "
+               if s else "- | - | - | - | - | ")
+            + f"{_esc(reason)[:300]} |")
+    lines.append("")
+    return lines
 
 
 def write_report(paths: Optional[List[str]] = None, output: str = os.path.join("docs", "models.md"),

@@ -71,14 +71,15 @@ def load_records(path: str) -> List[dict]:
 
 
 class Worker:
-    def __init__(self, eager_mode: str, log_dir: str):
+    def __init__(self, eager_mode: str, log_dir: str, mode: str = "eager"):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="worker-", suffix=".log", dir=log_dir,
                                                delete=False)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
                "PYTHONUNBUFFERED": "1"}
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "torch_pjrt.models", "worker", "--eager-mode", eager_mode],
+            [sys.executable, "-m", "torch_pjrt.models", "worker", "--eager-mode", eager_mode,
+             "--mode", mode],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=self.log, env=env,
             text=True, bufsize=1, start_new_session=True)
         self.sel = selectors.DefaultSelector()
@@ -161,8 +162,11 @@ class Worker:
 
 
 def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeout: float = 300,
-            per_worker: int = 25, eager_mode: str = "strict", progress=print) -> List[dict]:
-    """Runs every (zoo, name) in `todo` on `jobs` workers, appending each record to `out_path`."""
+            per_worker: int = 25, eager_mode: str = "strict", progress=print,
+            mode: str = "eager") -> List[dict]:
+    """Runs every (zoo, name) in `todo` on `jobs` workers, appending each record to `out_path`.
+    `mode`: "eager" (the model run op by op under `eager_mode`) or "compile" (compare.py's
+    compiled mode; ops outside the compiled graphs run under `eager_mode`)."""
     todo = list(todo)
     q: "queue.Queue[Tuple[int, str, str]]" = queue.Queue()
     for i, (zoo, name) in enumerate(todo):
@@ -177,6 +181,7 @@ def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeo
     def write(rec: dict) -> None:
         rec.setdefault("versions", versions)
         rec["eager_mode"] = eager_mode
+        rec["mode"] = mode
         with lock:
             with open(out_path, "a", encoding="utf-8") as f:
                 f.write(json.dumps(rec, sort_keys=True) + "\n")
@@ -196,7 +201,7 @@ def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeo
                 except queue.Empty:
                     return
                 if worker is None:
-                    worker = Worker(eager_mode, log_dir)
+                    worker = Worker(eager_mode, log_dir, mode)
                 t0 = time.time()
                 rec, why = worker.ask(zoo, name, timeout)
                 if _STOPPING.is_set():
@@ -242,7 +247,7 @@ def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeo
     return results
 
 
-def serve(eager_mode: str) -> None:
+def serve(eager_mode: str, mode: str = "eager") -> None:
     """The worker's loop: requests on stdin, records on the original stdout."""
     result_fd = os.dup(1)
     os.dup2(2, 1)  # anything the models print goes to stderr, never into the result stream
@@ -257,6 +262,6 @@ def serve(eager_mode: str) -> None:
         if not line:
             continue
         req = json.loads(line)
-        rec = zoos.run_one(req["zoo"], req["name"])
+        rec = zoos.run_one(req["zoo"], req["name"], mode)
         results.write(RESULT_PREFIX + json.dumps(rec) + "\n")
         results.flush()

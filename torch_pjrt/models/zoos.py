@@ -41,18 +41,18 @@ def make_case(zoo: str, name: str) -> Case:
     return mod.make_case(name)
 
 
-def run_one(zoo: str, name: str) -> dict:
+def run_one(zoo: str, name: str, mode: str = "eager") -> dict:
     t0 = time.time()
     try:
         case = make_case(zoo, name)
     except Skip as s:
-        return {"zoo": zoo, "name": name, "status": "skipped", "reason": str(s), "phases": {},
-                "seconds": round(time.time() - t0, 2)}
+        return {"zoo": zoo, "name": name, "mode": mode, "status": "skipped", "reason": str(s),
+                "phases": {}, "seconds": round(time.time() - t0, 2)}
     except Exception as e:  # a zoo bug: recorded, never fatal to the sweep
-        return {"zoo": zoo, "name": name, "status": "error", "phase": "harness",
+        return {"zoo": zoo, "name": name, "mode": mode, "status": "error", "phase": "harness",
                 "reason": first_line(e), "where": where(e), "phases": {},
                 "seconds": round(time.time() - t0, 2)}
-    rec = run_case(case)
+    rec = run_case(case, mode)
     rec["seconds"] = round(time.time() - t0, 2)
     return rec
 
