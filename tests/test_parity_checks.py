@@ -138,6 +138,31 @@ def test_index_fill_overlap_and_dim_refused_like_cpu(make, mode):
         return
     assert type(got) is type(expected) and str(got) == str(expected), (got, expected)
 
+
+# ---- is_set_to: metadata only, as on CPU (no program, no fallback) --------------------------
+
+def test_is_set_to_compares_metadata_like_cpu(mode):
+    def pairs(d):
+        a = torch.empty(2, 3, 4, device=d)
+        b = torch.tensor([], device=d).set_(a)
+        e = torch.empty(2, 0, device=d)
+        bits = torch.tensor([True, False], device=d)
+        return [
+            (a, a), (a, b), (b, a),  # the same storage, offset, sizes and strides
+            (a, torch.empty(2, 3, 4, device=d)),  # another storage
+            (a, a.view(4, 3, 2)), (a, a.transpose(0, 1)), (a, a[1:]), (a, a.flatten()),
+            (a[:, 1], b[:, 1]), (b.clone(), a), (a, b.clone().resize_(2, 3, 4)),
+            (e, e.view(0)), (e, e),
+            (torch.tensor([], device=d), torch.tensor([], device=d)),
+            (bits, torch.tensor([False], device=d).set_(bits)),
+        ]
+
+    before = fallback_count()
+    got = [x.is_set_to(y) for x, y in pairs("tpu")]
+    assert fallback_count() == before, "is_set_to ran on the CPU"
+    assert got == [x.is_set_to(y) for x, y in pairs("cpu")]
+
+
 # ---- heaviside ---------------------------------------------------------------------------
 
 def _h(d, dtype, values=(-1, 0, 2)):
