@@ -163,6 +163,78 @@ def test_is_set_to_compares_metadata_like_cpu(mode):
     assert got == [x.is_set_to(y) for x, y in pairs("cpu")]
 
 
+# ---- overlap checks: TensorIterator's before a kernel's dtype support; put_, index_put_ and
+# masked_fill_ make their own (an index may not overlap self at all); writes through an
+# expanded self warn and write each location as CPU's loop does ------------------------------
+
+def _outcome(make, d):
+    """(result or exception, warning messages) of make(d): what a parity check compares."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            out = make(d)
+        except Exception as e:  # noqa: BLE001 (type and message are compared)
+            out = e
+    # the message without its C++ source location (PyTorch's file, or ours)
+    return out, [str(x.message).split(" (Triggered internally at")[0] for x in w]
+
+
+def _like_cpu(make):
+    """tpu gives CPU's values, strides and dtype (or CPU's exception type and message) with
+    CPU's warnings, in order."""
+    (expected, cpu_warnings), (got, tpu_warnings) = _outcome(make, "cpu"), _outcome(make, "tpu")
+    assert tpu_warnings == cpu_warnings
+    if isinstance(expected, Exception):
+        # a kernel named for its device ("lshift_cpu"): tpu names its own
+        message = str(expected).replace('_cpu" not implemented', '_tpu" not implemented')
+        assert type(got) is type(expected) and str(got) == message, (got, expected)
+        return
+    assert not isinstance(got, Exception), got
+    assert got.device.type == "tpu" and got.dtype == expected.dtype
+    assert got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
+
+
+def _f(d, *values):
+    return torch.tensor(list(values), dtype=torch.float32, device=d)
+
+
+def _b(d, *bits):
+    return torch.tensor([bool(b) for b in bits], device=d)
+
+
+def _y(d):
+    return torch.arange(6, dtype=torch.float32, device=d)
+
+
+def _r(d):
+    return torch.tensor([0.5, 1.5, 2.5, 3.5], device=d)
+
+
+SHIFT_OVERLAP = {
+    # TensorIterator's overlap check comes before the kernel's dtype support (a float shift)
+    "ilshift_partial": lambda d: (lambda x: x[:-1].__ilshift__(x[1:]))(_r(d)),
+    "irshift_partial": lambda d: (lambda x: x[:-1].__irshift__(x[1:]))(_r(d)),
+    "bitwise_left_shift_partial": lambda d: (lambda x: x[1:].bitwise_left_shift_(x[:-1]))(_r(d)),
+    "bitwise_and_partial": lambda d: (lambda x: x[1:].bitwise_and_(x[:-1]))(_r(d)),
+    "ilshift_expanded": lambda d: _expanded(d, 1, 4)[0].__ilshift__(_r(d)),
+    "out_partial": lambda d: (lambda x: torch.bitwise_right_shift(
+        x[1:], x[:-1], out=x[:-1]))(_r(d)),
+    # no overlap (or a full one): the dtype's refusal, as before
+    "ilshift_full": lambda d: (lambda x: x.__ilshift__(x))(_r(d)),
+    "ilshift_distinct": lambda d: _r(d).__ilshift__(_r(d)),
+    "rshift_functional": lambda d: (lambda x: x[:-1] >> x[1:])(_r(d)),
+    "ilshift_int_partial": lambda d: (lambda x: x[:-1].__ilshift__(x[1:]))(_i(d, 1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHIFT_OVERLAP))
+def test_bitwise_overlap_refused_before_dtype_like_cpu(case, mode):
+    _like_cpu(SHIFT_OVERLAP[case])
+
+
 # ---- heaviside ---------------------------------------------------------------------------
 
 def _h(d, dtype, values=(-1, 0, 2)):

@@ -41,9 +41,12 @@ void same_scalar_type(const at::Tensor* a, const at::Tensor* b) {
 
 // CPU's bitwise kernels exist for integer types (and bool, except the shifts): any other
 // result type is CPU's NotImplementedError ("lshift_cpu" not implemented for 'Float'), raised
-// before the Meta kernel, whose own check for << and >> is a RuntimeError.
+// before the Meta kernel, whose own check for << and >> is a RuntimeError. Their
+// TensorIterator's overlap checks come before both (x[:-1] <<= x[1:] of a float x is refused
+// for the overlap on CPU), and so before this check here too.
 void bitwise_dtype_check(const std::string& base, const c10::FunctionSchema& schema,
                          const torch::jit::Stack& args) {
+  iterator_overlap_checks(schema, args);
   const bool shift = base.find("shift") != std::string::npos;
   const bool left = base == "bitwise_left_shift" || base == "__lshift__" || base == "__ilshift__";
   const c10::IValue* a = args.size() > 0 ? &args[0] : nullptr;
