@@ -185,6 +185,40 @@ void index_fill_overlap_check(const c10::FunctionSchema& schema, const torch::ji
                "This also applies to advanced indexing e.g. tensor[mask] = scalar");
 }
 
+// CPU's put_(self, index, source, accumulate) checks, in this order, after its nondeterminism
+// alert: an int64 index, source of self's dtype, as many source elements as indices (an
+// IndexError), no indices into an empty self (IndexError), then self without internal overlap
+// and sharing no memory with index or source (assert_no_overlap: a full overlap,
+// ind.put_(ind, ind), is refused too, where TensorIterator's check accepts it). The Meta
+// kernel checks none of these: the lowering converted another dtype silently and failed to
+// compile on a count mismatch. The functional put is put_ on a fresh clone on CPU: the same
+// checks and words ("put_():"), the overlap ones aside. The device check between them is
+// left to the general path (a CPU 0-d source is taken, as before).
+void put_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const bool in_place = schema.name() == "aten::put_";
+  if ((!in_place && schema.name() != "aten::put") || args.size() < 4) return;
+  const size_t first = args.size() - 4;
+  const at::Tensor* self = tensor_arg(args, first);
+  const at::Tensor* index = tensor_arg(args, first + 1);
+  const at::Tensor* source = tensor_arg(args, first + 2);
+  if (!self || !index || !source) return;
+  TORCH_CHECK(index->scalar_type() == at::kLong,
+              "put_(): Expected a long tensor for index, but got ", index->scalar_type());
+  TORCH_CHECK(self->scalar_type() == source->scalar_type(),
+              "put_(): self and source expected to have the same dtype, but got self.dtype = ",
+              self->scalar_type(), " and source.dtype = ", source->scalar_type());
+  TORCH_CHECK_INDEX(source->numel() == index->numel(),
+                    "put_(): Expected source and index to have the same number of elements, but "
+                    "got source.numel() = ", source->numel(), ", index.numel() = ",
+                    index->numel());
+  TORCH_CHECK_INDEX(!(self->numel() == 0 && index->numel() != 0),
+                    "put_(): Tried to put elements into an empty tensor");
+  if (!in_place) return;
+  at::assert_no_internal_overlap(*self);
+  at::assert_no_overlap(*self, *index);
+  at::assert_no_overlap(*self, *source);
+}
+
 // CPU's index_fill_ wraps dim after the checks above (a 0-d self counts as rank 1), with
 // PyTorch's IndexError; the Meta kernel would raise Python's own list-index error instead.
 void index_fill_dim_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
@@ -705,6 +739,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   // (which of two values written to one index lands is unspecified; XLA's scatter alike)
   if (base == "put" && args.size() > 3 && args[3].isBool() && !args[3].toBool())
     at::globalContext().alertNotDeterministic("put_");
+  if (base == "put") put_checks(schema, args);
   if (base == "_to_copy") {  // (self, *, dtype, ...)
     const at::Tensor* self = tensor_arg(args, 0);
     if (self && args.size() > 1 && args[1].isInt())
