@@ -266,6 +266,92 @@ def test_put_checks_like_cpu(case, mode):
     _like_cpu(PUT_CHECKS[case])
 
 
+INDEX_PUT_MASKED_FILL_OVERLAP = {
+    # index_put_: values or an index may not share memory with self at all
+    "index_put_self_as_index_and_values": lambda d: (lambda t: t.index_put_((t,), t))(
+        _i(d, 2, 1, 0)),
+    "index_put_self_as_index": lambda d: (lambda t: t.index_put_((t,), t.clone()))(
+        _i(d, 2, 1, 0)),
+    "index_put_self_as_values": lambda d: (lambda t: t.index_put_((t.clone(),), t))(
+        _i(d, 2, 1, 0)),
+    "index_put_values_element_of_self": lambda d: (lambda y: y.index_put_(
+        (_i(d, 2, 1, 0),), y[0]))(_y(d)),
+    "index_put_values_part_of_self": lambda d: (lambda y: y.index_put_(
+        (_i(d, 2, 1, 0),), y[:3]))(_y(d)),
+    "index_put_accumulate_self_as_index": lambda d: (lambda t: t.index_put_(
+        (t,), t.clone(), accumulate=True))(_i(d, 2, 1, 0)),
+    "index_put_expanded_self_as_index": lambda d: (lambda t: t.expand(3).index_put_(
+        (t,), _i(d, 1, 1, 1)))(_i(d, 0)),
+    "index_put_distinct_ok": lambda d: _i(d, 2, 1, 0).index_put_(
+        (_i(d, 2, 1, 0),), _i(d, 5, 6, 7)),
+    "index_put_functional_self_ok": lambda d: (lambda t: torch.index_put(t, (t,), t))(
+        _i(d, 2, 1, 0)),
+    # CPU checks the overlap before values' dtype
+    "index_put_overlap_before_dtype": lambda d: (lambda y: y.index_put_(
+        (_i(d, 1),), y.view(torch.int32)[2:3]))(_y(d)),
+    # masked_fill_: only a partial overlap of the mask with self is refused
+    "masked_fill_mask_partly_self": lambda d: (lambda m: m[1:].masked_fill_(m[:-1], False))(
+        _b(d, 1, 0, 1, 1, 0, 0)),
+    "masked_fill_mask_is_self_ok": lambda d: (lambda m: m.masked_fill_(m, False))(_b(d, 1, 0, 1)),
+    "masked_fill_value_element_of_self_ok": lambda d: (lambda y: y.masked_fill_(
+        _b(d, 1, 0, 1, 0, 0, 1), y[1]))(_y(d)),
+    # an expanded self warns first
+    "masked_fill_expanded_mask_partly_self": lambda d: (lambda m: m[:3].view(1, 3).expand(2, 3)
+                                                        .masked_fill_(m[1:], True))(
+        _b(d, 0, 1, 0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEX_PUT_MASKED_FILL_OVERLAP))
+def test_index_put_masked_fill_overlap_like_cpu(case, mode):
+    _like_cpu(INDEX_PUT_MASKED_FILL_OVERLAP[case])
+
+
+WRITES_THROUGH_EXPANDED = {
+    # several positions share one location: the last value written there stays (CPU's loop
+    # runs in the indexing result's row-major order), accumulate adds them all
+    "index_put_1d": lambda d: _expanded(d, 1, 6)[0].index_put_(
+        (_i(d, 2, 1, 0),), _f(d, 7, 8, 9)),
+    "index_put_1d_accumulate": lambda d: _expanded(d, 1, 6)[0].index_put_(
+        (_i(d, 2, 1, 5),), _f(d, 7, 8, 9), accumulate=True),
+    "index_put_two_indices": lambda d: _expanded(d, 3, 4).index_put_(
+        (_i(d, 0, 2, 2, 1), _i(d, 1, 3, 1, 0)), _f(d, 1, 2, 3, 4)),
+    "index_put_two_indices_accumulate": lambda d: _expanded(d, 3, 4).index_put_(
+        (_i(d, 0, 2, 2), _i(d, 1, 3, 1)), _f(d, 1, 2, 3), accumulate=True),
+    "index_put_broadcast_value": lambda d: _expanded(d, 3, 4).index_put_(
+        (_i(d, 2, 0),), torch.tensor(-5.0, device=d)),
+    "index_put_empty_index": lambda d: _expanded(d, 3, 4).index_put_(
+        (torch.tensor([], dtype=torch.long, device=d),), _f(d)),
+    "setitem_slice_then_index": lambda d: (lambda t: (t.__setitem__(
+        (slice(None), _i(d, 3, 1)), _f(d, 6, 7)), t)[1])(_expanded(d, 3, 4)),
+    "index_put_bool_mask": lambda d: _expanded(d, 3, 4).index_put_(
+        (_b(d, 1, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 0).view(3, 4),), _f(d, 1, 2, 3, 4, 5)),
+    # a one-element CPU value through a tpu mask: CPU's masked_fill_ path (both warn)
+    "index_put_masked_fill_path": lambda d: _expanded(d, 3, 4).index_put_(
+        (_b(d, 0, 1, 1),), torch.tensor(4.0)),
+    "index_put_int64_accumulate": lambda d: torch.tensor([[3], [5]], device=d).expand(2, 3)
+    .index_put_((_i(d, 1, 1, 0), _i(d, 0, 2, 2)), torch.tensor([10, 20, 30], device=d),
+                accumulate=True),
+    # a location is filled when any position it stands for is masked
+    "masked_fill_1d": lambda d: _expanded(d, 1, 6)[0].masked_fill_(
+        _b(d, 1, 0, 1, 1, 0, 0), 0.0),
+    "masked_fill_rows": lambda d: _expanded(d, 3, 4).masked_fill_(
+        _b(d, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0).view(3, 4), -1.0),
+    "masked_fill_broadcast_mask": lambda d: _expanded(d, 3, 4).masked_fill_(
+        _b(d, 0, 1, 0, 0), 2.5),
+    "masked_fill_no_true": lambda d: _expanded(d, 3, 4).masked_fill_(_b(d, 0, 0, 0, 0), 2.5),
+    "masked_fill_tensor_value": lambda d: _expanded(d, 2, 5, 3).masked_fill_(
+        _b(d, 1, 0, 0), torch.tensor(9.0, device=d)),
+    "masked_fill_cpu_tensor_value": lambda d: _expanded(d, 2, 5, 3).masked_fill_(
+        _b(d, 0, 0, 1), torch.tensor(-9.0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRITES_THROUGH_EXPANDED))
+def test_write_through_expanded_tensor_warns_and_writes_like_cpu(case, mode):
+    _like_cpu(WRITES_THROUGH_EXPANDED[case])
+
+
 # ---- heaviside ---------------------------------------------------------------------------
 
 def _h(d, dtype, values=(-1, 0, 2)):

@@ -722,9 +722,13 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   // iterator_overlap_checks). CPU's fill_ and zero_ make none (their TensorIterator turns the
   // check off: one value written to several elements through one location is still that
   // value), and empty_strided((10,), (0,)).fill_(0) is how PyTorch's tests initialize a tensor
-  // with overlapping strides. CPU's index_fill_ turns them off too and makes its own
-  // (kernel_checks.cpp, cpu_kernel_checks).
-  const bool overlap_checked = base != "fill" && base != "zero" && base != "index_fill";
+  // with overlapping strides. CPU's index_fill_, masked_fill_, index_put_ (_index_put_impl_)
+  // turn them off too and make their own, stricter for an index (kernel_checks.cpp,
+  // view_index_put.cpp), and write through an expanded self with a deprecation warning.
+  const std::string& name = schema.name();
+  const bool overlap_checked = base != "fill" && base != "zero" && base != "index_fill" &&
+                               name != "aten::masked_fill_" && name != "aten::index_put_" &&
+                               name != "aten::_index_put_impl_";
   if (overlap_checked) iterator_overlap_checks(schema, args);
 
   // 3. The call.

@@ -185,6 +185,29 @@ void index_fill_overlap_check(const c10::FunctionSchema& schema, const torch::ji
                "This also applies to advanced indexing e.g. tensor[mask] = scalar");
 }
 
+// CPU's masked_fill_ makes its own overlap checks in place of TensorIterator's (it turns
+// those off), after the mask's dtype check (masked_fill_mask_check): a self with internal
+// overlap (an expanded tensor) only draws a deprecation warning, the fill then writes every
+// element through its one location (view_index_put.cpp, masked_fill_expanded), and the mask
+// may not partially overlap self (a full overlap, b.masked_fill_(b, v), is fine). The value
+// is read first (a 0-d value tensor's item()), so it may overlap self. A value tensor of rank
+// > 0 is the Meta kernel's error, first on CPU: nothing is checked here for it. The functional
+// masked_fill fills a fresh clone, so neither applies to it.
+void masked_fill_overlap_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  if (schema.name() != "aten::masked_fill_" || args.size() < 3) return;
+  const size_t first = args.size() - 3;
+  const at::Tensor* self = tensor_arg(args, first);
+  const at::Tensor* mask = tensor_arg(args, first + 1);
+  const c10::IValue& value = args[first + 2];
+  if (!self || !mask || mask->scalar_type() != at::kBool) return;
+  if (value.isTensor() && value.toTensor().defined() && value.toTensor().dim() != 0) return;
+  if (at::has_internal_overlap(*self) == at::MemOverlap::Yes)
+    TORCH_WARN("Use of masked_fill_ on expanded tensors is deprecated. "
+               "Please clone() the tensor before performing this operation. "
+               "This also applies to advanced indexing e.g. tensor[mask] = scalar");
+  at::assert_no_partial_overlap(*self, *mask);
+}
+
 // CPU's put_(self, index, source, accumulate) checks, in this order, after its nondeterminism
 // alert: an int64 index, source of self's dtype, as many source elements as indices (an
 // IndexError), no indices into an empty self (IndexError), then self without internal overlap
@@ -755,7 +778,10 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
   } else if (is_fill(base)) {
-    if (base == "masked_fill") masked_fill_mask_check(args);
+    if (base == "masked_fill") {
+      masked_fill_mask_check(args);
+      masked_fill_overlap_check(schema, args);
+    }
     if (base == "index_fill") {
       index_fill_overlap_check(schema, args);
       index_fill_complex_check(schema, args);
