@@ -138,6 +138,220 @@ def test_index_fill_overlap_and_dim_refused_like_cpu(make, mode):
         return
     assert type(got) is type(expected) and str(got) == str(expected), (got, expected)
 
+
+# ---- is_set_to: metadata only, as on CPU (no program, no fallback) --------------------------
+
+def test_is_set_to_compares_metadata_like_cpu(mode):
+    def pairs(d):
+        a = torch.empty(2, 3, 4, device=d)
+        b = torch.tensor([], device=d).set_(a)
+        e = torch.empty(2, 0, device=d)
+        bits = torch.tensor([True, False], device=d)
+        return [
+            (a, a), (a, b), (b, a),  # the same storage, offset, sizes and strides
+            (a, torch.empty(2, 3, 4, device=d)),  # another storage
+            (a, a.view(4, 3, 2)), (a, a.transpose(0, 1)), (a, a[1:]), (a, a.flatten()),
+            (a[:, 1], b[:, 1]), (b.clone(), a), (a, b.clone().resize_(2, 3, 4)),
+            (e, e.view(0)), (e, e),
+            (torch.tensor([], device=d), torch.tensor([], device=d)),
+            (bits, torch.tensor([False], device=d).set_(bits)),
+        ]
+
+    before = fallback_count()
+    got = [x.is_set_to(y) for x, y in pairs("tpu")]
+    assert fallback_count() == before, "is_set_to ran on the CPU"
+    assert got == [x.is_set_to(y) for x, y in pairs("cpu")]
+
+
+# ---- overlap checks: TensorIterator's before a kernel's dtype support; put_, index_put_ and
+# masked_fill_ make their own (an index may not overlap self at all); writes through an
+# expanded self warn and write each location as CPU's loop does ------------------------------
+
+def _outcome(make, d):
+    """(result or exception, warning messages) of make(d): what a parity check compares."""
+    import warnings
+
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        try:
+            out = make(d)
+        except Exception as e:  # noqa: BLE001 (type and message are compared)
+            out = e
+    # the message without its C++ source location (PyTorch's file, or ours)
+    return out, [str(x.message).split(" (Triggered internally at")[0] for x in w]
+
+
+def _like_cpu(make):
+    """tpu gives CPU's values, strides and dtype (or CPU's exception type and message) with
+    CPU's warnings, in order."""
+    (expected, cpu_warnings), (got, tpu_warnings) = _outcome(make, "cpu"), _outcome(make, "tpu")
+    assert tpu_warnings == cpu_warnings
+    if isinstance(expected, Exception):
+        # a kernel named for its device ("lshift_cpu"): tpu names its own
+        message = str(expected).replace('_cpu" not implemented', '_tpu" not implemented')
+        assert type(got) is type(expected) and str(got) == message, (got, expected)
+        return
+    assert not isinstance(got, Exception), got
+    assert got.device.type == "tpu" and got.dtype == expected.dtype
+    assert got.stride() == expected.stride()
+    assert torch.equal(got.cpu(), expected)
+
+
+def _f(d, *values):
+    return torch.tensor(list(values), dtype=torch.float32, device=d)
+
+
+def _b(d, *bits):
+    return torch.tensor([bool(b) for b in bits], device=d)
+
+
+def _y(d):
+    return torch.arange(6, dtype=torch.float32, device=d)
+
+
+def _r(d):
+    return torch.tensor([0.5, 1.5, 2.5, 3.5], device=d)
+
+
+SHIFT_OVERLAP = {
+    # TensorIterator's overlap check comes before the kernel's dtype support (a float shift)
+    "ilshift_partial": lambda d: (lambda x: x[:-1].__ilshift__(x[1:]))(_r(d)),
+    "irshift_partial": lambda d: (lambda x: x[:-1].__irshift__(x[1:]))(_r(d)),
+    "bitwise_left_shift_partial": lambda d: (lambda x: x[1:].bitwise_left_shift_(x[:-1]))(_r(d)),
+    "bitwise_and_partial": lambda d: (lambda x: x[1:].bitwise_and_(x[:-1]))(_r(d)),
+    "ilshift_expanded": lambda d: _expanded(d, 1, 4)[0].__ilshift__(_r(d)),
+    "out_partial": lambda d: (lambda x: torch.bitwise_right_shift(
+        x[1:], x[:-1], out=x[:-1]))(_r(d)),
+    # no overlap (or a full one): the dtype's refusal, as before
+    "ilshift_full": lambda d: (lambda x: x.__ilshift__(x))(_r(d)),
+    "ilshift_distinct": lambda d: _r(d).__ilshift__(_r(d)),
+    "rshift_functional": lambda d: (lambda x: x[:-1] >> x[1:])(_r(d)),
+    "ilshift_int_partial": lambda d: (lambda x: x[:-1].__ilshift__(x[1:]))(_i(d, 1, 2, 3)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SHIFT_OVERLAP))
+def test_bitwise_overlap_refused_before_dtype_like_cpu(case, mode):
+    _like_cpu(SHIFT_OVERLAP[case])
+
+
+PUT_CHECKS = {
+    # put_: self may not be expanded nor share memory with index or source at all
+    "put_expanded": lambda d: _expanded(d, 1, 6)[0].put_(_i(d, 2, 1, 0), _f(d, 1, 2, 3)),
+    "put_source_element_of_self": lambda d: (lambda y: y.put_(_i(d, 2), y[0]))(_y(d)),
+    "put_source_part_of_self": lambda d: (lambda y: y.put_(_i(d, 2, 1, 0), y[:3]))(_y(d)),
+    "put_self_as_index_and_source": lambda d: (lambda t: t.put_(t, t))(_i(d, 2, 1, 0)),
+    "put_self_as_index": lambda d: (lambda t: t.put_(t, t.clone()))(_i(d, 2, 1, 0)),
+    "put_self_as_source": lambda d: (lambda t: t.put_(t.clone(), t))(_i(d, 2, 1, 0)),
+    "put_accumulate_self_as_source": lambda d: (lambda t: t.put_(t.clone(), t, accumulate=True))(
+        _i(d, 2, 1, 0)),
+    "put_distinct_ok": lambda d: _i(d, 2, 1, 0).put_(_i(d, 0, 2), _i(d, 7, 8)),
+    "put_functional_self_ok": lambda d: (lambda t: t.put(t, t))(_i(d, 2, 1, 0)),
+    # CPU's other checks come first (the overlap aside, the functional put makes them too;
+    # the lowering converted another dtype silently and failed to compile on another count)
+    "put_dtype_before_overlap": lambda d: (lambda t: t.put_(t, t.float()))(_i(d, 2, 1, 0)),
+    "put_count_before_overlap": lambda d: (lambda t: t.put_(t, t[:2]))(_i(d, 2, 1, 0)),
+    "put_int32_index": lambda d: _y(d).put_(_i(d, 1, 2).int(), _f(d, 1, 2)),
+    "put_int32_index_functional": lambda d: _y(d).put(_i(d, 1, 2).int(), _f(d, 1, 2)),
+    "put_source_dtype": lambda d: _y(d).put_(_i(d, 1, 2), _f(d, 1, 2).double()),
+    "put_source_dtype_functional": lambda d: _y(d).put(_i(d, 1, 2), _f(d, 1, 2).double()),
+    "put_count": lambda d: _y(d).put_(_i(d, 1, 2), _f(d, 1, 2, 3)),
+    "put_into_empty": lambda d: _y(d)[:0].put_(_i(d, 1, 2), _f(d, 1, 2)),
+    "put_empty_into_empty_ok": lambda d: _y(d)[:0].put_(_i(d, 1)[:0], _f(d)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(PUT_CHECKS))
+def test_put_checks_like_cpu(case, mode):
+    _like_cpu(PUT_CHECKS[case])
+
+
+INDEX_PUT_MASKED_FILL_OVERLAP = {
+    # index_put_: values or an index may not share memory with self at all
+    "index_put_self_as_index_and_values": lambda d: (lambda t: t.index_put_((t,), t))(
+        _i(d, 2, 1, 0)),
+    "index_put_self_as_index": lambda d: (lambda t: t.index_put_((t,), t.clone()))(
+        _i(d, 2, 1, 0)),
+    "index_put_self_as_values": lambda d: (lambda t: t.index_put_((t.clone(),), t))(
+        _i(d, 2, 1, 0)),
+    "index_put_values_element_of_self": lambda d: (lambda y: y.index_put_(
+        (_i(d, 2, 1, 0),), y[0]))(_y(d)),
+    "index_put_values_part_of_self": lambda d: (lambda y: y.index_put_(
+        (_i(d, 2, 1, 0),), y[:3]))(_y(d)),
+    "index_put_accumulate_self_as_index": lambda d: (lambda t: t.index_put_(
+        (t,), t.clone(), accumulate=True))(_i(d, 2, 1, 0)),
+    "index_put_expanded_self_as_index": lambda d: (lambda t: t.expand(3).index_put_(
+        (t,), _i(d, 1, 1, 1)))(_i(d, 0)),
+    "index_put_distinct_ok": lambda d: _i(d, 2, 1, 0).index_put_(
+        (_i(d, 2, 1, 0),), _i(d, 5, 6, 7)),
+    "index_put_functional_self_ok": lambda d: (lambda t: torch.index_put(t, (t,), t))(
+        _i(d, 2, 1, 0)),
+    # CPU checks the overlap before values' dtype
+    "index_put_overlap_before_dtype": lambda d: (lambda y: y.index_put_(
+        (_i(d, 1),), y.view(torch.int32)[2:3]))(_y(d)),
+    # masked_fill_: only a partial overlap of the mask with self is refused
+    "masked_fill_mask_partly_self": lambda d: (lambda m: m[1:].masked_fill_(m[:-1], False))(
+        _b(d, 1, 0, 1, 1, 0, 0)),
+    "masked_fill_mask_is_self_ok": lambda d: (lambda m: m.masked_fill_(m, False))(_b(d, 1, 0, 1)),
+    "masked_fill_value_element_of_self_ok": lambda d: (lambda y: y.masked_fill_(
+        _b(d, 1, 0, 1, 0, 0, 1), y[1]))(_y(d)),
+    # an expanded self warns first
+    "masked_fill_expanded_mask_partly_self": lambda d: (lambda m: m[:3].view(1, 3).expand(2, 3)
+                                                        .masked_fill_(m[1:], True))(
+        _b(d, 0, 1, 0, 1)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(INDEX_PUT_MASKED_FILL_OVERLAP))
+def test_index_put_masked_fill_overlap_like_cpu(case, mode):
+    _like_cpu(INDEX_PUT_MASKED_FILL_OVERLAP[case])
+
+
+WRITES_THROUGH_EXPANDED = {
+    # several positions share one location: the last value written there stays (CPU's loop
+    # runs in the indexing result's row-major order), accumulate adds them all
+    "index_put_1d": lambda d: _expanded(d, 1, 6)[0].index_put_(
+        (_i(d, 2, 1, 0),), _f(d, 7, 8, 9)),
+    "index_put_1d_accumulate": lambda d: _expanded(d, 1, 6)[0].index_put_(
+        (_i(d, 2, 1, 5),), _f(d, 7, 8, 9), accumulate=True),
+    "index_put_two_indices": lambda d: _expanded(d, 3, 4).index_put_(
+        (_i(d, 0, 2, 2, 1), _i(d, 1, 3, 1, 0)), _f(d, 1, 2, 3, 4)),
+    "index_put_two_indices_accumulate": lambda d: _expanded(d, 3, 4).index_put_(
+        (_i(d, 0, 2, 2), _i(d, 1, 3, 1)), _f(d, 1, 2, 3), accumulate=True),
+    "index_put_broadcast_value": lambda d: _expanded(d, 3, 4).index_put_(
+        (_i(d, 2, 0),), torch.tensor(-5.0, device=d)),
+    "index_put_empty_index": lambda d: _expanded(d, 3, 4).index_put_(
+        (torch.tensor([], dtype=torch.long, device=d),), _f(d)),
+    "setitem_slice_then_index": lambda d: (lambda t: (t.__setitem__(
+        (slice(None), _i(d, 3, 1)), _f(d, 6, 7)), t)[1])(_expanded(d, 3, 4)),
+    "index_put_bool_mask": lambda d: _expanded(d, 3, 4).index_put_(
+        (_b(d, 1, 0, 1, 1, 0, 0, 0, 0, 1, 0, 1, 0).view(3, 4),), _f(d, 1, 2, 3, 4, 5)),
+    # a one-element CPU value through a tpu mask: CPU's masked_fill_ path (both warn)
+    "index_put_masked_fill_path": lambda d: _expanded(d, 3, 4).index_put_(
+        (_b(d, 0, 1, 1),), torch.tensor(4.0)),
+    "index_put_int64_accumulate": lambda d: torch.tensor([[3], [5]], device=d).expand(2, 3)
+    .index_put_((_i(d, 1, 1, 0), _i(d, 0, 2, 2)), torch.tensor([10, 20, 30], device=d),
+                accumulate=True),
+    # a location is filled when any position it stands for is masked
+    "masked_fill_1d": lambda d: _expanded(d, 1, 6)[0].masked_fill_(
+        _b(d, 1, 0, 1, 1, 0, 0), 0.0),
+    "masked_fill_rows": lambda d: _expanded(d, 3, 4).masked_fill_(
+        _b(d, 0, 0, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0).view(3, 4), -1.0),
+    "masked_fill_broadcast_mask": lambda d: _expanded(d, 3, 4).masked_fill_(
+        _b(d, 0, 1, 0, 0), 2.5),
+    "masked_fill_no_true": lambda d: _expanded(d, 3, 4).masked_fill_(_b(d, 0, 0, 0, 0), 2.5),
+    "masked_fill_tensor_value": lambda d: _expanded(d, 2, 5, 3).masked_fill_(
+        _b(d, 1, 0, 0), torch.tensor(9.0, device=d)),
+    "masked_fill_cpu_tensor_value": lambda d: _expanded(d, 2, 5, 3).masked_fill_(
+        _b(d, 0, 0, 1), torch.tensor(-9.0)),
+}
+
+
+@pytest.mark.parametrize("case", sorted(WRITES_THROUGH_EXPANDED))
+def test_write_through_expanded_tensor_warns_and_writes_like_cpu(case, mode):
+    _like_cpu(WRITES_THROUGH_EXPANDED[case])
+
+
 # ---- heaviside ---------------------------------------------------------------------------
 
 def _h(d, dtype, values=(-1, 0, 2)):

@@ -38,6 +38,9 @@ void set_source_lines(const std::string& file, std::unordered_map<int, std::stri
 // (mm/bmm dtypes, convolution's bias shape, ...), raised before the op runs or is recorded.
 void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schema,
                        const torch::jit::Stack& args);
+// dispatch.cpp: CPU's TensorIterator overlap checks of a call's destinations (its written
+// arguments): no internal overlap, no partial overlap with an input.
+void iterator_overlap_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args);
 // Whether an argument is a ScalarType (dtype=), which a stack holds as an int.
 inline bool is_scalar_type_arg(const c10::Argument& a) {
   const c10::TypePtr& ty = a.real_type();

@@ -372,6 +372,27 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
 // "(float32[4, 4], int64[3], 2.0)": argument summary for debug-mode messages.
 }  // namespace
 
+// CPU's TensorIterator refuses, before anything else it checks (shapes, dtypes, the kernel's
+// dtype support), a destination with internal overlap (two elements through one location)
+// and one partially overlapping an input (a full overlap, x.add_(x), is fine). The fake device
+// addresses of storages make PyTorch's own checks work on tpu tensors. Inputs on another
+// device (a CPU scalar tensor) cannot overlap a tpu destination and are not compared.
+void iterator_overlap_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return;
+  const size_t first = args.size() - nargs;
+  for (size_t a = 0; a < nargs; a++)
+    if (is_write(schema.arguments()[a]))
+      for (const at::Tensor& d : tensors_of(args[first + a])) {
+        if (!d.defined()) continue;
+        at::assert_no_internal_overlap(d);
+        for (size_t i = 0; i < nargs; i++)
+          if (!is_write(schema.arguments()[i]))
+            for (const at::Tensor& in : tensors_of(args[first + i]))
+              if (in.defined() && in.device() == d.device()) at::assert_no_partial_overlap(d, in);
+      }
+}
+
 // " at file:line" of the innermost Python frame outside torch's own package on the calling
 // thread, or "" (no Python frame: e.g. autograd's worker thread). Only used on error paths:
 // torch's bindings release the GIL around ops, so it is taken back here.
@@ -697,24 +718,18 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
       for (const at::Tensor& t : tensors_of(args[a]))
         if (t.defined()) dests.push_back(t);
 
-  // Writes into existing tensors get CPU's overlap checks (TensorIterator's): no element of a
-  // destination may alias another of its elements, or partially alias an input. The fake
-  // device addresses of storages make PyTorch's own checks work here. CPU's fill_ and zero_
-  // make none (their TensorIterator turns the check off: one value written to several
-  // elements through one location is still that value), and empty_strided((10,), (0,))
-  // .fill_(0) is how PyTorch's tests initialize a tensor with overlapping strides. CPU's
-  // index_fill_ turns them off too and makes its own (kernel_checks.cpp, cpu_kernel_checks).
-  const bool overlap_checked = base != "fill" && base != "zero" && base != "index_fill";
-  for (size_t a = 0; overlap_checked && a < nargs; a++)
-    if (is_write(schema.arguments()[a]))
-      for (const at::Tensor& d : tensors_of(args[a])) {
-        if (!d.defined()) continue;
-        at::assert_no_internal_overlap(d);
-        for (size_t i = 0; i < nargs; i++)
-          if (!is_write(schema.arguments()[i]))
-            for (const at::Tensor& in : tensors_of(args[i]))
-              if (in.defined() && in.device() == d.device()) at::assert_no_partial_overlap(d, in);
-      }
+  // Writes into existing tensors get CPU's overlap checks (TensorIterator's, see
+  // iterator_overlap_checks). CPU's fill_ and zero_ make none (their TensorIterator turns the
+  // check off: one value written to several elements through one location is still that
+  // value), and empty_strided((10,), (0,)).fill_(0) is how PyTorch's tests initialize a tensor
+  // with overlapping strides. CPU's index_fill_, masked_fill_, index_put_ (_index_put_impl_)
+  // turn them off too and make their own, stricter for an index (kernel_checks.cpp,
+  // view_index_put.cpp), and write through an expanded self with a deprecation warning.
+  const std::string& name = schema.name();
+  const bool overlap_checked = base != "fill" && base != "zero" && base != "index_fill" &&
+                               name != "aten::masked_fill_" && name != "aten::index_put_" &&
+                               name != "aten::_index_put_impl_";
+  if (overlap_checked) iterator_overlap_checks(schema, args);
 
   // 3. The call.
   if (is_random_op(schema, base)) {

@@ -41,9 +41,12 @@ void same_scalar_type(const at::Tensor* a, const at::Tensor* b) {
 
 // CPU's bitwise kernels exist for integer types (and bool, except the shifts): any other
 // result type is CPU's NotImplementedError ("lshift_cpu" not implemented for 'Float'), raised
-// before the Meta kernel, whose own check for << and >> is a RuntimeError.
+// before the Meta kernel, whose own check for << and >> is a RuntimeError. Their
+// TensorIterator's overlap checks come before both (x[:-1] <<= x[1:] of a float x is refused
+// for the overlap on CPU), and so before this check here too.
 void bitwise_dtype_check(const std::string& base, const c10::FunctionSchema& schema,
                          const torch::jit::Stack& args) {
+  iterator_overlap_checks(schema, args);
   const bool shift = base.find("shift") != std::string::npos;
   const bool left = base == "bitwise_left_shift" || base == "__lshift__" || base == "__ilshift__";
   const c10::IValue* a = args.size() > 0 ? &args[0] : nullptr;
@@ -180,6 +183,63 @@ void index_fill_overlap_check(const c10::FunctionSchema& schema, const torch::ji
     TORCH_WARN("Use of index_fill_ on expanded tensors is deprecated. "
                "Please clone() the tensor before performing this operation. "
                "This also applies to advanced indexing e.g. tensor[mask] = scalar");
+}
+
+// CPU's masked_fill_ makes its own overlap checks in place of TensorIterator's (it turns
+// those off), after the mask's dtype check (masked_fill_mask_check): a self with internal
+// overlap (an expanded tensor) only draws a deprecation warning, the fill then writes every
+// element through its one location (view_index_put.cpp, masked_fill_expanded), and the mask
+// may not partially overlap self (a full overlap, b.masked_fill_(b, v), is fine). The value
+// is read first (a 0-d value tensor's item()), so it may overlap self. A value tensor of rank
+// > 0 is the Meta kernel's error, first on CPU: nothing is checked here for it. The functional
+// masked_fill fills a fresh clone, so neither applies to it.
+void masked_fill_overlap_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  if (schema.name() != "aten::masked_fill_" || args.size() < 3) return;
+  const size_t first = args.size() - 3;
+  const at::Tensor* self = tensor_arg(args, first);
+  const at::Tensor* mask = tensor_arg(args, first + 1);
+  const c10::IValue& value = args[first + 2];
+  if (!self || !mask || mask->scalar_type() != at::kBool) return;
+  if (value.isTensor() && value.toTensor().defined() && value.toTensor().dim() != 0) return;
+  if (at::has_internal_overlap(*self) == at::MemOverlap::Yes)
+    TORCH_WARN("Use of masked_fill_ on expanded tensors is deprecated. "
+               "Please clone() the tensor before performing this operation. "
+               "This also applies to advanced indexing e.g. tensor[mask] = scalar");
+  at::assert_no_partial_overlap(*self, *mask);
+}
+
+// CPU's put_(self, index, source, accumulate) checks, in this order, after its nondeterminism
+// alert: an int64 index, source of self's dtype, as many source elements as indices (an
+// IndexError), no indices into an empty self (IndexError), then self without internal overlap
+// and sharing no memory with index or source (assert_no_overlap: a full overlap,
+// ind.put_(ind, ind), is refused too, where TensorIterator's check accepts it). The Meta
+// kernel checks none of these: the lowering converted another dtype silently and failed to
+// compile on a count mismatch. The functional put is put_ on a fresh clone on CPU: the same
+// checks and words ("put_():"), the overlap ones aside. The device check between them is
+// left to the general path (a CPU 0-d source is taken, as before).
+void put_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
+  const bool in_place = schema.name() == "aten::put_";
+  if ((!in_place && schema.name() != "aten::put") || args.size() < 4) return;
+  const size_t first = args.size() - 4;
+  const at::Tensor* self = tensor_arg(args, first);
+  const at::Tensor* index = tensor_arg(args, first + 1);
+  const at::Tensor* source = tensor_arg(args, first + 2);
+  if (!self || !index || !source) return;
+  TORCH_CHECK(index->scalar_type() == at::kLong,
+              "put_(): Expected a long tensor for index, but got ", index->scalar_type());
+  TORCH_CHECK(self->scalar_type() == source->scalar_type(),
+              "put_(): self and source expected to have the same dtype, but got self.dtype = ",
+              self->scalar_type(), " and source.dtype = ", source->scalar_type());
+  TORCH_CHECK_INDEX(source->numel() == index->numel(),
+                    "put_(): Expected source and index to have the same number of elements, but "
+                    "got source.numel() = ", source->numel(), ", index.numel() = ",
+                    index->numel());
+  TORCH_CHECK_INDEX(!(self->numel() == 0 && index->numel() != 0),
+                    "put_(): Tried to put elements into an empty tensor");
+  if (!in_place) return;
+  at::assert_no_internal_overlap(*self);
+  at::assert_no_overlap(*self, *index);
+  at::assert_no_overlap(*self, *source);
 }
 
 // CPU's index_fill_ wraps dim after the checks above (a 0-d self counts as rank 1), with
@@ -702,6 +762,7 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   // (which of two values written to one index lands is unspecified; XLA's scatter alike)
   if (base == "put" && args.size() > 3 && args[3].isBool() && !args[3].toBool())
     at::globalContext().alertNotDeterministic("put_");
+  if (base == "put") put_checks(schema, args);
   if (base == "_to_copy") {  // (self, *, dtype, ...)
     const at::Tensor* self = tensor_arg(args, 0);
     if (self && args.size() > 1 && args[1].isInt())
@@ -717,7 +778,10 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   if (is_bitwise(base)) {
     bitwise_dtype_check(base, schema, args);
   } else if (is_fill(base)) {
-    if (base == "masked_fill") masked_fill_mask_check(args);
+    if (base == "masked_fill") {
+      masked_fill_mask_check(args);
+      masked_fill_overlap_check(schema, args);
+    }
     if (base == "index_fill") {
       index_fill_overlap_check(schema, args);
       index_fill_complex_check(schema, args);

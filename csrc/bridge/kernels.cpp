@@ -6,6 +6,7 @@
 #include <ATen/ops/as_strided_native.h>
 #include <ATen/ops/conj_physical.h>
 #include <ATen/ops/copy_native.h>
+#include <ATen/ops/is_set_to_native.h>
 #include <ATen/ops/unfold_native.h>
 #include <ATen/ops/view_as_complex_native.h>
 #include <ATen/ops/view_as_real_native.h>
@@ -298,6 +299,10 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
+  // metadata only, as on CPU (PyTorch's device-generic kernel): the same StorageImpl, storage
+  // offset, sizes and strides. A storage slice's alias (alias_storage) is a StorageImpl of its
+  // own, as a CPU storage slice is.
+  m.impl("is_set_to", TORCH_FN(at::native::is_set_to));
   m.impl("copy_", TORCH_FN(copy_kernel));
   m.impl("_efficientzerotensor", TORCH_FN(efficient_zero_tensor));
   m.impl("_copy_from", TORCH_FN(copy_from_kernel));

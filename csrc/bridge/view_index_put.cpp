@@ -27,7 +27,8 @@
 // [16, 8, 64] view of a 256 MB storage costs what it costs on a tensor of the view's size).
 //
 // Also here: CPU's dtype check of every index_put form, which the lowering (converting the
-// values) would not make, and index_fill_ into an expanded self (fill_expanded).
+// values) would not make, CPU's overlap checks of index_put_, and index_fill_, index_put_ and
+// masked_fill_ into an expanded self (fill_expanded, index_put_expanded, masked_fill_expanded).
 #include "view_index_put.h"
 
 #include "bridge.h"
@@ -318,6 +319,56 @@ void values_shape_check(const IndexPutArgs& a) {
               " cannot be broadcast to indexing result of shape ", at::IntArrayRef(result));
 }
 
+// The row-major position in `base` (self with its expanded dims at size 1: see
+// expanded_base) of each element of self, as an int64 tensor of self's shape on its device:
+// the elements that share one memory location share one position.
+at::Tensor base_positions(const at::Tensor& self, const at::Tensor& base) {
+  return at::arange(base.numel(), self.options().dtype(at::kLong))
+      .view(base.sizes())
+      .expand(self.sizes());
+}
+
+// Self with each dim of stride 0 and size > 1 (the ones has_internal_overlap answers Yes
+// for) at size 1: one element per memory location self writes through, itself free of
+// internal overlap, so the general path writes it as any view.
+at::Tensor expanded_base(const at::Tensor& self) {
+  std::vector<int64_t> sizes = self.sizes().vec();
+  for (int64_t d = 0; d < self.dim(); d++)
+    if (self.stride(d) == 0) sizes[static_cast<size_t>(d)] = std::min<int64_t>(sizes[d], 1);
+  return self.as_strided(sizes, self.strides(), self.storage_offset());
+}
+
+// index_put_ into a self with internal overlap (an expanded tensor), which CPU allows with a
+// deprecation warning (index_put below): CPU's loop writes the values in the indexing
+// result's row-major order, each through its one memory location, so a location written
+// several times keeps the last value written to it (accumulate: the sum of all of them).
+// The same is computed on the dense `base` (expanded_base): the written elements' positions
+// are read through the indices from base_positions (the same index checks as the write's),
+// and without accumulate every write to a position takes the value of the last one there
+// (scatter_reduce amax of the write order), so duplicate positions carry one value and the
+// order the device applies them in does not matter. CPU's order for an index of several dims
+// run in parallel (more than 32768 elements) is unspecified there too.
+void index_put_expanded(const IndexPutArgs& a) {
+  const at::Tensor& self = a.self;
+  const at::Tensor base = expanded_base(self);
+  const at::Tensor where = at::index(base_positions(self, base), a.indices);
+  TORCH_CHECK(at::is_expandable_to(a.values.sizes(), where.sizes()),
+              "shape mismatch: value tensor of shape ", a.values.sizes(),
+              " cannot be broadcast to indexing result of shape ", where.sizes());
+  if (where.numel() == 0) return;
+  const at::Tensor pos = where.reshape({-1});
+  at::Tensor vals = a.values.to(self.device()).expand(where.sizes()).reshape({-1});
+  at::Tensor dense = base.clone(at::MemoryFormat::Contiguous).view({-1});
+  if (!a.accumulate) {
+    const at::Tensor order = at::arange(pos.numel(), pos.options());
+    const at::Tensor last = at::full({base.numel()}, -1, pos.options())
+                                .scatter_reduce_(0, pos, order, "amax", /*include_self=*/true);
+    vals = vals.index_select(0, last.index_select(0, pos));
+  }
+  dense.index_put_({pos}, vals, a.accumulate);
+  base.copy_(dense.view(base.sizes()));
+}
+
 bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   const std::optional<IndexPutArgs> args = index_put_args(schema, *stack);
   if (!args) return false;
@@ -325,6 +376,17 @@ bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
   const size_t nargs = args->nargs;
   const at::Tensor& self = args->self;
   const at::Tensor& values = args->values;
+  // CPU's _index_put_impl_ (which index_put_ calls) warns for a self with internal overlap
+  // (writing through it, see index_put_expanded) before anything but its count of indices
+  // (advanced_index_checks, dispatch.cpp), and, past its masked_fill_ path, refuses any
+  // overlap of self with values or an index tensor (assert_no_overlap: a full one too, where
+  // TensorIterator's check, which lowered_call leaves out for it, would accept it). Then its
+  // checks of the index tensors and the values follow. The functional forms write a clone.
+  const bool expanded = in_place && at::has_internal_overlap(self) == at::MemOverlap::Yes;
+  if (expanded)
+    TORCH_WARN("Use of index_put_ on expanded tensors is deprecated. "
+               "Please clone() the tensor before performing this operation. "
+               "This also applies to advanced indexing e.g. tensor[indices] = tensor");
   if (const at::Tensor mask = masked_fill_mask(*args); mask.defined()) {
     const c10::Scalar value = values.item();
     at::Tensor out = in_place ? self : self.clone(at::MemoryFormat::Preserve);
@@ -333,9 +395,20 @@ bool index_put(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
     stack->push_back(out);
     return true;
   }
+  if (in_place) {
+    at::assert_no_overlap(self, values);
+    for (const std::optional<at::Tensor>& t : args->indices)
+      if (t.has_value() && t->defined()) at::assert_no_overlap(self, *t);
+  }
   // CPU's check (the lowering would convert silently), for every index_put form.
   if (values.scalar_type() != self.scalar_type()) raise_index_put_dtype_error(*args);
   values_shape_check(*args);
+  if (expanded && storage_of(self)) {  // every eager mode: the ops it runs record as usual
+    index_put_expanded(*args);
+    torch::jit::drop(*stack, nargs);
+    stack->push_back(self);
+    return true;
+  }
   if (!in_place || eager_mode() == EagerMode::kDebug) return false;
   const bool accumulate = args->accumulate;
   if (!partial_view(self) || !same_kind(self, values)) return false;
@@ -560,6 +633,39 @@ bool fill_expanded(const c10::FunctionSchema& schema, torch::jit::Stack* stack) 
   return true;
 }
 
+// masked_fill_ into a self with internal overlap (an expanded tensor), which CPU allows with
+// a deprecation warning (kernel_checks.cpp): it writes every masked position through its one
+// memory location, so a location is filled when any position it stands for is masked; the
+// general path's write-back would keep one position's result per location instead. So the
+// mask (broadcast to self) is reduced with any() over each expanded dim and the fill made on
+// expanded_base through it. A mask that does not broadcast to self, of another device or
+// dtype, or a value tensor of rank > 0 go to the general path and its errors.
+bool masked_fill_expanded(const c10::FunctionSchema& schema, torch::jit::Stack* stack) {
+  if (schema.name() != "aten::masked_fill_") return false;
+  const size_t nargs = schema.arguments().size();
+  const size_t first = stack->size() - nargs;
+  if (nargs != 3 || !(*stack)[first].isTensor() || !(*stack)[first + 1].isTensor()) return false;
+  const at::Tensor self = (*stack)[first].toTensor();
+  const at::Tensor mask = (*stack)[first + 1].toTensor();
+  const c10::IValue value = (*stack)[first + 2];
+  if (!storage_of(self) || at::has_internal_overlap(self) != at::MemOverlap::Yes ||
+      !mask.defined() || mask.device() != self.device() || mask.scalar_type() != at::kBool ||
+      !at::is_expandable_to(mask.sizes(), self.sizes()) ||
+      (value.isTensor() && value.toTensor().dim() != 0))
+    return false;
+  // the warning, then CPU's refusals (the mask partially overlapping self, the value's range)
+  cpu_kernel_checks("masked_fill", schema, torch::jit::Stack(stack->end() - nargs, stack->end()));
+  at::Tensor any = mask.expand(self.sizes());
+  for (int64_t d = 0; d < self.dim(); d++)
+    if (self.stride(d) == 0 && self.size(d) > 1) any = any.any(d, /*keepdim=*/true);
+  const at::Tensor base = expanded_base(self);
+  if (value.isTensor()) base.masked_fill_(any, value.toTensor());
+  else base.masked_fill_(any, value.toScalar());
+  torch::jit::drop(*stack, nargs);
+  stack->push_back(self);
+  return true;
+}
+
 }  // namespace
 
 bool view_put_candidate(const std::string& base) {
@@ -583,7 +689,7 @@ bool index_put_takes_masked_fill(const c10::FunctionSchema& schema,
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
   const c10::FunctionSchema& schema = op.schema();
   return index_put(schema, stack) || slices(schema, stack) || scatter(schema, stack) ||
-         fill_expanded(schema, stack);
+         fill_expanded(schema, stack) || masked_fill_expanded(schema, stack);
 }
 
 }  // namespace torch_pjrt

@@ -12,8 +12,9 @@ namespace torch_pjrt {
 // scatter_ / scatter_add_ whose self is a view of part of its storage and returns true; false
 // (stack untouched) for any other call. Every index_put form also takes CPU's masked_fill_
 // path here where CPU does (returning true), and raises CPU's first error where values' dtype
-// differs from self's. index_fill_ into an expanded self (internal overlap) is taken here too,
-// with CPU's result: every element one of its positions is indexed at is filled.
+// differs from self's. index_fill_, index_put_ and masked_fill_ into an expanded self
+// (internal overlap) are taken here too, with CPU's results: each memory location written
+// through any of its positions (index_put_: the last value written there, or their sum).
 bool index_put_into_view(const c10::OperatorHandle& op, torch::jit::Stack* stack);
 // Whether an index_put form takes CPU's masked_fill_ path (a one-element CPU value through a
 // lone mask on self's device), which index_put_into_view then runs: that path gives no uint8
