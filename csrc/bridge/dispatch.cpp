@@ -1067,7 +1067,8 @@ void indices_to_device(const c10::OperatorHandle& op, torch::jit::Stack* stack,
     const bool mask = index.scalar_type() == at::kBool || index.scalar_type() == at::kByte;
     if (!mask || index.dim() == 0 || (index.scalar_type() == at::kByte && !split_tpu_mask) ||
         keep_cpu_mask) {
-      // a lone uint8 mask keeps its path (the lowerings take one mask); 0-d masks too
+      // a lone uint8 mask keeps its path (the lowerings take one mask); 0-d masks too; a lone
+      // bool mask kept whole (keep_cpu_mask) goes over as it is
       moved.push_back(index.to(self.device()));
       continue;
     }

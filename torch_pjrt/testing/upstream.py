@@ -390,6 +390,11 @@ def markdown(report) -> str:
             ex = ", ".join(f"`{i.split('::')[-1]}`" for i in ids[:2])
             cause_md = cause.replace("|", "\\|").replace("`", "'")
             out.append(f"| {len(ids)} | {outcome} | {cause_md} | {ex} |")
+        known = [(i.split("::")[-1], upstream_exclusions.KNOWN_FAILURE_CAUSES.get(
+            i.split("::")[-1])) for _, _, ids in c["groups"] for i in ids]
+        known = [(n, why) for n, why in known if why]
+        if known:
+            out += ["", "Known causes:", ""] + [f"- `{n}`: {why}" for n, why in known]
         out.append("")
     crashes = [(n, d, c) for n, s in report["files"].items() for d, cs in s["crashes"].items()
                for c in cs]

@@ -55,3 +55,17 @@ def reason(generic_class: str, test_name: str) -> str:
     if isinstance(tests, dict):
         return tests.get(test_name, "")
     return ""
+
+
+# Failures whose cause is known and is not a defect of the device, each with its cause. They are
+# still counted as failures (the headline and the CI baseline count them); the report prints the
+# cause beside them. Keyed by the test's generic name with its dtype suffix.
+KNOWN_FAILURE_CAUSES: dict = {
+    "test_cauchy_kstest_dev_bfloat16": (
+        "a statistical test at its threshold: a KS statistic below 0.1 for 1,000 bfloat16 "
+        "Cauchy samples, where bfloat16's spacing near the median (0.25 at 50) alone puts the "
+        "statistic near 0.08. Over 400 seeds CPU's own generator fails 15% of them (mean 0.0907) "
+        "and tpu's 17% (mean 0.0909); CPU passes at the test's seed by chance (0.086, tpu 0.108). "
+        "tpu's share of samples on each bfloat16 value near the median matches CPU's "
+        "(tests/test_ops_random_factory_optim.py); the streams differ, as CUDA's does"),
+}
