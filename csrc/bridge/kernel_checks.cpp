@@ -32,6 +32,24 @@ const at::Tensor* tensor_arg(const torch::jit::Stack& args, size_t i) {
              : nullptr;
 }
 
+// The call's argument named `name` (the stack holds the schema's arguments last), or nullptr.
+const c10::IValue* named_arg(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                             const char* name) {
+  const size_t nargs = schema.arguments().size();
+  if (args.size() < nargs) return nullptr;
+  const size_t first = args.size() - nargs;
+  for (size_t a = 0; a < nargs; a++)
+    if (schema.arguments()[a].name() == name) return &args[first + a];
+  return nullptr;
+}
+
+// The defined tensor argument named `name`, or nullptr.
+const at::Tensor* named_tensor(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                               const char* name) {
+  const c10::IValue* v = named_arg(schema, args, name);
+  return v && v->isTensor() && v->toTensor().defined() ? &v->toTensor() : nullptr;
+}
+
 // CPU's bmm / baddbmm kernels: "expected scalar type A but found B".
 void same_scalar_type(const at::Tensor* a, const at::Tensor* b) {
   if (a && b)
@@ -132,19 +150,9 @@ void fill_value_check(const c10::FunctionSchema& schema, const torch::jit::Stack
 // error comes first on CPU) and an index that is not int64 (CPU checks the index first).
 // index_fill (functional) is index_fill_ on a clone on CPU, so it names index_fill_ too.
 void index_fill_complex_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
-  const size_t nargs = schema.arguments().size();
-  if (args.size() < nargs) return;
-  const size_t first = args.size() - nargs;
-  const at::Tensor *self = nullptr, *index = nullptr;
-  const c10::IValue* value = nullptr;
-  for (size_t a = 0; a < nargs; a++) {
-    const std::string& name = schema.arguments()[a].name();
-    const c10::IValue& v = args[first + a];
-    const bool t = v.isTensor() && v.toTensor().defined();
-    if (name == "self" && t) self = &v.toTensor();
-    if (name == "index" && t) index = &v.toTensor();
-    if (name == "value") value = &v;
-  }
+  const at::Tensor* self = named_tensor(schema, args, "self");
+  const at::Tensor* index = named_tensor(schema, args, "index");
+  const c10::IValue* value = named_arg(schema, args, "value");
   if (!self || !index || !value || self->is_complex() || index->scalar_type() != at::kLong)
     return;
   bool complex = false;
@@ -166,17 +174,8 @@ void index_fill_complex_check(const c10::FunctionSchema& schema, const torch::ji
 // The functional index_fill fills a fresh clone, so neither applies to it.
 void index_fill_overlap_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
   if (schema.name() != "aten::index_fill_") return;
-  const size_t nargs = schema.arguments().size();
-  if (args.size() < nargs) return;
-  const size_t first = args.size() - nargs;
-  const at::Tensor *self = nullptr, *index = nullptr;
-  for (size_t a = 0; a < nargs; a++) {
-    const std::string& name = schema.arguments()[a].name();
-    const c10::IValue& v = args[first + a];
-    const bool t = v.isTensor() && v.toTensor().defined();
-    if (name == "self" && t) self = &v.toTensor();
-    if (name == "index" && t) index = &v.toTensor();
-  }
+  const at::Tensor* self = named_tensor(schema, args, "self");
+  const at::Tensor* index = named_tensor(schema, args, "index");
   if (!self || !index || index->scalar_type() != at::kLong) return;
   at::assert_no_overlap(*self, *index);
   if (at::has_internal_overlap(*self) == at::MemOverlap::Yes)
@@ -245,21 +244,11 @@ void put_checks(const c10::FunctionSchema& schema, const torch::jit::Stack& args
 // CPU's index_fill_ wraps dim after the checks above (a 0-d self counts as rank 1), with
 // PyTorch's IndexError; the Meta kernel would raise Python's own list-index error instead.
 void index_fill_dim_check(const c10::FunctionSchema& schema, const torch::jit::Stack& args) {
-  const size_t nargs = schema.arguments().size();
-  if (args.size() < nargs) return;
-  const size_t first = args.size() - nargs;
-  const at::Tensor *self = nullptr, *index = nullptr;
-  std::optional<int64_t> dim;
-  for (size_t a = 0; a < nargs; a++) {
-    const std::string& name = schema.arguments()[a].name();
-    const c10::IValue& v = args[first + a];
-    const bool t = v.isTensor() && v.toTensor().defined();
-    if (name == "self" && t) self = &v.toTensor();
-    if (name == "index" && t) index = &v.toTensor();
-    if (name == "dim" && v.isInt()) dim = v.toInt();
-  }
-  if (!self || !index || !dim || index->scalar_type() != at::kLong) return;
-  (void)c10::maybe_wrap_dim(*dim, std::max<int64_t>(self->dim(), 1));
+  const at::Tensor* self = named_tensor(schema, args, "self");
+  const at::Tensor* index = named_tensor(schema, args, "index");
+  const c10::IValue* dim = named_arg(schema, args, "dim");
+  if (!self || !index || !dim || !dim->isInt() || index->scalar_type() != at::kLong) return;
+  (void)c10::maybe_wrap_dim(dim->toInt(), std::max<int64_t>(self->dim(), 1));
 }
 
 // The dtype an argument stands for in type promotion: a tensor's own, or a Scalar's category
