@@ -14,15 +14,9 @@ import textwrap
 
 import pytest
 
-WORKLOAD = """
-    import json, torch
-    x = torch.arange(48, dtype=torch.float32).reshape(6, 8).to("tpu")
-    y = ((x @ x.t()).softmax(-1) * 3 + x[:, :6].exp().log()).sum(0)
-    values = y.cpu().tolist()
-    m = torch.tpu.metrics()
-    print(json.dumps({"values": values, "compiles": m["compiles"],
-                      "stats": torch.tpu.cache_stats()}))
-"""
+# the same workload and helpers as the cache's own tests
+from test_compile_cache import WORKLOAD, entries, expected  # noqa: F401 (expected: a fixture)
+
 KNOBS = ("TORCH_PJRT_CACHE_SHARED", "TORCH_PJRT_CACHE_KEY", "TORCH_PJRT_CACHE_READONLY")
 
 
@@ -37,17 +31,6 @@ def run(cache_dir, **env):
     out = json.loads(r.stdout.strip().splitlines()[-1])
     out["stderr"] = r.stderr
     return out
-
-
-def entries(cache_dir):
-    return sorted(p for p in os.listdir(cache_dir) if p.endswith(".pjx"))
-
-
-@pytest.fixture(scope="module")
-def expected():
-    import torch
-    x = torch.arange(48, dtype=torch.float32).reshape(6, 8)
-    return ((x @ x.t()).softmax(-1) * 3 + x[:, :6].exp().log()).sum(0).tolist()
 
 
 @pytest.fixture(scope="module")
