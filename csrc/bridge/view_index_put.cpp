@@ -614,8 +614,7 @@ bool fill_expanded(const c10::FunctionSchema& schema, torch::jit::Stack* stack) 
   else
     dense.index_fill_(raw_dim, index, value.toScalar());
   const int64_t dim = c10::maybe_wrap_dim(raw_dim, self.dim());  // valid: the fill took it
-  std::vector<int64_t> sizes = self.sizes().vec();
-  at::Tensor src = dense;
+  at::Tensor src = dense;  // cut down to expanded_base(self)'s shape
   bool changed = true;
   for (int64_t d = 0; d < self.dim(); d++) {
     if (self.stride(d) != 0 || self.size(d) <= 1) continue;
@@ -625,9 +624,8 @@ bool fill_expanded(const c10::FunctionSchema& schema, torch::jit::Stack* stack) 
     } else {
       src = src.narrow(d, 0, 1);
     }
-    sizes[d] = 1;
   }
-  if (changed) self.as_strided(sizes, self.strides(), self.storage_offset()).copy_(src);
+  if (changed) expanded_base(self).copy_(src);
   torch::jit::drop(*stack, nargs);
   stack->push_back(self);
   return true;
