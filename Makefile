@@ -117,6 +117,11 @@ build/bench/plugin_execute_floor: benchmarks/plugin_execute_floor.c $(TEST_DEPS)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) $< $(C_OBJS) -o $@ -ldl -lpthread -lm
 
+# Compile time of dumped programs on the plugin alone (benchmarks/compile_time.c).
+build/bench/compile_time: benchmarks/compile_time.c $(TEST_DEPS) $(C_OBJS)
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) $< $(C_OBJS) -o $@ -ldl -lpthread -lm
+
 ctest: $(C_TESTS)
 	@set -e; for t in $(C_TESTS); do echo "== $$t"; ./$$t; done
 
