@@ -209,7 +209,8 @@ def test_fused_in_defer_mode_and_compiled():
         out = fn(cache, buf, *args)
         torch.tpu.synchronize()
         d = delta(before, metrics())
-        assert d.get("executions") == 1, (what, d)  # everything in one program
+        # everything in one program (and a trim of buf, which zeros padded: bucket.h)
+        assert d.get("executions") - d.get("bucket_trims", 0) == 1, (what, d)
         torch.testing.assert_close(out.cpu(), ref_out, rtol=1e-6, atol=1e-6)
         torch.testing.assert_close(buf[:t].view(t, 4, D).cpu(), ref_out, rtol=1e-6, atol=1e-6)
         assert torch.equal(buf[t:].cpu(), torch.zeros(2, 4 * D))

@@ -4,6 +4,7 @@
 
 #include "bridge.h"
 #include "eager_mode.h"
+#include "torch_pjrt/capture.h"
 
 namespace torch_pjrt {
 
@@ -172,7 +173,11 @@ int CallBuilder::slot_for(const at::Tensor& t, bool reading) {
     // a storage with contents (or contents pending in the deferred graph) keeps its element type
     sl.dtype = s->buf || s->pending ? s->dtype : to_pj_dtype(t.scalar_type());
     size_t item = pj_dtype_info(sl.dtype)->itemsize;
-    sl.numel = static_cast<int64_t>(s->nbytes / item);
+    // A padded buffer (bucket.h) is read whole, except by a graph being captured: it sees
+    // exact storages, as it is replayed with storages of any history (a padded one is trimmed
+    // when the graph runs).
+    sl.numel = static_cast<int64_t>(
+        (pj_capture_active() ? s->nbytes : pj_storage_next_capacity(s)) / item);
   }
   if (reading) slot_read_[idx] = true;
   return idx;

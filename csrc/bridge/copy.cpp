@@ -8,6 +8,7 @@
 
 #include "call_builder.h"
 extern "C" {
+#include "torch_pjrt/bucket.h"
 #include "torch_pjrt/transfer.h"
 }
 
@@ -198,6 +199,7 @@ void cross_device_copy(const at::Tensor& src, const at::Tensor& dst) {
   // destination's storage must come before the buffer replacing its contents.
   check(pj_defer_flush());
   check(pj_storage_materialize(s, dt));
+  check(pj_bucket_trim(s));  // the destination takes an exact buffer
   PJRT_Buffer* moved = nullptr;
   check(pj_transfer_between_devices(s->buf, dt, dev.numel(), dst.device().index(), &moved));
   at::Tensor target = dst;
@@ -266,7 +268,7 @@ void resize_storage_bytes(c10::StorageImpl* storage, size_t nbytes) {
     CallBuilder b("_pj_copy", "", old->device);
     pj_call_t& c = b.call();
     c.nslots = 2;
-    c.slots[0] = pj_slot_t{old, old->dtype, static_cast<int64_t>(old->nbytes / item), true};
+    c.slots[0] = pj_slot_t{old, old->dtype, static_cast<int64_t>(old->capacity / item), true};
     c.slots[1] = pj_slot_t{ns, old->dtype, static_cast<int64_t>(nbytes / item), false};
     pj_arg_t& a = c.args[c.nargs++];
     a = pj_arg_t{};

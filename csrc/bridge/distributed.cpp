@@ -82,6 +82,7 @@
 
 #include "pjrt_c_api.h"
 extern "C" {
+#include "torch_pjrt/bucket.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/transfer.h"
 
@@ -378,6 +379,7 @@ PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt,
               nbytes);
   check(pj_storage_readable(s));  // undefined contents (a failed recorded op) raise, not read
   if (!s->buf) check(pj_storage_materialize(s, dt));
+  check(pj_bucket_trim_locked(s));  // a padded buffer (bucket.h) is read exactly
   PJRT_Buffer_ToHostBuffer_Args a{};
   a.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
   a.src = s->buf;

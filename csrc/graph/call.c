@@ -6,6 +6,7 @@
 #include <string.h>
 
 #include "call_internal.h"
+#include "torch_pjrt/bucket.h"
 #include "torch_pjrt/compile_async.h"
 #include "../ops/lower.h"
 #include "../ops/no_kernel.h"
@@ -58,6 +59,7 @@ static void ktensor(pj_keybuf_t *k, const pj_tensor_desc_t *d) {
   pj_key_int(k, d->slot);
   pj_key_int(k, d->wrapped);
   if (d->slot < 0) pj_key_int(k, d->scalar);
+  pj_key_int(k, d->pad_repeats ? d->numel_scalar : -1);
 }
 
 bool pj_call_key(const pj_call_t *c, const char *identity, pj_keybuf_t *k) {
@@ -164,6 +166,10 @@ static void rtensor(reader_t *r, pj_tensor_desc_t *d) {
   d->slot = (int)rint64(r);
   d->wrapped = rint64(r) != 0;
   if (d->slot < 0) d->scalar = (int)rint64(r);
+  const int64_t numel_scalar = rint64(r);
+  if (!in_range(numel_scalar, -1, PJ_CALL_MAX_SCALARS - 1)) r->ok = false;
+  d->pad_repeats = numel_scalar >= 0;
+  d->numel_scalar = d->pad_repeats ? (int)numel_scalar : 0;
 }
 
 bool pj_call_decode(const unsigned char *key, size_t len, int device, pj_call_t *c) {
@@ -598,7 +604,9 @@ static pj_status_t *execute_slots(pj_program_t *prog, int device, const pj_slot_
     const bool writes = w < nwritten && written[w] == s;
     w += writes;
     if (!slots[s].read) continue;
-    st = pj_storage_materialize(slots[s].storage, slots[s].dtype);
+    const size_t bytes = (size_t)slots[s].numel * pj_dtype_info(slots[s].dtype)->itemsize;
+    st = pj_bucket_fit_locked(slots[s].storage, bytes);
+    if (!st) st = pj_storage_materialize_padded(slots[s].storage, slots[s].dtype, bytes);
     donate[nbufs] = writes;
     bufs[nbufs++] = slots[s].storage->buf;
   }
@@ -609,7 +617,8 @@ static pj_status_t *execute_slots(pj_program_t *prog, int device, const pj_slot_
    * swap, like any replaced buffer. */
   for (int i = 0; i < nwritten && !st; i++) {
     const pj_slot_t *sl = &slots[written[i]];
-    pj_storage_swap(sl->storage, outs[i], sl->dtype);
+    pj_storage_swap_padded(sl->storage, outs[i], sl->dtype,
+                           (size_t)sl->numel * pj_dtype_info(sl->dtype)->itemsize);
   }
   return st;
 }
@@ -653,6 +662,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
   /* Ops recorded by the defer_and_fuse mode come first. */
   PJ_TRY(pj_defer_flush());
+  if (!pj_capture_active()) pj_bucket_rewrite(c);
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));
@@ -665,6 +675,7 @@ pj_status_t *pj_call_run_async(pj_call_t *c, char *(*where_fn)(void)) {
   if (!pj_async_compile_enabled() || pj_capture_active()) return pj_call_run(c);
   pj_lower_fn fn = pj_lowering_find(c->op);
   if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+  pj_bucket_rewrite(c);
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));

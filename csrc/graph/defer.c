@@ -10,6 +10,7 @@
 
 #include "recorder.h"
 #include "../ops/lower.h"
+#include "torch_pjrt/bucket.h"
 #include "torch_pjrt/capture.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
@@ -523,7 +524,9 @@ static pj_status_t *flush_graph(void) {
   int nbufs = 0;
   for (int i = 0; i < g.nst && !st; i++) {
     if (!g.st[i].param) continue;
-    st = pj_storage_materialize(g.st[i].s, g.st[i].dtype);
+    st = pj_bucket_fit_locked(g.st[i].s,
+                              (size_t)g.st[i].numel * pj_dtype_info(g.st[i].dtype)->itemsize);
+    if (!st) st = pj_storage_materialize(g.st[i].s, g.st[i].dtype);
     donate[nbufs] = live[i]; /* its result aliases this parameter */
     bufs[nbufs++] = g.st[i].s->buf;
   }
@@ -534,7 +537,9 @@ static pj_status_t *flush_graph(void) {
                         sites, nsites);
   free(sites);
   for (int i = 0, o = 0; i < g.nst && !st; i++)
-    if (live[i]) pj_storage_swap(g.st[i].s, outs[o++], g.st[i].dtype);
+    if (live[i])
+      pj_storage_swap_padded(g.st[i].s, outs[o++], g.st[i].dtype,
+                             (size_t)g.st[i].numel * pj_dtype_info(g.st[i].dtype)->itemsize);
   pthread_mutex_unlock(&pj_run_lock);
   if (!st) {
     pj_metric_add(PJ_METRIC_DEFER_FLUSHES, 1);
@@ -723,6 +728,10 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
       gstore_t *g = &G.st[op.gslot[s]];
       g->written = true;
       if (!g->s->buf) g->s->dtype = g->dtype;
+      /* the buffer the write installs (a bucketed Strict call's is padded): later calls
+       * recorded before the flush read it at that size */
+      const size_t bytes = (size_t)g->numel * pj_dtype_info(g->dtype)->itemsize;
+      g->s->pending_capacity = bytes > g->s->nbytes ? bytes : g->s->nbytes;
       g->s->pending = 1;
     }
   G.device = device;

@@ -30,12 +30,22 @@ static void build(void) {
     }
 }
 
-pj_lower_fn pj_lowering_find(const char *op) {
+static const pj_lowering_entry_t *find(const char *op) {
   pthread_once(&once, build);
   for (size_t b = bucket(op);; b = (b + 1) & (TABLE_SIZE - 1)) {
     if (!slots[b]) return NULL;
-    if (strcmp(slots[b]->name, op) == 0) return slots[b]->fn;
+    if (strcmp(slots[b]->name, op) == 0) return slots[b];
   }
+}
+
+pj_lower_fn pj_lowering_find(const char *op) {
+  const pj_lowering_entry_t *e = find(op);
+  return e ? e->fn : NULL;
+}
+
+pj_shape_class_t pj_lowering_shape_class(const char *op) {
+  const pj_lowering_entry_t *e = find(op);
+  return e ? e->shape : PJ_SHAPE_EXACT;
 }
 
 void pj_lowering_each(void (*fn)(const char *name, void *user), void *user) {

@@ -17,6 +17,18 @@ bool pj_has(pj_lower_t *L, const char *name) {
   return a && a->kind != PJ_ARG_NONE;
 }
 
+/* x (rank 1) with its elements from index n (a 0-d int64 value) on replaced by x[0]: a size
+ * bucket's padding made invisible to reductions that ignore repeats (pj_tensor_desc_t). */
+static pj_val_t repeat_first_past(pj_lower_t *L, pj_val_t x, pj_val_t n) {
+  const int64_t start = 0, limit = 1;
+  pj_type_t idx_t = pj_type(PJ_I64, 1, x.t.dims);
+  pj_val_t idx = pj_iota(L->h, idx_t, 0);
+  pj_val_t valid = pj_compare(L->h, "LT", idx, pj_broadcast_to(L->h, pj_convert(L->h, n, PJ_I64),
+                                                                1, x.t.dims));
+  pj_val_t first = pj_broadcast_to(L->h, pj_slice(L->h, x, &start, &limit, NULL), 1, x.t.dims);
+  return pj_select(L->h, valid, x, first);
+}
+
 static pj_val_t materialize(pj_lower_t *L, int ti) {
   pj_val_t *cached = &L->tensor_vals[ti];
   if (cached->id != -2) return *cached;
@@ -30,6 +42,7 @@ static pj_val_t materialize(pj_lower_t *L, int ti) {
     *cached = d->dyn_offset
                   ? pj_view_read_at(L->h, full, d, L->scalar_vals[d->offset_scalar])
                   : pj_view_read(L->h, full, d);
+    if (d->pad_repeats) *cached = repeat_first_past(L, *cached, L->scalar_vals[d->numel_scalar]);
   }
   return *cached;
 }

@@ -339,12 +339,12 @@ static pj_status_t *lower_tri_indices(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_factory[] = {
-    {"arange", lower_arange},
-    {"range", lower_arange}, /* range.out: start + step * i likewise, the size from its Meta */
-    {"linspace", lower_linspace},
-    {"logspace", lower_logspace},
-    {"eye", lower_eye},
-    {"tril_indices", lower_tri_indices},
-    {"triu_indices", lower_tri_indices},
-    {NULL, NULL},
+    {"arange", lower_arange, PJ_SHAPE_EXACT},
+    {"range", lower_arange, PJ_SHAPE_EXACT}, /* range.out: start + step * i likewise, the size from its Meta */
+    {"linspace", lower_linspace, PJ_SHAPE_EXACT},
+    {"logspace", lower_logspace, PJ_SHAPE_EXACT},
+    {"eye", lower_eye, PJ_SHAPE_EXACT},
+    {"tril_indices", lower_tri_indices, PJ_SHAPE_EXACT},
+    {"triu_indices", lower_tri_indices, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

@@ -156,8 +156,8 @@ static pj_status_t *lower_fft_c2r(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_fft[] = {
-    {"_fft_c2c", lower_fft_c2c},
-    {"_fft_r2c", lower_fft_r2c},
-    {"_fft_c2r", lower_fft_c2r},
-    {NULL, NULL},
+    {"_fft_c2c", lower_fft_c2c, PJ_SHAPE_EXACT},
+    {"_fft_r2c", lower_fft_r2c, PJ_SHAPE_EXACT},
+    {"_fft_c2r", lower_fft_c2r, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

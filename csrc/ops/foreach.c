@@ -119,10 +119,10 @@ static pj_status_t *lower_foreach(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_foreach[] = {
-#define ROW(n) {"_foreach_" #n, lower_foreach},
+#define ROW(n) {"_foreach_" #n, lower_foreach, PJ_SHAPE_EXACT},
     ROW(add) ROW(sub) ROW(mul) ROW(div) ROW(maximum) ROW(minimum) ROW(clamp_min) ROW(clamp_max)
     ROW(addcmul) ROW(addcdiv) ROW(lerp) ROW(pow) ROW(copy) ROW(zero) ROW(sqrt) ROW(neg) ROW(abs)
     ROW(exp) ROW(log) ROW(reciprocal) ROW(sign) ROW(sigmoid) ROW(tanh)
 #undef ROW
-    {NULL, NULL},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

@@ -105,6 +105,6 @@ done:
 }
 
 const pj_lowering_entry_t pj_lowerings_kernel[] = {
-    {"tpu::kernel_call", lower_kernel_call},
-    {NULL, NULL},
+    {"tpu::kernel_call", lower_kernel_call, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

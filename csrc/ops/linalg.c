@@ -174,15 +174,15 @@ static pj_status_t *lower_product(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_linalg[] = {
-    {"mm", lower_product},
-    {"bmm", lower_product},
-    {"mv", lower_product},
-    {"dot", lower_product},
-    {"vdot", lower_product},
-    {"addmm", lower_product},
-    {"_addmm_activation", lower_product},
-    {"baddbmm", lower_product},
-    {"addbmm", lower_product},
-    {"addmv", lower_product},
-    {NULL, NULL},
+    {"mm", lower_product, PJ_SHAPE_EXACT},
+    {"bmm", lower_product, PJ_SHAPE_EXACT},
+    {"mv", lower_product, PJ_SHAPE_EXACT},
+    {"dot", lower_product, PJ_SHAPE_EXACT},
+    {"vdot", lower_product, PJ_SHAPE_EXACT},
+    {"addmm", lower_product, PJ_SHAPE_EXACT},
+    {"_addmm_activation", lower_product, PJ_SHAPE_EXACT},
+    {"baddbmm", lower_product, PJ_SHAPE_EXACT},
+    {"addbmm", lower_product, PJ_SHAPE_EXACT},
+    {"addmv", lower_product, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

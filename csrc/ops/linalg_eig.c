@@ -371,8 +371,8 @@ static pj_status_t *lower_eig(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_linalg_eig[] = {
-    {"linalg_eig", lower_eig},
-    {"_linalg_eigvals", lower_eig},
-    {"linalg_eigvals", lower_eig},
-    {NULL, NULL},
+    {"linalg_eig", lower_eig, PJ_SHAPE_EXACT},
+    {"_linalg_eigvals", lower_eig, PJ_SHAPE_EXACT},
+    {"linalg_eigvals", lower_eig, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

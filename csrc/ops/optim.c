@@ -317,10 +317,10 @@ static pj_status_t *lower_amp_update_scale(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_optim[] = {
-    {"_amp_foreach_non_finite_check_and_unscale", lower_amp_unscale},
-    {"_amp_update_scale", lower_amp_update_scale},
-    {"_fused_adam", lower_fused_adam},
-    {"_fused_adamw", lower_fused_adam},
-    {"_fused_sgd", lower_fused_sgd},
-    {NULL, NULL},
+    {"_amp_foreach_non_finite_check_and_unscale", lower_amp_unscale, PJ_SHAPE_EXACT},
+    {"_amp_update_scale", lower_amp_update_scale, PJ_SHAPE_EXACT},
+    {"_fused_adam", lower_fused_adam, PJ_SHAPE_EXACT},
+    {"_fused_adamw", lower_fused_adam, PJ_SHAPE_EXACT},
+    {"_fused_sgd", lower_fused_sgd, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

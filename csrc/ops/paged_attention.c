@@ -306,8 +306,8 @@ static pj_status_t *lower_paged_attention(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_paged_attention[] = {
-    {"tpu::reshape_and_cache", lower_reshape_and_cache},
-    {"tpu::paged_attention", lower_paged_attention},
-    {"tpu::paged_attention_into", lower_paged_attention}, /* the same into `out` */
-    {NULL, NULL},
+    {"tpu::reshape_and_cache", lower_reshape_and_cache, PJ_SHAPE_EXACT},
+    {"tpu::paged_attention", lower_paged_attention, PJ_SHAPE_EXACT},
+    {"tpu::paged_attention_into", lower_paged_attention, PJ_SHAPE_EXACT}, /* the same into `out` */
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

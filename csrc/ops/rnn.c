@@ -218,9 +218,9 @@ static pj_status_t *lower_gru_cell_backward(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_rnn[] = {
-    {"_thnn_fused_lstm_cell", lower_lstm_cell},
-    {"_thnn_fused_lstm_cell_backward_impl", lower_lstm_cell_backward},
-    {"_thnn_fused_gru_cell", lower_gru_cell},
-    {"_thnn_fused_gru_cell_backward", lower_gru_cell_backward},
-    {NULL, NULL},
+    {"_thnn_fused_lstm_cell", lower_lstm_cell, PJ_SHAPE_EXACT},
+    {"_thnn_fused_lstm_cell_backward_impl", lower_lstm_cell_backward, PJ_SHAPE_EXACT},
+    {"_thnn_fused_gru_cell", lower_gru_cell, PJ_SHAPE_EXACT},
+    {"_thnn_fused_gru_cell_backward", lower_gru_cell_backward, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

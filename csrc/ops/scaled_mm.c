@@ -103,6 +103,6 @@ static pj_status_t *lower_scaled_mm(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_scaled_mm[] = {
-    {"_scaled_mm", lower_scaled_mm},
-    {NULL, NULL},
+    {"_scaled_mm", lower_scaled_mm, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

@@ -7,6 +7,7 @@
 typedef struct {
   const char *name; /* aten base name */
   pj_lower_fn fn;
+  pj_shape_class_t shape; /* how its program depends on shapes (call.h); 0: exact */
 } pj_lowering_entry_t;
 
 #define PJ_FAMILIES(X) \

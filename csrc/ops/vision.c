@@ -85,6 +85,6 @@ static pj_status_t *lower_nms_keep(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_vision[] = {
-    {"tpu::nms_keep", lower_nms_keep},
-    {NULL, NULL},
+    {"tpu::nms_keep", lower_nms_keep, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
 };

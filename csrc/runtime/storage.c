@@ -92,6 +92,7 @@ pj_status_t *pj_storage_new(int device, size_t nbytes, pj_storage_t **out) {
   s->refs = 1;
   s->device = device;
   s->nbytes = nbytes;
+  s->capacity = nbytes;
   s->dtype = PJ_U8;
   s->id = atomic_fetch_add(&next_id, 1);
   s->addr = (uintptr_t)atomic_fetch_add(&next_addr, ((nbytes + 255) & ~(uint64_t)255) + 256);
@@ -111,8 +112,14 @@ void pj_storage_release(pj_storage_t *s) {
 }
 
 void pj_storage_swap(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt) {
+  pj_storage_swap_padded(s, buf, dt, s->nbytes);
+}
+
+void pj_storage_swap_padded(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt,
+                            size_t capacity) {
   struct PJRT_Buffer *old = s->buf;
   s->buf = buf;
+  s->capacity = buf && capacity > s->nbytes ? capacity : s->nbytes;
   s->dtype = dt;
   s->version++;
   if (old && old != buf) pj_buffer_destroy(old);
@@ -142,6 +149,10 @@ pj_status_t *pj_storage_readable(const pj_storage_t *s) {
 }
 
 pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt) {
+  return pj_storage_materialize_padded(s, dt, s->nbytes);
+}
+
+pj_status_t *pj_storage_materialize_padded(pj_storage_t *s, pj_dtype_t dt, size_t capacity) {
   PJ_TRY(pj_storage_readable(s));
   size_t item = pj_dtype_info(dt)->itemsize;
   /* An empty storage holds no bytes to reinterpret: it reads as empty in any dtype (a fused
@@ -159,14 +170,15 @@ pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt) {
                          s->nbytes, pj_dtype_info(dt)->name);
   /* A never-written storage reads as zeros (torch.empty promises nothing; zeros are the
    * deterministic choice and cost one upload). */
-  void *zeros = calloc(1, s->nbytes ? s->nbytes : 1);
+  if (capacity < s->nbytes || capacity % item) capacity = s->nbytes;
+  void *zeros = calloc(1, capacity ? capacity : 1);
   if (!zeros) return pj_status_new(PJ_ERR_OOM, "out of host memory zero-filling a storage");
-  int64_t n = (int64_t)(s->nbytes / item);
+  int64_t n = (int64_t)(capacity / item);
   struct PJRT_Buffer *buf = NULL;
   pj_status_t *st = pj_transfer_to_device(s->device, zeros, dt, &n, 1, &buf);
   free(zeros);
   if (st) return st;
-  pj_storage_swap(s, buf, dt);
+  pj_storage_swap_padded(s, buf, dt, capacity);
   return NULL;
 }
 

@@ -3,6 +3,7 @@
 
 #include "api_check.h"
 #include <stdlib.h>
+#include <string.h>
 
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
@@ -72,10 +73,18 @@ pj_status_t *pj_transfer_to_host(PJRT_Buffer *buf, void *dst, size_t nbytes) {
   const PJRT_Api *api = pj_runtime_api(rt);
   PJ_API_SLOT(to_host, api, PJRT_Buffer_ToHostBuffer);
   size_t have = pj_buffer_nbytes(buf);
-  if (have != nbytes)
+  if (have < nbytes)
     return pj_status_new(PJ_ERR_RUNTIME, "device-to-host copy of %zu bytes into %zu bytes", have,
                          nbytes);
   if (nbytes == 0) return pj_buffer_await(buf);
+  if (have > nbytes) { /* a padded buffer (storage.h): the whole of it, then its front */
+    void *whole = malloc(have);
+    if (!whole) return pj_status_new(PJ_ERR_OOM, "out of host memory reading a padded buffer");
+    pj_status_t *st = pj_transfer_to_host(buf, whole, have);
+    if (!st) memcpy(dst, whole, nbytes);
+    free(whole);
+    return st;
+  }
   PJRT_Buffer_ToHostBuffer_Args a = {.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE,
                                      .src = buf,
                                      .dst = dst,

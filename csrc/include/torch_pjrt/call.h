@@ -55,6 +55,12 @@ typedef struct {
    * decoded from a key has 0). Set by the bridge for views of a storage at a nonzero offset. */
   bool dyn_offset;
   int offset_scalar;
+  /* A size bucket's padded input (bucket.h): the elements from scalars[numel_scalar] (an int64,
+   * the tensor's true element count) on read as element 0, so that a reduction that ignores
+   * repeats (max, any, ...) sees the true elements only. Part of the key (the marker and the
+   * scalar's index, never the count). */
+  bool pad_repeats;
+  int numel_scalar;
 } pj_tensor_desc_t;
 
 typedef struct {
@@ -112,8 +118,22 @@ typedef struct {
 typedef struct pj_lower pj_lower_t;
 typedef pj_status_t *(*pj_lower_fn)(pj_lower_t *L);
 
+/* How an op's program depends on its tensors' shapes, which decides whether one program can
+ * serve every size up to a bucket (csrc/graph/bucket.c). A row of the op's family table. */
+typedef enum {
+  PJ_SHAPE_EXACT = 0,   /* one program per shape (the default) */
+  PJ_SHAPE_ELEMENTWISE, /* element i of each result depends only on element i of the inputs of
+                           its shape and on 0-d values; a random draw for element i uses
+                           counter offset + i (random.c), whatever the size */
+  PJ_SHAPE_PREFIX,      /* on rank-1 tensors, element i depends on elements 0..i (scans) */
+  PJ_SHAPE_IDEMPOTENT   /* a reduction to 0-d results whose value does not change when elements
+                           repeat, in any order (max, min, any, all): padding repeats element 0 */
+} pj_shape_class_t;
+
 /* The lowering registered for a base op name, or NULL. */
 pj_lower_fn pj_lowering_find(const char *op);
+/* The shape class of an op's lowering (PJ_SHAPE_EXACT for an op without one). */
+pj_shape_class_t pj_lowering_shape_class(const char *op);
 /* Calls fn(name, user) for every op with a lowering. */
 void pj_lowering_each(void (*fn)(const char *name, void *user), void *user);
 

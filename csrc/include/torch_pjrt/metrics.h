@@ -36,6 +36,8 @@ typedef enum {
   PJ_METRIC_D2D_TRANSFERS,   /* copies from one device's buffer to another device */
   PJ_METRIC_D2D_BYTES,
   PJ_METRIC_MEMO_HITS,       /* eager calls run from the bridge's call memo (call_memo.h) */
+  PJ_METRIC_BUCKET_CALLS,    /* eager calls run by their size bucket's program (bucket.h) */
+  PJ_METRIC_BUCKET_TRIMS,    /* padded storages trimmed exact (one program execution each) */
   PJ_NUM_METRICS
 } pj_metric_t;
 

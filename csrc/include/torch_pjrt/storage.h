@@ -2,7 +2,10 @@
  * holding one 1-D PJRT buffer of `nbytes / itemsize(dtype)` elements, or no buffer yet (a fresh
  * allocation reads as zeros). Buffers are immutable; writes produce a new buffer that replaces
  * the old one (pj_storage_swap), so every tensor sharing the storage sees the write.
- * Invariant: buf == NULL or buf holds exactly nbytes bytes of element type `dtype`. */
+ * Invariant: buf == NULL or buf holds exactly `capacity` bytes of element type `dtype`, where
+ * capacity >= nbytes. capacity == nbytes except after a write by a size-bucketed program
+ * (csrc/graph/bucket.c), whose buffer is padded to its bucket: the bytes past nbytes are
+ * padding no tensor can reach. */
 #ifndef TORCH_PJRT_STORAGE_H
 #define TORCH_PJRT_STORAGE_H
 #include <stdbool.h>
@@ -20,6 +23,8 @@ typedef struct pj_storage {
   int refs;                 /* atomic; see pj_storage_retain/release */
   int device;
   size_t nbytes;
+  size_t capacity;          /* bytes of buf: nbytes, or more for a padded (bucketed) buffer */
+  size_t pending_capacity;  /* while pending: bytes of the buffer the recorded write installs */
   pj_dtype_t dtype;         /* element type of buf; meaningful when buf != NULL */
   struct PJRT_Buffer *buf;  /* owned; NULL until first written */
   uint64_t id;              /* unique per storage, for debugging and pending-graph text */
@@ -40,15 +45,27 @@ typedef struct pj_storage {
 } pj_storage_t;
 
 pj_status_t *pj_storage_new(int device, size_t nbytes, pj_storage_t **out);
+/* The bytes of the buffer the next program reading the storage gets: after the recorded write
+ * when pending, else now's (nbytes for a storage without a buffer). */
+static inline size_t pj_storage_next_capacity(const pj_storage_t *s) {
+  return s->pending ? s->pending_capacity : s->capacity;
+}
 void pj_storage_retain(pj_storage_t *s);
 void pj_storage_release(pj_storage_t *s);
-/* Installs `buf` (of element type dt) as the storage's contents, destroying the previous one;
- * the storage's contents are defined again (clears `failed`). */
+/* Installs `buf` (of element type dt, exactly nbytes) as the storage's contents, destroying the
+ * previous one; the storage's contents are defined again (clears `failed`). */
 void pj_storage_swap(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt);
+/* The same for a buffer of `capacity` bytes (>= nbytes): a padded buffer, whose first nbytes
+ * are the contents. */
+void pj_storage_swap_padded(pj_storage_t *s, struct PJRT_Buffer *buf, pj_dtype_t dt,
+                            size_t capacity);
 /* Makes sure the storage has a buffer of element type dt (zeros if it had none); converts the
  * element type by reinterpretation when the storage holds another type of the same byte size
  * is not supported and returns PJ_ERR_UNIMPLEMENTED. */
 pj_status_t *pj_storage_materialize(pj_storage_t *s, pj_dtype_t dt);
+/* The same where the caller reads the storage as a buffer of `capacity` bytes (>= nbytes; a
+ * bucketed program, bucket.h): a never-written storage gets zeros of that size. */
+pj_status_t *pj_storage_materialize_padded(pj_storage_t *s, pj_dtype_t dt, size_t capacity);
 /* Marks the storage's contents undefined (see `failed`): `why` (a status; not consumed) is the
  * failed op's error, `what` a sentence prefixed to its message. Reads raise until the next
  * whole write. */

@@ -15,7 +15,8 @@ struct PJRT_Buffer;
 /* Creates a device buffer of shape dims[rank] (row-major) from contiguous host data. */
 pj_status_t *pj_transfer_to_device(int device, const void *data, pj_dtype_t dt,
                                    const int64_t *dims, int rank, struct PJRT_Buffer **out);
-/* Copies a whole device buffer into host memory of `nbytes` (must equal the buffer's size). */
+/* Copies a device buffer's first `nbytes` into host memory: the whole buffer, or the front of a
+ * padded one (storage.h); a buffer smaller than nbytes is an error. */
 pj_status_t *pj_transfer_to_host(struct PJRT_Buffer *buf, void *dst, size_t nbytes);
 /* Copies a whole 1-D buffer of `numel` elements of type dt onto another device of the client
  * (`device` must differ from the buffer's). Asynchronous where the plugin copies between
