@@ -140,6 +140,39 @@ def burst_latency(base: int):
     return issued / 1e6, done / 1e6, m1["compiles"] - m0["compiles"]
 
 
+# A loop over sizes (a test suite, a notebook): each op at sizes 1001..1024, one after another,
+# each synchronized. The elementwise ones run the program of their size bucket (1024: compiled
+# at the first size, bucket.h); softmax has a program per shape.
+SWEEP_OPS = {
+    "mul+add": lambda a: a * 3.0 + 1.0,
+    "exp": torch.exp,
+    "cumsum": lambda a: a.cumsum(0),
+    "max": lambda a: a.max(),
+    "softmax (exact shapes)": lambda a: a.softmax(0),
+}
+
+
+def size_sweep(device, first: int = 1001, last: int = 1024):
+    """Per op: the median and max synchronized first call at each new size after the first,
+    and the programs compiled over the whole sweep."""
+    rows = []
+    for name, op in SWEEP_OPS.items():
+        times, compiles = [], 0
+        for n in range(first, last + 1):
+            a = torch.randn(n, device=device)
+            sync(device)
+            m0 = torch.tpu.metrics()["compiles"] if device.type == "tpu" else 0
+            t0 = time.perf_counter_ns()
+            op(a)
+            sync(device)
+            if n > first:
+                times.append((time.perf_counter_ns() - t0) / 1e6)
+            if device.type == "tpu":
+                compiles += torch.tpu.metrics()["compiles"] - m0
+        rows.append((name, statistics.median(times), max(times), compiles))
+    return rows
+
+
 def _pct(values, q):
     v = sorted(values)
     return v[min(len(v) - 1, int(round(q * (len(v) - 1))))]
@@ -219,6 +252,7 @@ def main(argv=None) -> str:
         comp[label] = compile_latency(base, 20 if args.quick else 50)
         burst[label] = burst_latency(base + 80)
     torch_pjrt._C._set_compile_threads(threads)
+    sweep = {"tpu": size_sweep(TPU), "cpu": size_sweep(torch.device("cpu"))}
     train = {}
     for name, setup in WORKLOADS.items():
         rows = {mode: train_steps(setup, TPU, steps, 5, mode)
@@ -277,6 +311,19 @@ def main(argv=None) -> str:
         lines.append(f"| {label} | {statistics.median(rets):.1f} | {_pct(rets, 0.9):.1f} | "
                      f"{statistics.median(syncs):.1f} | {_pct(syncs, 0.9):.1f} | {issued:.1f} | "
                      f"{done:.1f} | {progs} |")
+    lines += [
+        "",
+        "## A loop over sizes (each op at 1001..1024 elements, synchronized; Strict)",
+        "",
+        "The first size compiles; `first call` is the median / max synchronized call at each "
+        "later size, all new shapes. Elementwise ops, 1-D scans and max run their size bucket's "
+        "program (bucket.h); softmax compiles each shape.",
+        "",
+        "| op | tpu first call, median (ms) | max (ms) | programs compiled (24 sizes) | CPU (ms) |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for (name, med, worst, progs), (_, cpu_med, _, _) in zip(sweep["tpu"], sweep["cpu"]):
+        lines.append(f"| {name} | {med:.2f} | {worst:.2f} | {progs} | {cpu_med:.3f} |")
     lines += [
         "",
         f"## Training step in each eager mode (median of {steps} steps after 5 warm-up steps; "

@@ -178,3 +178,34 @@ print("ok")
         TORCH_PJRT_CPU_DEVICE_COUNT="2",
     )
     assert r.stdout.strip().endswith("ok"), r.stdout + r.stderr
+
+
+def test_products_read_exact_buffers():
+    """A matmul or convolution trims a padded input first (a product of a slice compiles and runs
+    slower on XLA:CPU); the storage stays exact, later bucketed ops read it as it is."""
+    a = torch.randn(7, 9, device="tpu")  # 63 elements in a bucket of 64: padded
+    b = torch.randn(9, 5, device="tpu")
+    torch.tpu.synchronize()
+    before = torch.tpu.metrics()["bucket_trims"]
+    got = a @ b
+    torch.testing.assert_close(got.cpu(), a.cpu() @ b.cpu())
+    assert torch.tpu.metrics()["bucket_trims"] - before == 2
+    torch.testing.assert_close((a * 2).cpu(), a.cpu() * 2)
+    w = torch.randn(4, 3, 3, 3, device="tpu")
+    x = torch.randn(1, 3, 6, 6, device="tpu")
+    torch.testing.assert_close(torch.nn.functional.conv2d(x, w).cpu(),
+                               torch.nn.functional.conv2d(x.cpu(), w.cpu()), rtol=1e-4, atol=1e-5)
+
+
+def test_switch_off_keeps_padded_storages_readable():
+    a = torch.rand(20, device="tpu")  # padded
+    old = torch_pjrt._C._size_buckets()
+    torch_pjrt._C._set_size_buckets(False)
+    try:
+        torch.tpu.synchronize()
+        before = torch.tpu.metrics()["bucket_calls"]
+        b = a * 2 + 1
+        torch.testing.assert_close(b.cpu(), a.cpu() * 2 + 1)
+        assert torch.tpu.metrics()["bucket_calls"] == before
+    finally:
+        torch_pjrt._C._set_size_buckets(old)

@@ -8,6 +8,7 @@
 #include "eager_mode.h"
 #include "meta_cache.h"
 extern "C" {
+#include "torch_pjrt/bucket.h"
 #include "torch_pjrt/call.h"
 #include "torch_pjrt/compile_async.h"
 #include "torch_pjrt/disk_cache.h"
@@ -72,6 +73,10 @@ void bind_dispatch(pybind11::module_& m) {
   }, "Threads compiling Strict mode's new programs in the background (0: compile in the op; "
      "TORCH_PJRT_COMPILE_THREADS sets the start value).");
   m.def("_compile_threads", [] { return pj_async_compile_threads(); });
+  m.def("_set_size_buckets", [](bool on) { pj_bucket_set_enabled(on); },
+        "Whether small elementwise ops, scans and reductions run their size bucket's program "
+        "(bucket.h; on by default). Storages padded before stay padded.");
+  m.def("_size_buckets", [] { return pj_bucket_enabled(); });
   m.def("_set_source_lines", [](const std::string& file, std::unordered_map<int, std::string> lines) {
     set_source_lines(file, std::move(lines));
   }, "A compiled graph's generated-code lines -> its nodes' user source lines (index-check "

@@ -1,6 +1,7 @@
 /* Size buckets (torch_pjrt/bucket.h): the rewrite of a qualifying call to its bucket, and the
  * trim of a padded storage back to its exact size. */
 #include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -69,7 +70,13 @@ static void to_bucket(pj_tensor_desc_t *d, int64_t cap) {
   d->strides[0] = 1;
 }
 
+/* Written by pj_bucket_set_enabled, read by every Strict call: an atomic, no lock. */
+static atomic_bool enabled = true;
+void pj_bucket_set_enabled(bool on) { atomic_store(&enabled, on); }
+bool pj_bucket_enabled(void) { return atomic_load(&enabled); }
+
 bool pj_bucket_rewrite(pj_call_t *c) {
+  if (!atomic_load_explicit(&enabled, memory_order_relaxed)) return false;
   const pj_shape_class_t cls = pj_lowering_shape_class(c->op);
   if (cls == PJ_SHAPE_EXACT || c->nout < 1) return false;
   const bool reduces = cls == PJ_SHAPE_IDEMPOTENT;
@@ -186,4 +193,17 @@ pj_status_t *pj_bucket_trim(pj_storage_t *s) {
 
 pj_status_t *pj_bucket_fit_locked(pj_storage_t *s, size_t bytes) {
   return s->buf && s->capacity > bytes && bytes == s->nbytes ? pj_bucket_trim_locked(s) : NULL;
+}
+
+pj_status_t *pj_bucket_exact_inputs(pj_call_t *c) {
+  if (pj_lowering_shape_class(c->op) != PJ_SHAPE_EXACT_INPUTS) return NULL;
+  for (int i = 0; i < c->nslots; i++) {
+    pj_slot_t *sl = &c->slots[i];
+    pj_storage_t *s = sl->storage;
+    if (!sl->read || !s->buf || s->pending || s->capacity <= s->nbytes || sl->dtype != s->dtype)
+      continue;
+    PJ_TRY(pj_bucket_trim(s));
+    sl->numel = (int64_t)(s->nbytes / pj_dtype_info(sl->dtype)->itemsize);
+  }
+  return NULL;
 }

@@ -662,7 +662,7 @@ pj_status_t *pj_call_run(pj_call_t *c) {
   if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
   /* Ops recorded by the defer_and_fuse mode come first. */
   PJ_TRY(pj_defer_flush());
-  if (!pj_capture_active()) pj_bucket_rewrite(c);
+  if (!pj_capture_active() && !pj_bucket_rewrite(c)) PJ_TRY(pj_bucket_exact_inputs(c));
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));
@@ -675,7 +675,8 @@ pj_status_t *pj_call_run_async(pj_call_t *c, char *(*where_fn)(void)) {
   if (!pj_async_compile_enabled() || pj_capture_active()) return pj_call_run(c);
   pj_lower_fn fn = pj_lowering_find(c->op);
   if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
-  pj_bucket_rewrite(c);
+  /* a trim runs now: only when no queued call (which read the padded buffer) is ahead */
+  if (!pj_bucket_rewrite(c) && !pj_defer_each_pending()) PJ_TRY(pj_bucket_exact_inputs(c));
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));

@@ -1764,8 +1764,8 @@ static pj_status_t *lower_fractional_max_pool(pj_lower_t *L) {
   {#n, lower_upsample, PJ_SHAPE_EXACT}, {#n "_backward", lower_upsample, PJ_SHAPE_EXACT},
 
 const pj_lowering_entry_t pj_lowerings_conv[] = {
-    {"convolution", lower_convolution, PJ_SHAPE_EXACT},
-    {"convolution_backward", lower_convolution_backward, PJ_SHAPE_EXACT},
+    {"convolution", lower_convolution, PJ_SHAPE_EXACT_INPUTS},
+    {"convolution_backward", lower_convolution_backward, PJ_SHAPE_EXACT_INPUTS},
     {"max_pool2d_with_indices", lower_max_pool, PJ_SHAPE_EXACT},
     {"max_pool3d_with_indices", lower_max_pool, PJ_SHAPE_EXACT},
     {"max_pool2d_with_indices_backward", lower_max_pool_backward, PJ_SHAPE_EXACT},

@@ -174,15 +174,15 @@ static pj_status_t *lower_product(pj_lower_t *L) {
 }
 
 const pj_lowering_entry_t pj_lowerings_linalg[] = {
-    {"mm", lower_product, PJ_SHAPE_EXACT},
-    {"bmm", lower_product, PJ_SHAPE_EXACT},
-    {"mv", lower_product, PJ_SHAPE_EXACT},
-    {"dot", lower_product, PJ_SHAPE_EXACT},
-    {"vdot", lower_product, PJ_SHAPE_EXACT},
-    {"addmm", lower_product, PJ_SHAPE_EXACT},
-    {"_addmm_activation", lower_product, PJ_SHAPE_EXACT},
-    {"baddbmm", lower_product, PJ_SHAPE_EXACT},
-    {"addbmm", lower_product, PJ_SHAPE_EXACT},
-    {"addmv", lower_product, PJ_SHAPE_EXACT},
+    {"mm", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"bmm", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"mv", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"dot", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"vdot", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"addmm", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"_addmm_activation", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"baddbmm", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"addbmm", lower_product, PJ_SHAPE_EXACT_INPUTS},
+    {"addmv", lower_product, PJ_SHAPE_EXACT_INPUTS},
     {NULL, NULL, PJ_SHAPE_EXACT},
 };

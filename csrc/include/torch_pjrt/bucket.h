@@ -30,6 +30,12 @@ int64_t pj_bucket_numel(int64_t n);
 /* Rewrites c (a Strict or Debug call about to run) to its bucket when it qualifies; returns
  * whether it did. A rewritten call's key and program are the bucket's. */
 bool pj_bucket_rewrite(pj_call_t *c);
+/* For a call of class PJ_SHAPE_EXACT_INPUTS: trims the padded storages it reads (those with no
+ * write pending) and sets their slots exact. Nothing for other calls. */
+pj_status_t *pj_bucket_exact_inputs(pj_call_t *c);
+/* On by default; off, no call is rewritten (padded storages stay readable). Process-wide. */
+void pj_bucket_set_enabled(bool on);
+bool pj_bucket_enabled(void);
 
 /* Makes a padded storage's buffer exact again (a device slice, one cached program per size);
  * nothing for an exact one. The storage must not be pending (defer_and_fuse: flush first).

@@ -126,8 +126,11 @@ typedef enum {
                            its shape and on 0-d values; a random draw for element i uses
                            counter offset + i (random.c), whatever the size */
   PJ_SHAPE_PREFIX,      /* on rank-1 tensors, element i depends on elements 0..i (scans) */
-  PJ_SHAPE_IDEMPOTENT   /* a reduction to 0-d results whose value does not change when elements
+  PJ_SHAPE_IDEMPOTENT,  /* a reduction to 0-d results whose value does not change when elements
                            repeat, in any order (max, min, any, all): padding repeats element 0 */
+  PJ_SHAPE_EXACT_INPUTS /* one program per shape, reading exact buffers: a padded storage it
+                           reads is trimmed first (XLA:CPU compiles a product or convolution of
+                           a slice as a slower loop, up to 2x in compile and run time) */
 } pj_shape_class_t;
 
 /* The lowering registered for a base op name, or NULL. */
