@@ -191,6 +191,10 @@ def test_products_read_exact_buffers():
     torch.testing.assert_close(got.cpu(), a.cpu() @ b.cpu())
     assert torch.tpu.metrics()["bucket_trims"] - before == 2
     torch.testing.assert_close((a * 2).cpu(), a.cpu() * 2)
+    for n in (4, 6):  # square: both operands the same size, which an elementwise op would share
+        s = torch.randn(n, n, device="tpu")
+        torch.testing.assert_close((s @ s).cpu(), s.cpu() @ s.cpu())
+        torch.testing.assert_close(torch.addmm(s, s, s).cpu(), torch.addmm(s.cpu(), s.cpu(), s.cpu()))
     w = torch.randn(4, 3, 3, 3, device="tpu")
     x = torch.randn(1, 3, 6, 6, device="tpu")
     torch.testing.assert_close(torch.nn.functional.conv2d(x, w).cpu(),

@@ -752,6 +752,15 @@ void cpu_kernel_checks(const std::string& base, const c10::FunctionSchema& schem
   if (base == "put" && args.size() > 3 && args[3].isBool() && !args[3].toBool())
     at::globalContext().alertNotDeterministic("put_");
   if (base == "put") put_checks(schema, args);
+  // CPU's check_grid_sampler_common, before the Python Meta kernel unpacks the input's shape
+  // (a 5-d input given to grid_sampler_2d raised its ValueError instead)
+  if (base == "grid_sampler_2d" || base == "grid_sampler_3d") {
+    const at::Tensor *input = tensor_arg(args, 0), *grid = tensor_arg(args, 1);
+    if (input && grid && input->dim() > 0 && grid->dim() > 0)
+      TORCH_CHECK(input->size(0) == grid->size(0),
+                  "grid_sampler(): expected grid and input to have same batch size, but got "
+                  "input with sizes ", input->sizes(), " and grid with sizes ", grid->sizes());
+  }
   if (base == "_to_copy") {  // (self, *, dtype, ...)
     const at::Tensor* self = tensor_arg(args, 0);
     if (self && args.size() > 1 && args[1].isInt())

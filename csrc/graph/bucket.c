@@ -78,7 +78,9 @@ bool pj_bucket_enabled(void) { return atomic_load(&enabled); }
 bool pj_bucket_rewrite(pj_call_t *c) {
   if (!atomic_load_explicit(&enabled, memory_order_relaxed)) return false;
   const pj_shape_class_t cls = pj_lowering_shape_class(c->op);
-  if (cls == PJ_SHAPE_EXACT || c->nout < 1) return false;
+  if ((cls != PJ_SHAPE_ELEMENTWISE && cls != PJ_SHAPE_PREFIX && cls != PJ_SHAPE_IDEMPOTENT) ||
+      c->nout < 1)
+    return false;
   const bool reduces = cls == PJ_SHAPE_IDEMPOTENT;
   if (reduces && c->nscalars >= PJ_CALL_MAX_SCALARS) return false;
   int64_t n = -1;

@@ -30,6 +30,11 @@ _ASYNC_MASKED_SCATTER = ("expects a RuntimeError at the call for a source shorte
 
 EXCLUSIONS: dict = {
     "TestTorchDeviceType": {
+        # Tensor.map_ / map2_ call a Python function per element: CPU tensors only in PyTorch
+        "test_broadcast_fn_map": "map_ is a CPU-only Tensor method (CUDA raises the same "
+                                 "TypeError; the test skips it for CUDA only)",
+        "test_broadcast_fn_map2": "map2_ is a CPU-only Tensor method (CUDA raises the same "
+                                  "TypeError; the test skips it for CUDA only)",
         "test_masked_scatter": _ASYNC_MASKED_SCATTER,
         # PyTorch's storage_type() answers from the device module for CUDA and PrivateUse1
         # devices (torch.tpu.FloatStorage here, torch_pjrt/legacy_storage.py)
