@@ -658,11 +658,17 @@ static pj_status_t *run_keyed(pj_call_t *c, pj_lower_fn fn, const pj_keybuf_t *k
 }
 
 pj_status_t *pj_call_run(pj_call_t *c) {
-  pj_lower_fn fn = pj_lowering_find(c->op);
-  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+  if (!pj_lowering_find(c->op))
+    return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
   /* Ops recorded by the defer_and_fuse mode come first. */
   PJ_TRY(pj_defer_flush());
   if (!pj_capture_active() && !pj_bucket_rewrite(c)) PJ_TRY(pj_bucket_exact_inputs(c));
+  return pj_call_run_as_recorded(c);
+}
+
+pj_status_t *pj_call_run_as_recorded(pj_call_t *c) {
+  pj_lower_fn fn = pj_lowering_find(c->op);
+  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));

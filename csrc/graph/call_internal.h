@@ -58,6 +58,10 @@ char *pj_defer_site(const char *op, const char *where);
 pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
                              int device, const pj_slot_t *slots, int nslots, const bool *writes,
                              const pj_scalar_t *scalars, int nscalars, char *site, bool each);
+/* Runs a call as it was recorded: no size-bucket rewrite and no trims (bucket.h), no flush.
+ * defer.c's op-by-op replay, whose later calls were sized against the storages' buffers as
+ * the recorded calls leave them. pj_call_run is this after those steps. */
+pj_status_t *pj_call_run_as_recorded(pj_call_t *c);
 /* Whether the pending graph holds Strict calls queued behind background compiles: a later
  * Strict call is queued behind them too, to keep program order. */
 bool pj_defer_each_pending(void);

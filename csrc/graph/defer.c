@@ -408,7 +408,7 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
       c->display = op->site;
       c->where = op->site + strlen(op->site) + 1;
     }
-    st = pj_call_run(c);
+    st = pj_call_run_as_recorded(c);
     if (st) break;
   }
   if (st && !c) fail_writes_from(g, 0, st, NULL);

@@ -59,10 +59,6 @@ SUITES = {
 # runs, which report them like any other): {suite: {file: {normalized id: reason}}}.
 SUITE_LEAVES_OUT = {
     "ci": {
-        "test_indexing.py": {
-            "TestIndexingDEV::test_index_put_accumulate_duplicate_indices_dev":
-                "a loop over 511 sizes compiles 4,015 programs: 292 s on tpu with a cold cache",
-        },
         "test_torch.py": {
             "TestTorchDeviceTypeDEV::test_gather_backward_deterministic_path_dev":
                 "compiles a program per size of a loop: over the 300 s watchdog with a cold cache",
