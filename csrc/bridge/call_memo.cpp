@@ -95,8 +95,9 @@ bool put_tensor(CallSignature& sig, const at::Tensor& t) {
   put_tag(k, 't');
   const int64_t dim = t.dim();
   const int64_t head[8] = {t.device().index(), dt, dim, t.storage_offset(),
-                           static_cast<int64_t>(s->nbytes), static_cast<int64_t>(pj_storage_next_capacity(s)),
-                           slot_dtype(s, dt), alias};
+                           static_cast<int64_t>(s->nbytes),
+                           static_cast<int64_t>(pj_storage_next_capacity(s)), slot_dtype(s, dt),
+                           alias};
   put(k, head, sizeof head);
   put(k, t.sizes().data(), sizeof(int64_t) * static_cast<size_t>(dim));
   put(k, t.strides().data(), sizeof(int64_t) * static_cast<size_t>(dim));

@@ -75,9 +75,8 @@ static atomic_bool enabled = true;
 void pj_bucket_set_enabled(bool on) { atomic_store(&enabled, on); }
 bool pj_bucket_enabled(void) { return atomic_load(&enabled); }
 
-bool pj_bucket_rewrite(pj_call_t *c) {
+static bool rewrite(pj_call_t *c, pj_shape_class_t cls) {
   if (!atomic_load_explicit(&enabled, memory_order_relaxed)) return false;
-  const pj_shape_class_t cls = pj_lowering_shape_class(c->op);
   if ((cls != PJ_SHAPE_ELEMENTWISE && cls != PJ_SHAPE_PREFIX && cls != PJ_SHAPE_IDEMPOTENT) ||
       c->nout < 1)
     return false;
@@ -134,6 +133,8 @@ bool pj_bucket_rewrite(pj_call_t *c) {
   pj_metric_add(PJ_METRIC_BUCKET_CALLS, 1);
   return true;
 }
+
+bool pj_bucket_rewrite(pj_call_t *c) { return rewrite(c, pj_lowering_shape_class(c->op)); }
 
 /* ---- trim ---- */
 
@@ -193,12 +194,14 @@ pj_status_t *pj_bucket_trim(pj_storage_t *s) {
   return st;
 }
 
-pj_status_t *pj_bucket_fit_locked(pj_storage_t *s, size_t bytes) {
-  return s->buf && s->capacity > bytes && bytes == s->nbytes ? pj_bucket_trim_locked(s) : NULL;
+pj_status_t *pj_bucket_input_locked(pj_storage_t *s, pj_dtype_t dt, size_t bytes) {
+  if (s->buf && s->capacity > bytes && bytes == s->nbytes) PJ_TRY(pj_bucket_trim_locked(s));
+  return pj_storage_materialize_padded(s, dt, bytes);
 }
 
-pj_status_t *pj_bucket_exact_inputs(pj_call_t *c) {
-  if (pj_lowering_shape_class(c->op) != PJ_SHAPE_EXACT_INPUTS) return NULL;
+pj_status_t *pj_bucket_prepare(pj_call_t *c, bool may_trim) {
+  const pj_shape_class_t cls = pj_lowering_shape_class(c->op);
+  if (rewrite(c, cls) || cls != PJ_SHAPE_EXACT_INPUTS || !may_trim) return NULL;
   for (int i = 0; i < c->nslots; i++) {
     pj_slot_t *sl = &c->slots[i];
     pj_storage_t *s = sl->storage;

@@ -604,9 +604,8 @@ static pj_status_t *execute_slots(pj_program_t *prog, int device, const pj_slot_
     const bool writes = w < nwritten && written[w] == s;
     w += writes;
     if (!slots[s].read) continue;
-    const size_t bytes = (size_t)slots[s].numel * pj_dtype_info(slots[s].dtype)->itemsize;
-    st = pj_bucket_fit_locked(slots[s].storage, bytes);
-    if (!st) st = pj_storage_materialize_padded(slots[s].storage, slots[s].dtype, bytes);
+    st = pj_bucket_input_locked(slots[s].storage, slots[s].dtype,
+                                (size_t)slots[s].numel * pj_dtype_info(slots[s].dtype)->itemsize);
     donate[nbufs] = writes;
     bufs[nbufs++] = slots[s].storage->buf;
   }
@@ -657,18 +656,8 @@ static pj_status_t *run_keyed(pj_call_t *c, pj_lower_fn fn, const pj_keybuf_t *k
   return st;
 }
 
-pj_status_t *pj_call_run(pj_call_t *c) {
-  if (!pj_lowering_find(c->op))
-    return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
-  /* Ops recorded by the defer_and_fuse mode come first. */
-  PJ_TRY(pj_defer_flush());
-  if (!pj_capture_active() && !pj_bucket_rewrite(c)) PJ_TRY(pj_bucket_exact_inputs(c));
-  return pj_call_run_as_recorded(c);
-}
-
-pj_status_t *pj_call_run_as_recorded(pj_call_t *c) {
-  pj_lower_fn fn = pj_lowering_find(c->op);
-  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+/* Keys and runs c with its lowering fn now (nothing may be pending). */
+static pj_status_t *run_now(pj_call_t *c, pj_lower_fn fn) {
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));
@@ -677,12 +666,27 @@ pj_status_t *pj_call_run_as_recorded(pj_call_t *c) {
   return st;
 }
 
+pj_status_t *pj_call_run(pj_call_t *c) {
+  pj_lower_fn fn = pj_lowering_find(c->op);
+  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+  /* Ops recorded by the defer_and_fuse mode come first. */
+  PJ_TRY(pj_defer_flush());
+  if (!pj_capture_active()) PJ_TRY(pj_bucket_prepare(c, true));
+  return run_now(c, fn);
+}
+
+pj_status_t *pj_call_run_as_recorded(pj_call_t *c) {
+  pj_lower_fn fn = pj_lowering_find(c->op);
+  if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
+  return run_now(c, fn);
+}
+
 pj_status_t *pj_call_run_async(pj_call_t *c, char *(*where_fn)(void)) {
   if (!pj_async_compile_enabled() || pj_capture_active()) return pj_call_run(c);
   pj_lower_fn fn = pj_lowering_find(c->op);
   if (!fn) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
   /* a trim runs now: only when no queued call (which read the padded buffer) is ahead */
-  if (!pj_bucket_rewrite(c) && !pj_defer_each_pending()) PJ_TRY(pj_bucket_exact_inputs(c));
+  PJ_TRY(pj_bucket_prepare(c, !pj_defer_each_pending()));
   pj_keybuf_t k = {0};
   int written[PJ_CALL_MAX_SLOTS], nwritten = 0;
   PJ_TRY(call_key(c, &k, written, &nwritten));

@@ -269,9 +269,6 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
     if (p->role[i] == ROLE_INTERNAL) continue;
     pj_storage_t *s = storage_for(p, i, inputs, outputs);
     size_t need = (size_t)g->st[i].numel * pj_dtype_info(g->st[i].dtype)->itemsize;
-    /* the graph takes exact buffers: one an eager op padded (bucket.h) is trimmed */
-    if (s && is_param(p, i)) st = pj_bucket_trim(s);
-    if (st) break;
     if (!s || s->device != g->device || s->nbytes != need)
       st = pj_status_new(PJ_ERR_RUNTIME, "compiled graph: storage %d is not the %zu-byte storage "
                          "on device %d the graph was captured with", i, need, g->device);
@@ -301,7 +298,9 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
   for (int i = 0; i < g->nst && !st; i++) {
     if (!is_param(p, i)) continue;
     pj_storage_t *s = storage_for(p, i, inputs, outputs);
-    st = pj_storage_materialize(s, g->st[i].dtype);
+    /* the graph takes exact buffers: one an eager op padded (bucket.h) is trimmed */
+    st = pj_bucket_input_locked(s, g->st[i].dtype,
+                                (size_t)g->st[i].numel * pj_dtype_info(g->st[i].dtype)->itemsize);
     donate[nbufs] = p->live[i]; /* its result aliases this parameter */
     bufs[nbufs++] = s->buf;
   }

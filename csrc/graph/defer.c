@@ -524,9 +524,8 @@ static pj_status_t *flush_graph(void) {
   int nbufs = 0;
   for (int i = 0; i < g.nst && !st; i++) {
     if (!g.st[i].param) continue;
-    st = pj_bucket_fit_locked(g.st[i].s,
-                              (size_t)g.st[i].numel * pj_dtype_info(g.st[i].dtype)->itemsize);
-    if (!st) st = pj_storage_materialize(g.st[i].s, g.st[i].dtype);
+    st = pj_bucket_input_locked(g.st[i].s, g.st[i].dtype,
+                                (size_t)g.st[i].numel * pj_dtype_info(g.st[i].dtype)->itemsize);
     donate[nbufs] = live[i]; /* its result aliases this parameter */
     bufs[nbufs++] = g.st[i].s->buf;
   }

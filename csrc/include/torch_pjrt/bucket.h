@@ -30,9 +30,10 @@ int64_t pj_bucket_numel(int64_t n);
 /* Rewrites c (a Strict or Debug call about to run) to its bucket when it qualifies; returns
  * whether it did. A rewritten call's key and program are the bucket's. */
 bool pj_bucket_rewrite(pj_call_t *c);
-/* For a call of class PJ_SHAPE_EXACT_INPUTS: trims the padded storages it reads (those with no
- * write pending) and sets their slots exact. Nothing for other calls. */
-pj_status_t *pj_bucket_exact_inputs(pj_call_t *c);
+/* What a Strict or Debug call about to be keyed gets: pj_bucket_rewrite; or, for a call of class
+ * PJ_SHAPE_EXACT_INPUTS and when may_trim (no queued call ahead read the padded buffers), the
+ * trim of the padded storages it reads (none with a write pending), its slots made exact. */
+pj_status_t *pj_bucket_prepare(pj_call_t *c, bool may_trim);
 /* On by default; off, no call is rewritten (padded storages stay readable). Process-wide. */
 void pj_bucket_set_enabled(bool on);
 bool pj_bucket_enabled(void);
@@ -42,10 +43,10 @@ bool pj_bucket_enabled(void);
  * The _locked form is for a caller that holds the run lock (call_internal.h). */
 pj_status_t *pj_bucket_trim(pj_storage_t *s);
 pj_status_t *pj_bucket_trim_locked(pj_storage_t *s);
-/* Before a program takes the storage as a buffer of `bytes`: trims a padded one when the program
- * takes it exact (a graph captured or recorded with exact storages); else nothing. Run lock
- * held. */
-pj_status_t *pj_bucket_fit_locked(pj_storage_t *s, size_t bytes);
+/* The storage made a program's input buffer of `bytes` (run lock held): a padded one trimmed
+ * when the program takes it exact (a graph captured or recorded with exact storages), a
+ * never-written one zeros of that size (pj_storage_materialize_padded). */
+pj_status_t *pj_bucket_input_locked(pj_storage_t *s, pj_dtype_t dt, size_t bytes);
 
 #ifdef __cplusplus
 }
