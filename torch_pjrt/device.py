@@ -551,6 +551,16 @@ def metrics(device: _DeviceLike = None) -> dict[str, int]:
     return _C.device_metrics(_index(device))
 
 
+def step_profile():
+    """Where compiled steps spend their time: ``with torch.tpu.step_profile() as p:`` and
+    ``with p.step(): ...`` per step, then ``p.table()`` / ``p.summary()``: device time per
+    program, host time in the compile backend, in Dynamo's and AOTAutograd's wrappers, and the
+    rest (torch_pjrt/compile/attribution.py)."""
+    from .compile.attribution import StepProfile
+
+    return StepProfile()
+
+
 def fallback_ops() -> dict[str, int]:
     """aten ops that ran on the CPU through the fallback, with their counts."""
     return dict(_C.fallback_ops()) if _C is not None else {}

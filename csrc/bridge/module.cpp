@@ -13,6 +13,7 @@
 #include <tuple>
 
 extern "C" {
+#include "torch_pjrt/exec_profile.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/memory_info.h"
 }
@@ -183,6 +184,21 @@ void bind_sync(py::module_& m) {
            }));
   m.def("_event_elapsed_ms", wrap_pybind_function(event_elapsed_ms), py::arg("start_event_id"),
         py::arg("end_event_id"));
+  // Execution timeline (exec_profile.h), read by torch_pjrt/compile/attribution.py.
+  m.def("_exec_profile_enable", [](bool on) { pj_exec_profile_enable(on); }, py::arg("on"));
+  m.def("_exec_profile_label", [](const std::string& label) { pj_exec_profile_label(label.c_str()); },
+        py::arg("label"), "Names the programs this thread issues from now on ('': eager).");
+  m.def("_exec_profile_take", [] {
+    size_t n = 0;
+    uint64_t dropped = 0;
+    pj_exec_record_t* recs = pj_exec_profile_take(&n, &dropped);
+    py::list out;
+    for (size_t i = 0; i < n; i++)
+      out.append(py::make_tuple(recs[i].device, std::string(recs[i].label), recs[i].issued_ns,
+                                recs[i].done_ns));
+    free(recs);
+    return py::make_tuple(out, dropped);
+  }, "(records [(device, label, issued_ns, done_ns)], dropped): the records since the last take.");
 }
 
 void bind_metrics(py::module_& m) {

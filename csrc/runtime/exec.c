@@ -1,6 +1,7 @@
 #define _POSIX_C_SOURCE 200809L
 /* Compilation and execution of single-device programs. */
 #include "torch_pjrt/exec.h"
+#include "torch_pjrt/exec_profile.h"
 
 #include <stdatomic.h>
 #include <stdio.h>
@@ -217,6 +218,8 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const 
   /* The device-complete event goes to stream.c, which owns it from here on: it is what
    * synchronize(), Stream and Event wait on and time. */
   PJRT_Event *done[1] = {NULL};
+  const bool profiled = pj_exec_profile_enabled();
+  const int64_t issued_ns = profiled ? now_ns() : 0;
   PJRT_LoadedExecutable_Execute_Args a = {
       .struct_size = PJRT_LoadedExecutable_Execute_Args_STRUCT_SIZE,
       .executable = p->exe,
@@ -232,7 +235,8 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const 
   if (!st) {
     pj_metric_add(PJ_METRIC_EXECUTIONS, 1);
     pj_device_metric_add(device, PJ_DEVICE_METRIC_EXECUTIONS, 1);
-    pj_stream_track(device, done[0]);
+    pj_stream_track_timed(device, done[0], issued_ns,
+                          profiled ? pj_exec_profile_current_label() : NULL);
   }
   return st;
 }

@@ -22,9 +22,11 @@
 
 #include <pthread.h>
 #include <stdlib.h>
+#include <string.h>
 #include <time.h>
 
 #include "api_check.h"
+#include "torch_pjrt/exec_profile.h"
 #include "torch_pjrt/runtime.h"
 
 #define PJ_STREAM_MAX_DEVICES 64
@@ -33,6 +35,8 @@ typedef struct entry {
   PJRT_Event *ev;
   int device;
   uint64_t seq;
+  int64_t issued_ns;                    /* profiled entries only (label[0] != 0) */
+  char label[PJ_EXEC_PROFILE_LABEL];    /* "" when the execution is not profiled */
   struct entry *next; /* reap list link, once complete */
 } entry_t;
 
@@ -133,6 +137,8 @@ static void complete_locked(entry_t *e, int64_t t, pj_status_t *err) {
 /* PJRT_Event_OnReady callback: owns `error`; must not touch `arg` after releasing g_lock. */
 static void on_ready(PJRT_Error *error, void *arg) {
   int64_t t = now_ns();
+  entry_t *e = arg;
+  if (e->label[0]) pj_exec_profile_record(e->device, e->label, e->issued_ns, t);
   pj_status_t *err = NULL;
   if (error) {
     pj_runtime_t *rt;
@@ -145,7 +151,9 @@ static void on_ready(PJRT_Error *error, void *arg) {
   pthread_mutex_unlock(&g_lock);
 }
 
-void pj_stream_track(int device, PJRT_Event *ev) {
+void pj_stream_track(int device, PJRT_Event *ev) { pj_stream_track_timed(device, ev, 0, NULL); }
+
+void pj_stream_track_timed(int device, PJRT_Event *ev, int64_t issued_ns, const char *label) {
   if (!ev) return;
   reap();
   pj_runtime_t *rt;
@@ -168,6 +176,7 @@ void pj_stream_track(int device, PJRT_Event *ev) {
       PJRT_Error *failed = api->PJRT_Event_Error(&ea);
       pj_status_t *err = failed ? pj_runtime_take_error(rt, failed, "device execution") : NULL;
       destroy_event(ev);
+      if (label) pj_exec_profile_record(device, label, issued_ns, now_ns());
       pthread_mutex_lock(&g_lock);
       device_state_t *d = &g_dev[device];
       ++d->seq;
@@ -185,10 +194,15 @@ void pj_stream_track(int device, PJRT_Event *ev) {
     PJRT_Event_Await_Args a = {.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE, .event = ev};
     pj_status_free(pj_runtime_take_error(rt, api->PJRT_Event_Await(&a), "device execution"));
     destroy_event(ev);
+    if (label) pj_exec_profile_record(device, label, issued_ns, now_ns());
     return;
   }
   e->ev = ev;
   e->device = device;
+  if (label) {
+    e->issued_ns = issued_ns;
+    strncpy(e->label, label[0] ? label : "eager", PJ_EXEC_PROFILE_LABEL - 1);
+  }
   pthread_mutex_lock(&g_lock);
   device_state_t *d = &g_dev[device];
   e->seq = ++d->seq;
@@ -208,6 +222,7 @@ void pj_stream_track(int device, PJRT_Event *ev) {
     PJRT_Event_Await_Args a = {.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE, .event = ev};
     pj_status_t *err = pj_runtime_take_error(rt, api->PJRT_Event_Await(&a), "device execution");
     int64_t t = now_ns();
+    if (e->label[0]) pj_exec_profile_record(e->device, e->label, e->issued_ns, t);
     pthread_mutex_lock(&g_lock);
     complete_locked(e, t, err);
     pthread_mutex_unlock(&g_lock);

@@ -7,6 +7,7 @@
 
 #include "ctest.h"
 #include "torch_pjrt/exec.h"
+#include "torch_pjrt/exec_profile.h"
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/stream.h"
 #include "torch_pjrt/transfer.h"
@@ -80,6 +81,45 @@ int main(void) {
   }
   OK(pj_stream_synchronize(-1));
   EXPECT(pj_stream_pending(-1) == 0);
+
+  /* The execution timeline (exec_profile.h): nothing is recorded while it is off; while on,
+   * each execution leaves one record with this thread's label (or "eager"), issued before it
+   * completed, completions in issue order on the one device. */
+  size_t n = 0;
+  uint64_t dropped = 0;
+  free(pj_exec_profile_take(&n, &dropped));
+  EXPECT(n == 0);
+  pj_exec_profile_enable(true);
+  EXPECT(pj_exec_profile_enabled());
+  pj_exec_profile_label("matmul pair");
+  for (int i = 0; i < 3; i++) {
+    struct PJRT_Buffer *o;
+    OK(pj_program_execute(p, 0, &in, 1, NULL, &o));
+    pj_buffer_destroy(o);
+  }
+  pj_exec_profile_label(NULL);
+  struct PJRT_Buffer *o4;
+  OK(pj_program_execute(p, 0, &in, 1, NULL, &o4));
+  pj_buffer_destroy(o4);
+  OK(pj_stream_synchronize(0));
+  pj_exec_profile_enable(false);
+  struct PJRT_Buffer *o5; /* after the profile: not recorded */
+  OK(pj_program_execute(p, 0, &in, 1, NULL, &o5));
+  pj_buffer_destroy(o5);
+  OK(pj_stream_synchronize(0));
+  pj_exec_record_t *recs = pj_exec_profile_take(&n, &dropped);
+  EXPECT(n == 4 && dropped == 0);
+  int64_t last_done = 0;
+  for (size_t i = 0; recs && i < n; i++) {
+    EXPECT(strcmp(recs[i].label, i < 3 ? "matmul pair" : "eager") == 0);
+    EXPECT(recs[i].device == 0);
+    EXPECT(recs[i].issued_ns > 0 && recs[i].issued_ns <= recs[i].done_ns);
+    EXPECT(recs[i].done_ns >= last_done);
+    last_done = recs[i].done_ns;
+  }
+  free(recs);
+  free(pj_exec_profile_take(&n, &dropped)); /* taken once: nothing left */
+  EXPECT(n == 0);
 
   /* Out-of-range devices are errors, not crashes. */
   pj_marker_t *bad = NULL;

@@ -40,6 +40,7 @@ import torch
 from torch._inductor.output_code import OutputCode
 
 from .. import modes
+from . import attribution
 from ..device import _C
 
 
@@ -156,6 +157,18 @@ class GraphRunner(OutputCode):
         # lists); some AOTAutograd paths (a reloaded backward) pass the inputs positionally.
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
+        if attribution.active is not None:
+            # torch.tpu.step_profile(): this call's host time is a profiler range and the
+            # programs it issues carry the graph's name on the execution timeline
+            with torch.profiler.record_function(attribution.BACKEND_RANGE + self.name):
+                _C._exec_profile_label(self.name)
+                try:
+                    return self._run(args)
+                finally:
+                    _C._exec_profile_label("")
+        return self._run(args)
+
+    def _run(self, args):
         if _C._capture_active():
             # inside an enclosing capture (a whole serving step, serving/vllm/step_capture.py):
             # the graph's ops are recorded into that one, not run as a plan of their own

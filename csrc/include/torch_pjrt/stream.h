@@ -15,6 +15,11 @@ typedef struct pj_marker pj_marker_t;
 
 /* Takes ownership of `ev` (the PJRT device-complete event of one execution on `device`). */
 void pj_stream_track(int device, struct PJRT_Event *ev);
+/* The same for an execution that the timeline profile records (exec_profile.h): `label` (NULL:
+ * not recorded) and `issued_ns` (CLOCK_MONOTONIC, taken before the launch) are kept with the
+ * event, and its completion appends the record. */
+void pj_stream_track_timed(int device, struct PJRT_Event *ev, int64_t issued_ns,
+                           const char *label);
 /* Waits for every tracked execution on the device (device < 0: all devices); returns the first
  * device error seen since the last synchronize, if any. */
 pj_status_t *pj_stream_synchronize(int device);

@@ -1,0 +1,137 @@
+"""Where the compiled tiny-GPT training step spends its time (torch.tpu.step_profile()): the
+step's wall time against the device time of its programs, and the host time in this backend, in
+Dynamo's and AOTAutograd's wrappers and elsewhere.
+
+Usage: python benchmarks/bench_compile_attribution.py [--layers 2 6] [--steps 30] [--out FILE]
+Prints a markdown section; with --out, replaces that section of the file (or appends it).
+One process per layer count (fresh Dynamo state, same thread count: PyTorch's default unless
+--threads). Per layer count: `--steps` timed steps without the profile (the wall-time median), then
+the same number under the profile (its attribution; the profiler's own ranges add host time
+there, so its wall column is not the figure to compare).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+BEGIN, END = "<!-- bench_compile_attribution: begin -->", "<!-- bench_compile_attribution: end -->"
+
+
+def one(layers: int, steps: int, warmup: int) -> dict:
+    import torch
+
+    import torch_pjrt  # noqa: F401
+    from torch_pjrt import _models
+
+    data = _models.CharDataset(_models.zen_corpus(), block=32)
+    g = torch.Generator().manual_seed(0)
+    batches = [data.batch(8, g) for _ in range(warmup + 2 * steps)]
+    model = _models.init_weights(_models.TinyGPT(data.vocab, layers=layers), seed=0).to("tpu")
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, capturable=True)
+
+    @torch.compile(backend="tpu")
+    def step(x, y):
+        opt.zero_grad()
+        loss = model(x, y)
+        loss.backward()
+        opt.step()
+        return loss
+
+    def run(x, y):
+        return step(x.to("tpu"), y.to("tpu")).item()
+
+    it = iter(batches)
+    for _ in range(warmup):
+        run(*next(it))
+    walls = []
+    for _ in range(steps):
+        x, y = next(it)
+        t0 = time.perf_counter_ns()
+        run(x, y)
+        walls.append((time.perf_counter_ns() - t0) / 1e6)
+    with torch.tpu.step_profile() as prof:
+        for _ in range(steps):
+            x, y = next(it)
+            with prof.step():
+                run(x, y)
+    s = prof.summary()
+    return {"layers": layers, "threads": torch.get_num_threads(), "wall_ms": statistics.median(walls),
+            "torch": torch.__version__, "device": torch.tpu.get_device_name(), **s}
+
+
+def main(argv=None) -> str:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--layers", type=int, nargs="*", default=[2, 6])
+    p.add_argument("--steps", type=int, default=30)
+    p.add_argument("--warmup", type=int, default=5)
+    p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads in each child")
+    p.add_argument("--out")
+    p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    if args.child is not None:
+        if args.threads:
+            import torch
+
+            torch.set_num_threads(args.threads)
+        print(json.dumps(one(args.child, args.steps, args.warmup)))
+        return ""
+    results = []
+    for layers in args.layers:
+        out = subprocess.run([sys.executable, __file__, "--child", str(layers), "--steps",
+                              str(args.steps), "--warmup", str(args.warmup), "--threads",
+                              str(args.threads)], check=True, capture_output=True, text=True)
+        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    load = os.getloadavg()
+    r0 = results[0]
+    lines = [
+        BEGIN,
+        "## Where the compiled training step's time goes",
+        "",
+        f"Measured by `benchmarks/bench_compile_attribution.py` (torch {r0['torch']}, PJRT "
+        f"`{r0['device']}`, {os.cpu_count()} cores, torch.get_num_threads() = {r0['threads']}, "
+        f"load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}). The tiny-GPT step "
+        "of bench_compile (batch copy, zero_grad, forward, backward, AdamW, `loss.item()`), the "
+        "whole step function under `torch.compile(backend=\"tpu\")`, one fresh process per layer "
+        f"count. *step*: median wall time of {args.steps} steps after {args.warmup} warm-up steps, "
+        "no profile. The other columns are medians of the next "
+        f"{args.steps} steps under `torch.tpu.step_profile()`: *device*: the device time of the "
+        "step's programs (each from its issue, or the previous completion, to its completion); "
+        "*backend host*: inside the graph runners; *Dynamo/AOT wrappers*: in Dynamo's guard check "
+        "and compiled frames and AOTAutograd's functions, less the backend's time inside them; "
+        "*other host*: the rest of the step's host time (eager ops, the autograd engine, Python); "
+        "*waiting*: the final synchronize.",
+        "",
+        "| layers | step (ms) | device (ms) | step / device | backend host (ms) | Dynamo/AOT wrappers (ms) | other host (ms) | waiting (ms) | programs per step |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results:
+        runs = sum(p["runs_per_step"] for p in r["programs"].values())
+        lines.append(f"| {r['layers']} | {r['wall_ms']:.2f} | {r['device_ms']:.2f} | "
+                     f"{r['wall_ms'] / r['device_ms']:.2f}x | {r['backend_host_ms']:.2f} | "
+                     f"{r['wrapper_host_ms']:.2f} | {r['other_host_ms']:.2f} | "
+                     f"{r['waiting_ms']:.2f} | {runs:g} |")
+    lines += ["", "Device time per program (median per execution; per step):", "",
+              "| layers | program | runs per step | device ms each | device ms per step |",
+              "|---:|---|---:|---:|---:|"]
+    for r in results:
+        for lab, p in sorted(r["programs"].items(), key=lambda kv: -kv[1]["total_ms_per_step"]):
+            lines.append(f"| {r['layers']} | {lab} | {p['runs_per_step']:g} | "
+                         f"{p['median_ms']:.3f} | {p['total_ms_per_step']:.3f} |")
+    lines += ["", END, ""]
+    report = "\n".join(lines)
+    print(report)
+    if args.out:
+        sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+        from markdown_section import write_section
+
+        write_section(args.out, BEGIN, END, report)
+    return report
+
+
+if __name__ == "__main__":
+    main()
