@@ -43,7 +43,7 @@ import os
 
 import torch
 
-from . import buckets
+from . import buckets, precompile
 from .graph_runner import GraphRunner
 
 OPTIONS = {"debug_dir": None, "capture": True, "buckets": None, "aot_cache": True}
@@ -112,6 +112,7 @@ def tpu_backend(gm: torch.fx.GraphModule, example_inputs, options=None, mode=Non
 
     opts = _options(options)
     graph_id = next(_graph_ids)
+    precompile.install()  # only does something under caching_precompile (precompile.py)
 
     def compiler(kind: str):
         def compile_graph(graph: torch.fx.GraphModule, inputs):
