@@ -134,6 +134,9 @@ def _register() -> None:
         from . import repeat_op  # repeat past rank 4 (the composite needs twice the rank)
 
         repeat_op.register()
+        from . import fake_rules  # fake tensors (torch.compile) as wide as the eager kernels
+
+        fake_rules.register()
         _register_distributed(device)
         from . import inductor_route  # torch.compile(model) with no backend= on tpu graphs
 
