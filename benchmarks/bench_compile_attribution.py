@@ -1,8 +1,8 @@
 """Where the compiled tiny-GPT training step spends its time (torch.tpu.step_profile()): the
-step's wall time against the device time of its programs, and the host time in this backend, in
-Dynamo's and AOTAutograd's wrappers and elsewhere.
+step's wall time against Inductor's on the CPU and against the device time of its programs, and
+the host time in this backend, in Dynamo's and AOTAutograd's wrappers and elsewhere.
 
-Usage: python benchmarks/bench_compile_attribution.py [--layers 2 6] [--steps 30] [--out FILE]
+Usage: python benchmarks/bench_compile_attribution.py [--layers 2 4 6 12] [--steps 30] [--out FILE]
 Prints a markdown section; with --out, replaces that section of the file (or appends it).
 One process per layer count (fresh Dynamo state, same thread count: PyTorch's default unless
 --threads). Per layer count: `--steps` timed steps without the profile (the wall-time median), then
@@ -22,19 +22,22 @@ import time
 BEGIN, END = "<!-- bench_compile_attribution: begin -->", "<!-- bench_compile_attribution: end -->"
 
 
-def one(layers: int, steps: int, warmup: int) -> dict:
+def one(layers: int, steps: int, warmup: int, kind: str = "tpu") -> dict:
+    """kind "tpu": the step compiled by this backend, timed, then profiled; "inductor": the same
+    step on the CPU compiled by Inductor, timed only."""
     import torch
 
     import torch_pjrt  # noqa: F401
     from torch_pjrt import _models
 
+    device = "tpu" if kind == "tpu" else "cpu"
     data = _models.CharDataset(_models.zen_corpus(), block=32)
     g = torch.Generator().manual_seed(0)
     batches = [data.batch(8, g) for _ in range(warmup + 2 * steps)]
-    model = _models.init_weights(_models.TinyGPT(data.vocab, layers=layers), seed=0).to("tpu")
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, capturable=True)
+    model = _models.init_weights(_models.TinyGPT(data.vocab, layers=layers), seed=0).to(device)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3, capturable=device == "tpu")
 
-    @torch.compile(backend="tpu")
+    @torch.compile(backend="tpu" if kind == "tpu" else "inductor")
     def step(x, y):
         opt.zero_grad()
         loss = model(x, y)
@@ -43,7 +46,7 @@ def one(layers: int, steps: int, warmup: int) -> dict:
         return loss
 
     def run(x, y):
-        return step(x.to("tpu"), y.to("tpu")).item()
+        return step(x.to(device), y.to(device)).item()
 
     it = iter(batches)
     for _ in range(warmup):
@@ -54,6 +57,9 @@ def one(layers: int, steps: int, warmup: int) -> dict:
         t0 = time.perf_counter_ns()
         run(x, y)
         walls.append((time.perf_counter_ns() - t0) / 1e6)
+    if kind != "tpu":
+        return {"layers": layers, "threads": torch.get_num_threads(),
+                "wall_ms": statistics.median(walls)}
     with torch.tpu.step_profile() as prof:
         for _ in range(steps):
             x, y = next(it)
@@ -66,26 +72,33 @@ def one(layers: int, steps: int, warmup: int) -> dict:
 
 def main(argv=None) -> str:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--layers", type=int, nargs="*", default=[2, 6])
+    p.add_argument("--layers", type=int, nargs="*", default=[2, 4, 6, 12])
     p.add_argument("--steps", type=int, default=30)
     p.add_argument("--warmup", type=int, default=5)
     p.add_argument("--threads", type=int, default=0, help="torch.set_num_threads in each child")
     p.add_argument("--out")
     p.add_argument("--child", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--kind", default="tpu", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.child is not None:
         if args.threads:
             import torch
 
             torch.set_num_threads(args.threads)
-        print(json.dumps(one(args.child, args.steps, args.warmup)))
+        print(json.dumps(one(args.child, args.steps, args.warmup, args.kind)))
         return ""
+
+    def child(layers, kind):
+        out = subprocess.run([sys.executable, __file__, "--child", str(layers), "--kind", kind,
+                              "--steps", str(args.steps), "--warmup", str(args.warmup),
+                              "--threads", str(args.threads)],
+                             check=True, capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1])
+
     results = []
-    for layers in args.layers:
-        out = subprocess.run([sys.executable, __file__, "--child", str(layers), "--steps",
-                              str(args.steps), "--warmup", str(args.warmup), "--threads",
-                              str(args.threads)], check=True, capture_output=True, text=True)
-        results.append(json.loads(out.stdout.strip().splitlines()[-1]))
+    for layers in args.layers:  # Inductor's process first, then ours, per layer count
+        inductor = child(layers, "inductor")
+        results.append({**child(layers, "tpu"), "inductor_ms": inductor["wall_ms"]})
     load = os.getloadavg()
     r0 = results[0]
     lines = [
@@ -104,14 +117,17 @@ def main(argv=None) -> str:
         "*backend host*: inside the graph runners; *Dynamo/AOT wrappers*: in Dynamo's guard check "
         "and compiled frames and AOTAutograd's functions, less the backend's time inside them; "
         "*other host*: the rest of the step's host time (eager ops, the autograd engine, Python); "
-        "*waiting*: the final synchronize.",
+        "*waiting*: the final synchronize. *Inductor*: the same step on the CPU under "
+        "`torch.compile(backend=\"inductor\")` (AdamW without `capturable`), in its own fresh "
+        "process just before ours, timed the same way.",
         "",
-        "| layers | step (ms) | device (ms) | step / device | backend host (ms) | Dynamo/AOT wrappers (ms) | other host (ms) | waiting (ms) | programs per step |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| layers | step (ms) | Inductor (ms) | step / Inductor | device (ms) | step / device | backend host (ms) | Dynamo/AOT wrappers (ms) | other host (ms) | waiting (ms) | programs per step |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         runs = sum(p["runs_per_step"] for p in r["programs"].values())
-        lines.append(f"| {r['layers']} | {r['wall_ms']:.2f} | {r['device_ms']:.2f} | "
+        lines.append(f"| {r['layers']} | {r['wall_ms']:.2f} | {r['inductor_ms']:.2f} | "
+                     f"{r['wall_ms'] / r['inductor_ms']:.2f}x | {r['device_ms']:.2f} | "
                      f"{r['wall_ms'] / r['device_ms']:.2f}x | {r['backend_host_ms']:.2f} | "
                      f"{r['wrapper_host_ms']:.2f} | {r['other_host_ms']:.2f} | "
                      f"{r['waiting_ms']:.2f} | {runs:g} |")
