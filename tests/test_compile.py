@@ -402,3 +402,53 @@ def test_replayed_outputs_are_not_views_and_take_in_place_updates():
         loss *= 0.5  # Trainer's loss scaling
         loss.backward()
     assert lin.weight.grad is not None
+
+
+def test_donated_parameters_and_state_leave_no_stale_alias():
+    """The compiled step updates parameters and AdamW's state in place with buffer donation
+    (csrc/graph/capture.c): every view and alias taken before the steps reads the updated values
+    (CPU's), a clone taken before keeps the old ones, and nothing reads a donated buffer."""
+    torch.manual_seed(0)
+    cpu = torch.nn.Sequential(torch.nn.Linear(6, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    tpu = copy.deepcopy(cpu).to(TPU)
+    cpu_opt = torch.optim.AdamW(cpu.parameters(), lr=0.05)
+    tpu_opt = torch.optim.AdamW(tpu.parameters(), lr=0.05, capturable=True)
+
+    @torch.compile(backend="tpu")
+    def step(x, y):
+        tpu_opt.zero_grad(set_to_none=False)
+        loss = F.mse_loss(tpu(x), y)
+        loss.backward()
+        tpu_opt.step()
+        return loss
+
+    g = torch.Generator().manual_seed(1)
+    batches = [(torch.randn(5, 6, generator=g), torch.randn(5, 3, generator=g)) for _ in range(4)]
+    step(batches[0][0].to(TPU), batches[0][1].to(TPU))  # warm: creates AdamW's state
+    cpu_opt.zero_grad(set_to_none=False)
+    F.mse_loss(cpu(batches[0][0]), batches[0][1]).backward()
+    cpu_opt.step()
+    weight = tpu[0].weight
+    views = {"view": weight.view(-1), "detach": weight.detach(), "data": weight.data,
+             "row": weight[1], "exp_avg": tpu_opt.state[weight]["exp_avg"].t()}
+    before, before_cpu = weight.detach().clone(), cpu[0].weight.detach().clone()
+    m0 = metrics()
+    for x, y in batches[1:]:
+        cpu_opt.zero_grad(set_to_none=False)
+        F.mse_loss(cpu(x), y).backward()
+        cpu_opt.step()
+        step(x.to(TPU), y.to(TPU))
+    assert delta(m0, metrics()).get("graph_runs", 0) >= 3  # the captured programs ran
+    want = cpu[0].weight.detach()
+    torch.testing.assert_close(views["view"].cpu(), want.reshape(-1), rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(views["detach"].cpu(), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(views["data"].cpu(), want, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(views["row"].cpu(), want[1], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(views["exp_avg"].cpu(), cpu_opt.state[cpu[0].weight]["exp_avg"].t(),
+                               rtol=1e-4, atol=1e-6)
+    # the clone kept the values from before the steps, which moved the weight
+    torch.testing.assert_close(before.cpu(), before_cpu, rtol=1e-5, atol=1e-6)
+    assert not torch.allclose(before_cpu, want)
+    for (name, p), q in zip(tpu.named_parameters(), cpu.parameters()):
+        torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
+        torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)
