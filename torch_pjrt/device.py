@@ -567,6 +567,7 @@ def fallback_ops() -> dict[str, int]:
 
 
 from .modes import eager_mode, flush, get_eager_mode, pending_graph, set_eager_mode  # noqa: E402,F401,E501
+from .graphs import TPUGraph, graph  # noqa: E402,F401
 
 
 def cache_stats() -> dict[str, Any]:

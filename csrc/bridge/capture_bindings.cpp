@@ -390,6 +390,17 @@ void bind_capture(pybind11::module_& m) {
     return py::cast(std::make_shared<Plan>(plan));
   }, "Ends the capture and runs the graph once; returns a _Plan, or None when the capture was "
      "broken (the graph then ran as defer_and_fuse runs it).");
+  m.def("_capture_end_unrun", [](const std::vector<at::Tensor>& inputs,
+                                 const std::vector<at::Tensor>& outputs) -> py::object {
+    auto in = storages(inputs, "input");
+    auto out = storages(outputs, "output");
+    pj_plan_t* plan = nullptr;
+    check(pj_capture_end_unrun(in.data(), static_cast<int>(in.size()), out.data(),
+                               static_cast<int>(out.size()), &plan));
+    if (!plan) return py::none();
+    return py::cast(std::make_shared<Plan>(plan));
+  }, "Ends the capture without running it (torch.tpu.TPUGraph); returns a _Plan, or None when "
+     "the capture was broken (what it recorded then ran as defer_and_fuse runs it).");
 }
 
 }  // namespace torch_pjrt

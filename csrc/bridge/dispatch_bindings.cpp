@@ -60,6 +60,7 @@ void bind_dispatch(pybind11::module_& m) {
   },
         "Overrides the mode for the calling thread (-1: follow the default).");
   m.def("_thread_eager_mode", [] { return thread_eager_mode(); });
+  m.def("_default_eager_mode", [] { return static_cast<int>(default_eager_mode()); });
   m.def("_set_index_checks", [](bool on) { pj_checks_set_enabled(on); },
         "Device-side index checks for the ops called from now on (TORCH_PJRT_CHECK_BOUNDS sets "
         "the start value); programs of both kinds stay cached under their own keys.");

@@ -16,6 +16,7 @@ EagerMode eager_mode() {
   return static_cast<EagerMode>(thread_mode >= 0 ? thread_mode : default_mode.load());
 }
 void set_default_eager_mode(EagerMode m) { default_mode = static_cast<int>(m); }
+EagerMode default_eager_mode() { return static_cast<EagerMode>(default_mode.load()); }
 void set_thread_eager_mode(int m) { thread_mode = m; }
 int thread_eager_mode() { return thread_mode; }
 

@@ -9,6 +9,7 @@ enum class EagerMode { kStrict = 0, kDebug = 1, kDeferAndFuse = 2 };
 
 EagerMode eager_mode();
 void set_default_eager_mode(EagerMode m);
+EagerMode default_eager_mode();
 // -1 clears the thread's override.
 void set_thread_eager_mode(int m);
 int thread_eager_mode();

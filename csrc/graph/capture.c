@@ -325,7 +325,7 @@ done:
 
 pj_status_t *pj_plan_capture(graph_t *g, const pj_draw_t *draws, int ndraws,
                              pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
-                             int nout, pj_plan_t **plan) {
+                             int nout, bool run, pj_plan_t **plan) {
   *plan = NULL;
   const char *reason = NULL;
   pj_plan_t *p = NULL;
@@ -338,6 +338,27 @@ pj_status_t *pj_plan_capture(graph_t *g, const pj_draw_t *draws, int ndraws,
     pj_metric_add(PJ_METRIC_PLAN_BROKEN, 1);
     pj_graph_clear(g);
     return st;
+  }
+  if (!run) { /* recorded only (pj_capture_end_unrun): nothing the graph writes changes */
+    for (int i = 0; i < p->g.nst; i++) {
+      pj_storage_t *s = p->g.st[i].s;
+      if (!s) continue;
+      s->pending = 0; /* its write is the plan's now: the storage keeps what it held */
+      /* one the graph created and the plan keeps reads as zeros until a run writes it */
+      if (p->role[i] == ROLE_CONSTANT && !s->buf && !st)
+        st = pj_storage_materialize(s, p->g.st[i].dtype);
+      if (p->role[i] != ROLE_CONSTANT) {
+        pj_storage_release(s);
+        p->g.st[i].s = NULL;
+      }
+    }
+    if (st) {
+      pj_plan_free(p);
+      return st;
+    }
+    pj_metric_add(PJ_METRIC_PLAN_CAPTURES, 1);
+    *plan = p;
+    return NULL;
   }
   /* the capture's own run draws what the capture drew (the generator already moved past it) */
   const pj_plan_rng_t captured = {ndraws ? draws[0].seed : 0, ndraws ? draws[0].offset : 0};

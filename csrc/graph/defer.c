@@ -823,8 +823,9 @@ pj_status_t *pj_capture_abort(void) {
   return st;
 }
 
-pj_status_t *pj_capture_end(pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
-                            int nout, pj_plan_t **plan) {
+static pj_status_t *capture_finish(pj_storage_t *const *inputs, int nin,
+                                   pj_storage_t *const *outputs, int nout, bool run,
+                                   pj_plan_t **plan) {
   *plan = NULL;
   pthread_mutex_lock(&mu);
   if (!atomic_load(&capturing)) {
@@ -847,9 +848,19 @@ pj_status_t *pj_capture_end(pj_storage_t *const *inputs, int nin, pj_storage_t *
   draws = NULL;
   ndraws = cap_draws = 0;
   pthread_mutex_unlock(&mu);
-  pj_status_t *st = pj_plan_capture(&g, d, nd, inputs, nin, outputs, nout, plan);
+  pj_status_t *st = pj_plan_capture(&g, d, nd, inputs, nin, outputs, nout, run, plan);
   free(d);
   return st;
+}
+
+pj_status_t *pj_capture_end(pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
+                            int nout, pj_plan_t **plan) {
+  return capture_finish(inputs, nin, outputs, nout, true, plan);
+}
+
+pj_status_t *pj_capture_end_unrun(pj_storage_t *const *inputs, int nin,
+                                  pj_storage_t *const *outputs, int nout, pj_plan_t **plan) {
+  return capture_finish(inputs, nin, outputs, nout, false, plan);
 }
 
 void pj_defer_set_max_ops(int n) {

@@ -120,13 +120,14 @@ typedef struct {
   uint64_t seed, offset, increment;
 } pj_draw_t;
 
-/* Turns a detached, captured graph (consumed: cleared in every case) into a plan and runs it
- * once over the capture's own storages (capture.c; the arguments are pj_capture_end's, draws
- * the capture's generator draws in the order they were made, borrowed). Sets *plan to NULL
+/* Turns a detached, captured graph (consumed: cleared in every case) into a plan and, with
+ * `run`, runs it once over the capture's own storages (capture.c; the arguments are
+ * pj_capture_end's, draws the capture's generator draws in the order they were made, borrowed).
+ * Without `run` nothing the graph writes changes (pj_capture_end_unrun). Sets *plan to NULL
  * when the graph cannot be a plan (it then runs as a defer_and_fuse flush would). */
 struct pj_plan;
 pj_status_t *pj_plan_capture(graph_t *g, const pj_draw_t *draws, int ndraws,
                              pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
-                             int nout, struct pj_plan **plan);
+                             int nout, bool run, struct pj_plan **plan);
 
 #endif

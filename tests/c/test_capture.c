@@ -687,12 +687,49 @@ static void test_random_draws(void) {
   EXPECT(pj_storage_live_count() == live0);
 }
 
+/* pj_capture_end_unrun (torch.tpu.TPUGraph): the capture runs nothing; every storage it touched
+ * is the plan's (no inputs or outputs given), keeps its contents, and one the graph created reads
+ * as zeros until a run; each run then updates them all in place. */
+static void test_capture_without_run(void) {
+  const int64_t live0 = pj_storage_live_count();
+  const float av[N] = {1, 2, 3, 4}, bv[N] = {10, 20, 30, 40};
+  pj_storage_t *a = ctest_f32_storage(av, N), *b = ctest_f32_storage(bv, N), *out;
+  OK(pj_storage_new(0, N * sizeof(float), &out));
+  const int64_t exec0 = pj_metric_get(PJ_METRIC_EXECUTIONS);
+  OK(pj_capture_begin());
+  record_graph(a, b, out, false);
+  pj_plan_t *plan = NULL;
+  OK(pj_capture_end_unrun(NULL, 0, NULL, 0, &plan));
+  EXPECT(plan != NULL);
+  EXPECT(pj_metric_get(PJ_METRIC_EXECUTIONS) == exec0);
+  EXPECT(!a->pending && !out->pending);
+  const float zeros[N] = {0};
+  expect_values(a, av, N);
+  expect_values(out, zeros, N);
+  float want_out[N], want_a[N], cur[N];
+  memcpy(cur, av, sizeof cur);
+  for (int run = 0; plan && run < 2; run++) {
+    OK(pj_plan_run(plan, NULL, 0, NULL, 0, NULL));
+    graph_reference(cur, bv, want_out, want_a);
+    expect_values(out, want_out, N);
+    expect_values(a, want_a, N);
+    memcpy(cur, want_a, sizeof cur);
+  }
+  expect_values(b, bv, N);
+  if (plan) pj_plan_free(plan);
+  pj_storage_release(a);
+  pj_storage_release(b);
+  pj_storage_release(out);
+  EXPECT(pj_storage_live_count() == live0);
+}
+
 int main(void) {
   CTEST_REQUIRE_PLUGIN();
   test_capture_and_run();
   test_broken_capture();
   test_abort();
   test_constant();
+  test_capture_without_run();
   test_immediate_op_breaks_capture();
   test_run_refuses_split_alias();
   test_random_draws();

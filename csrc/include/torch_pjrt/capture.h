@@ -63,6 +63,12 @@ pj_status_t *pj_capture_abort(void);
  * broken, sets *plan to a plan the caller owns (NULL when broken). */
 pj_status_t *pj_capture_end(pj_storage_t *const *inputs, int nin, pj_storage_t *const *outputs,
                             int nout, pj_plan_t **plan);
+/* The same without the run, as a CUDA graph's capture runs nothing: the plan holds the
+ * recorded work, every storage keeps what it held before the capture (one the graph created
+ * reads as zeros), and the first pj_plan_run does the work. A broken capture (or a graph that
+ * cannot be a plan) still runs what it recorded, as pj_capture_end does, and gives no plan. */
+pj_status_t *pj_capture_end_unrun(pj_storage_t *const *inputs, int nin,
+                                  pj_storage_t *const *outputs, int nout, pj_plan_t **plan);
 
 /* How a plan draws random numbers: returns how many generator draws the captured graph made
  * (0: none; then *device and *increment are not set), and sets *device to the device whose
