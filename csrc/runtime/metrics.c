@@ -25,6 +25,7 @@ static const char *const kNames[PJ_NUM_METRICS] = {
     [PJ_METRIC_MEMO_HITS] = "memo_hits",
     [PJ_METRIC_BUCKET_CALLS] = "bucket_calls",
     [PJ_METRIC_BUCKET_TRIMS] = "bucket_trims",
+    [PJ_METRIC_CACHE_MAP_EVICTIONS] = "cache_map_evictions",
     [PJ_METRIC_DEFER_FLUSHES] = "defer_flushes",
     [PJ_METRIC_DEFER_CUTS] = "defer_loop_cuts",
     [PJ_METRIC_DEFER_ELIDED] = "defer_elided_storages",

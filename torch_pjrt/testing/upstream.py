@@ -188,6 +188,13 @@ def run_one(path, device, args, workdir, fallback=False, fraction=1.0):
 
 def _last_error(out: str) -> str:
     lines = [ln for ln in out.splitlines() if ln.strip()]
+    # a fatal signal: faulthandler's report names it and the crashing thread's innermost frames
+    fatal = [i for i, ln in enumerate(lines) if "Fatal Python error" in ln]
+    if fatal:
+        i = fatal[-1]
+        frames = [ln.strip() for ln in lines[i + 1:i + 40] if ln.strip().startswith("File ")]
+        head = lines[i][lines[i].index("Fatal Python error"):].strip()
+        return (head + "; innermost: " + " <- ".join(frames[:4]))[:600]
     for ln in reversed(lines):
         if re.match(r"^(E\s+)?\w*(Error|Exception|Fatal|Abort|Segmentation)", ln.strip()):
             return ln.strip()[:300]

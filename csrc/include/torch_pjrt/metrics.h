@@ -38,6 +38,7 @@ typedef enum {
   PJ_METRIC_MEMO_HITS,       /* eager calls run from the bridge's call memo (call_memo.h) */
   PJ_METRIC_BUCKET_CALLS,    /* eager calls run by their size bucket's program (bucket.h) */
   PJ_METRIC_BUCKET_TRIMS,    /* padded storages trimmed exact (one program execution each) */
+  PJ_METRIC_CACHE_MAP_EVICTIONS, /* in-memory program evictions for the memory-map budget */
   PJ_NUM_METRICS
 } pj_metric_t;
 
