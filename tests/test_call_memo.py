@@ -240,3 +240,26 @@ def test_symint_arguments_are_memoized():
     before = hits()
     same(torch.tril(a.to(TPU), diagonal=1), torch.tril(a, diagonal=1))
     assert hits() > before
+
+
+def test_deterministic_algorithms_alert_after_a_memoized_call():
+    """torch.use_deterministic_algorithms is part of a memo's signature: put_ without
+    accumulate alerts as on CPU also when the same call ran (and was memoized) before."""
+    a = torch.randn(10, device="tpu")
+    i = torch.tensor([0, 0], device="tpu")
+    v = torch.tensor([0.0, 1.0], device="tpu")
+    for _ in range(3):  # memoized
+        a.put_(i, v)
+        a.put(i, v)
+    prior = torch.are_deterministic_algorithms_enabled()
+    try:
+        torch.use_deterministic_algorithms(True)
+        for f in (torch.Tensor.put, torch.Tensor.put_):
+            with pytest.raises(RuntimeError, match="put_ does not have a deterministic"):
+                f(a, i, v, accumulate=False)
+        a.put_(i, v, accumulate=True)  # deterministic: runs
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        with pytest.warns(UserWarning, match="put_ does not have a deterministic"):
+            a.put_(i, v)
+    finally:
+        torch.use_deterministic_algorithms(prior)

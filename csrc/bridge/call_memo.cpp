@@ -287,8 +287,14 @@ bool call_signature(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   // the default dtype: the result type of an integer tensor and a Python float (x * 1.5)
   // follows torch.set_default_dtype, so a memo made under another one gives the wrong dtype
   const auto default_dtype = static_cast<int64_t>(c10::typeMetaToScalarType(at::get_default_dtype()));
+  // torch.use_deterministic_algorithms: the full path's checks raise (or warn) for the ops
+  // that have no deterministic implementation (put_ without accumulate), a memo would not
+  const auto& ctx = at::globalContext();
+  const int64_t deterministic =
+      int64_t{ctx.deterministicAlgorithms()} | int64_t{ctx.deterministicAlgorithmsWarnOnly()} << 1;
   put_i(sig.bytes, static_cast<int64_t>(eager_mode()) | int64_t{pj_checks_enabled()} << 8 |
-                       int64_t{pj_hlo_f32_product_precision()} << 16 | default_dtype << 24);
+                       int64_t{pj_hlo_f32_product_precision()} << 16 | default_dtype << 24 |
+                       deterministic << 40);
   const c10::IValue* args = stack.data() + (stack.size() - nargs);
   const bool foreach = schema.name().rfind("aten::_foreach_", 0) == 0;
   for (size_t a = 0; a < nargs; a++)
