@@ -104,3 +104,44 @@ def test_whole_run_survives_a_crash_and_a_hang(tmp_path):
     # below the baseline's 4, and crashed: the check fails the command
     assert r.returncode == 1, r.stdout + r.stderr
     assert "below the recorded 4" in r.stderr and "crashed or hung" in r.stderr
+
+
+PARAM_FILE = '''
+import ctypes, torch
+from torch.testing._internal.common_utils import TestCase, parametrize, run_tests
+from torch.testing._internal.common_device_type import instantiate_device_type_tests
+
+class TestTorchDeviceType(TestCase):
+    @parametrize("fn", ["map", "add"])
+    def test_broadcast(self, device, fn):
+        self.assertEqual(torch.ones(2, device=device).sum().item(), 2.0)
+
+    def test_segfault(self, device):
+        if torch.device(device).type != "cpu":
+            ctypes.string_at(0)
+
+instantiate_device_type_tests(TestTorchDeviceType, globals())
+
+if __name__ == "__main__":
+    run_tests()
+'''
+
+
+def test_one_variant_of_a_parametrized_test_is_excluded_and_a_crash_names_its_signal(tmp_path):
+    """upstream_exclusions names test_broadcast_fn_map (TestTorchDeviceType): only that variant
+    of the parametrized member is dropped for tpu, with its reason; a segfault's report names
+    the signal and the innermost frame (faulthandler's)."""
+    (tmp_path / "test_param.py").write_text(textwrap.dedent(PARAM_FILE))
+    out = tmp_path / "r.json"
+    subprocess.run(
+        [sys.executable, "-m", "torch_pjrt.testing.upstream", "test_param", "--dir",
+         str(tmp_path), "--timeout", "60", "--json", str(out)],
+        capture_output=True, text=True, timeout=900, cwd=REPO)
+    s = json.loads(out.read_text())["files"]["test_param.py"]
+    tpu = s["tests"]["tpu"]
+    assert tpu["TestTorchDeviceTypeDEV::test_broadcast_fn_add_dev"]["outcome"] == "passed"
+    assert "TestTorchDeviceTypeDEV::test_broadcast_fn_map_dev" not in tpu
+    assert s["compare"]["excluded"] == 1
+    crash = tpu["TestTorchDeviceTypeDEV::test_segfault_dev"]
+    assert crash["outcome"] == "crashed"
+    assert "Segmentation fault" in crash["message"] and "test_param.py" in crash["message"]
