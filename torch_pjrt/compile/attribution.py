@@ -36,6 +36,7 @@ times to compare against other systems come from runs without the profile (bench
 from __future__ import annotations
 
 import contextlib
+import heapq
 import time
 from dataclasses import dataclass, field
 
@@ -83,16 +84,22 @@ def _category(event, memo: dict) -> str:
 def classify_ms(spans) -> dict[str, float]:
     """{category: ms} over [(start_us, end_us, category)]: each instant goes to the innermost span
     covering it (the latest start; the earliest end among equal starts), whatever its thread: the
-    host thread waits in an enclosing range while the autograd engine's thread runs inside it."""
+    host thread waits in an enclosing range while the autograd engine's thread runs inside it.
+    One sweep over the spans' ends, the open spans in a heap keyed innermost first."""
     out = {"backend": 0.0, "wrapper": 0.0, "other": 0.0}
+    by_start = sorted(spans)
     cuts = sorted({t for a, b, _ in spans for t in (a, b)})
+    open_spans: list = []
+    k = 0
     for a, b in zip(cuts, cuts[1:]):
-        best = None
-        for s0, s1, cat in spans:
-            if s0 <= a and s1 >= b and (best is None or (s0, -s1) > (best[0], -best[1])):
-                best = (s0, s1, cat)
-        if best is not None:
-            out[best[2]] += (b - a) / 1e3
+        while k < len(by_start) and by_start[k][0] <= a:
+            s0, s1, cat = by_start[k]
+            heapq.heappush(open_spans, (-s0, s1, cat))
+            k += 1
+        while open_spans and open_spans[0][1] < b:  # ended: no longer covers [a, b]
+            heapq.heappop(open_spans)
+        if open_spans:
+            out[open_spans[0][2]] += (b - a) / 1e3
     return out
 
 
