@@ -94,3 +94,7 @@ def test_host_time_goes_to_the_innermost_range():
              (650, 700, "backend")]     # the backward graph's runner
     got = attribution.classify_ms(spans)
     assert got == pytest.approx({"wrapper": 0.55, "backend": 0.25, "other": 0.2})
+    # a child with its parent's very times (one clock tick) is the inner one by its depth
+    tie = [(0, 100, "wrapper", 1), (0, 100, "backend", 2)]
+    assert attribution.classify_ms(tie) == pytest.approx(
+        {"wrapper": 0.0, "backend": 0.1, "other": 0.0})

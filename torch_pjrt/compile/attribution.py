@@ -81,11 +81,20 @@ def _category(event, memo: dict) -> str:
     return memo[key]
 
 
+def _depth(event) -> int:
+    depth = 0
+    while event.cpu_parent is not None:
+        event = event.cpu_parent
+        depth += 1
+    return depth
+
+
 def classify_ms(spans) -> dict[str, float]:
-    """{category: ms} over [(start_us, end_us, category)]: each instant goes to the innermost span
-    covering it (the latest start; the earliest end among equal starts), whatever its thread: the
-    host thread waits in an enclosing range while the autograd engine's thread runs inside it.
-    One sweep over the spans' ends, the open spans in a heap keyed innermost first."""
+    """{category: ms} over [(start_us, end_us, category[, depth])]: each instant goes to the
+    innermost span covering it (the latest start; among equal starts the earliest end, then the
+    deepest), whatever its thread: the host thread waits in an enclosing range while the autograd
+    engine's thread runs inside it. One sweep over the spans' ends, the open spans in a heap
+    keyed innermost first."""
     out = {"backend": 0.0, "wrapper": 0.0, "other": 0.0}
     by_start = sorted(spans)
     cuts = sorted({t for a, b, _ in spans for t in (a, b)})
@@ -93,13 +102,13 @@ def classify_ms(spans) -> dict[str, float]:
     k = 0
     for a, b in zip(cuts, cuts[1:]):
         while k < len(by_start) and by_start[k][0] <= a:
-            s0, s1, cat = by_start[k]
-            heapq.heappush(open_spans, (-s0, s1, cat))
+            s0, s1, cat, *depth = by_start[k]
+            heapq.heappush(open_spans, (-s0, s1, -(depth[0] if depth else 0), cat))
             k += 1
         while open_spans and open_spans[0][1] < b:  # ended: no longer covers [a, b]
             heapq.heappop(open_spans)
         if open_spans:
-            out[open_spans[0][2]] += (b - a) / 1e3
+            out[open_spans[0][3]] += (b - a) / 1e3
     return out
 
 
@@ -187,8 +196,8 @@ class StepProfile:
         for (start, body_end, synced), step_event in zip(self._windows, steps):
             lo, hi = step_event.time_range.start, step_event.time_range.end
             memo: dict = {}
-            spans = [(e.time_range.start, e.time_range.end, _category(e, memo)) for e in events
-                     if e.time_range.start >= lo and e.time_range.end <= hi]
+            spans = [(e.time_range.start, e.time_range.end, _category(e, memo), _depth(e))
+                     for e in events if e.time_range.start >= lo and e.time_range.end <= hi]
             host = classify_ms(spans)
             programs = device_times([r for r in records if start <= r[2] < synced])
             body_ms = (body_end - start) / 1e6
