@@ -97,7 +97,7 @@ def classify_ms(spans) -> dict[str, float]:
     keyed innermost first."""
     out = {"backend": 0.0, "wrapper": 0.0, "other": 0.0}
     by_start = sorted(spans)
-    cuts = sorted({t for a, b, _ in spans for t in (a, b)})
+    cuts = sorted({t for span in spans for t in span[:2]})
     open_spans: list = []
     k = 0
     for a, b in zip(cuts, cuts[1:]):
