@@ -17,7 +17,8 @@ Options (``torch.compile(m, backend="tpu", options={...})``):
 - ``aot_cache`` (bool, default True): AOTAutograd's own persistent cache (the one Inductor uses,
   in its bundled form: the cache entry holds the forward and backward graphs and the pickled
   GraphRunners, see graph_runner.py) serves this backend too, so a restarted process does not
-  trace and partition the joint graph again (Dynamo still traces). Entries live in Inductor's
+  trace and partition the joint graph again (Dynamo still traces, unless PyTorch's Dynamo cache
+  is on: precompile.py). Entries live in Inductor's
   cache directory (``TORCHINDUCTOR_CACHE_DIR``) under a key tagged with this backend, its
   options, the plugin and the code of torch_pjrt (``_aot_cache_tag``), so they are never
   shared with Inductor's or with another build's. ``torch.compiler.config.force_disable_caches``
@@ -31,7 +32,9 @@ float arguments (the symbolic sizes among them) -> one program each, cached in m
 disk. With ``buckets``, the padded dims take only the bucket sizes (and the sizes above the
 largest), so they make at most that many signatures.
 
-``mode=`` is accepted and ignored (there are no autotuning modes).
+``mode=`` is accepted and changes nothing: a graph is already one captured program replayed per
+call (what ``reduce-overhead``'s CUDA graphs give), and there is no autotuning to run. A whole
+step as one program is ``torch.tpu.TPUGraph`` (torch_pjrt/graphs.py).
 """
 from __future__ import annotations
 
