@@ -82,8 +82,15 @@ def one(layers: int, steps: int, warmup: int, kind: str = "tpu") -> dict:
             with prof.step():
                 run(x, y)
     s = prof.summary()
+    from importlib import metadata
+
+    try:
+        plugin = "lammps-jax-pjrt-cpu " + metadata.version("lammps-jax-pjrt-cpu")
+    except metadata.PackageNotFoundError:
+        plugin = torch.tpu.diagnostics().get("plugin_path", "?")
     return {"layers": layers, "threads": torch.get_num_threads(), "wall_ms": statistics.median(walls),
-            "torch": torch.__version__, "device": torch.tpu.get_device_name(), **s}
+            "torch": torch.__version__, "device": torch.tpu.get_device_name(),
+            "plugin": plugin, "pjrt_api": torch.tpu.diagnostics().get("api_version"), **s}
 
 
 def main(argv=None) -> str:
@@ -111,12 +118,21 @@ def main(argv=None) -> str:
                              check=True, capture_output=True, text=True)
         return json.loads(out.stdout.strip().splitlines()[-1])
 
+    def jax_child(layers):
+        """The same step in plain JAX (bench_jax_step.py), or None where JAX is missing."""
+        out = subprocess.run([sys.executable, os.path.join(os.path.dirname(os.path.abspath(
+            __file__)), "bench_jax_step.py"), "--child", str(layers), "--steps", str(args.steps),
+            "--warmup", str(args.warmup), "--threads", str(args.threads)],
+            capture_output=True, text=True)
+        return json.loads(out.stdout.strip().splitlines()[-1]) if out.returncode == 0 else None
+
     results = []
-    for layers in args.layers:  # Inductor's process first, then ours, per layer count
+    for layers in args.layers:  # Inductor's, JAX's, the TPUGraph's process, then ours
         inductor = child(layers, "inductor")
+        jax = jax_child(layers)
         graphed = child(layers, "tpugraph")
         results.append({**child(layers, "tpu"), "inductor_ms": inductor["wall_ms"],
-                        "graph": graphed})
+                        "jax": jax, "graph": graphed})
     load = os.getloadavg()
     r0 = results[0]
     lines = [
@@ -124,7 +140,10 @@ def main(argv=None) -> str:
         "## Where the compiled training step's time goes",
         "",
         f"Measured by `benchmarks/bench_compile_attribution.py` (torch {r0['torch']}, PJRT "
-        f"`{r0['device']}`, {os.cpu_count()} cores, torch.get_num_threads() = {r0['threads']}, "
+        f"`{r0['device']}` from {r0['plugin']} (PJRT C API {r0['pjrt_api']}), "
+        + (f"JAX {next(r['jax'] for r in results if r['jax'])['jax']} with its own jaxlib XLA, "
+           if any(r["jax"] for r in results) else "")
+        + f"{os.cpu_count()} cores, torch.get_num_threads() = {r0['threads']}, "
         f"load average at the end {load[0]:.1f}/{load[1]:.1f}/{load[2]:.1f}). The tiny-GPT step "
         "of bench_compile (batch copy, zero_grad, forward, backward, AdamW, `loss.item()`), the "
         "whole step function under `torch.compile(backend=\"tpu\")`, one fresh process per layer "
@@ -140,15 +159,20 @@ def main(argv=None) -> str:
         "process just before ours, timed the same way. *TPUGraph*: the same step run eagerly, "
         "recorded whole by `torch.tpu.graph` after the warm-up (forward, backward, AdamW: one "
         "program) and replayed (`copy_` of the batch into the static inputs, `replay()`, "
-        "`loss.item()`), in a fresh process; its device time from the profile.",
+        "`loss.item()`), in a fresh process; its device time from the profile. *JAX jit*: the "
+        "same model and AdamW in plain JAX, the whole step one `jax.jit` with donation "
+        "(`benchmarks/bench_jax_step.py`: batch `device_put`, step, `float(loss)`; its own "
+        "weights and batches of the same shapes), in a fresh process.",
         "",
-        "| layers | step (ms) | Inductor (ms) | step / Inductor | device (ms) | step / device | backend host (ms) | Dynamo/AOT wrappers (ms) | other host (ms) | waiting (ms) | programs per step | TPUGraph step (ms) | TPUGraph / Inductor | TPUGraph device (ms) |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "| layers | step (ms) | Inductor (ms) | step / Inductor | JAX jit (ms) | step / JAX | device (ms) | step / device | backend host (ms) | Dynamo/AOT wrappers (ms) | other host (ms) | waiting (ms) | programs per step | TPUGraph step (ms) | TPUGraph / Inductor | TPUGraph device (ms) |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
         runs = sum(p["runs_per_step"] for p in r["programs"].values())
+        jax = (f"{r['jax']['wall_ms']:.2f} | {r['wall_ms'] / r['jax']['wall_ms']:.2f}x"
+               if r["jax"] else "- | -")
         lines.append(f"| {r['layers']} | {r['wall_ms']:.2f} | {r['inductor_ms']:.2f} | "
-                     f"{r['wall_ms'] / r['inductor_ms']:.2f}x | {r['device_ms']:.2f} | "
+                     f"{r['wall_ms'] / r['inductor_ms']:.2f}x | {jax} | {r['device_ms']:.2f} | "
                      f"{r['wall_ms'] / r['device_ms']:.2f}x | {r['backend_host_ms']:.2f} | "
                      f"{r['wrapper_host_ms']:.2f} | {r['other_host_ms']:.2f} | "
                      f"{r['waiting_ms']:.2f} | {runs:g} | {r['graph']['wall_ms']:.2f} | "
