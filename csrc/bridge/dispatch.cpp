@@ -546,10 +546,14 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 
   // A call of a kind the call memo can repeat (call_memo.h) keeps a memo once it ran: not
   // Debug or NaN-checked calls (checked one by one), random ops (a new seed each), ops that
-  // index_put_into_view may take instead (its choice is not this path's).
+  // index_put_into_view may take instead (its choice is not this path's), nor any call under
+  // torch.use_deterministic_algorithms (an op without a deterministic implementation raises,
+  // or warns, on every call: cpu_kernel_checks above, which a memoized call skips).
   CallSignature sig;
   const bool memoizable = !debug && !check_nan() && !is_random_op(schema, base) &&
-                          !view_put_candidate(base) && call_signature(op, args, sig);
+                          !view_put_candidate(base) &&
+                          !at::globalContext().deterministicAlgorithms() &&
+                          call_signature(op, args, sig);
   CallBuilder b(base, schema.overload_name(), device);
   for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
   // The source line a device-side index check names (one frame walk per indexing op).
