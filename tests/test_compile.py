@@ -452,3 +452,18 @@ def test_donated_parameters_and_state_leave_no_stale_alias():
     for (name, p), q in zip(tpu.named_parameters(), cpu.parameters()):
         torch.testing.assert_close(p.detach().cpu(), q.detach(), rtol=1e-4, atol=1e-5, msg=name)
         torch.testing.assert_close(p.grad.cpu(), q.grad, rtol=1e-4, atol=1e-5, msg=name)
+
+
+def test_graph_without_inputs_that_makes_a_tpu_tensor_goes_to_this_backend():
+    """A Dynamo graph with no tensor input whose only node is a factory on tpu (Transformers'
+    `torch.tensor([2], device=...)` in a vision tower) is a tpu graph: Inductor's own tpu path
+    would look for Google's torch_tpu package."""
+    @torch.compile
+    def merge_size():
+        return torch.tensor([2], device="tpu").expand(2)
+
+    m0 = metrics()
+    out = merge_size()
+    assert out.device.type == "tpu" and out.cpu().tolist() == [2, 2]
+    assert delta(m0, metrics()).get("graph_captures", 0) + delta(m0, metrics()).get(
+        "graph_runs", 0) >= 1

@@ -49,9 +49,15 @@ def graph_on_tpu(gm, example_inputs) -> bool:
     if graph is None:
         return False
     for node in graph.nodes:
-        val = node.meta.get("val")
-        vals = val if isinstance(val, (list, tuple)) else (val,)
-        if any(_on_tpu(v) for v in vals):
+        # AOTAutograd's nodes carry "val", Dynamo's "example_value"; a factory call's device
+        # argument says it too (torch.tensor([2], device="tpu") with no input at all)
+        for key in ("val", "example_value"):
+            val = node.meta.get(key)
+            vals = val if isinstance(val, (list, tuple)) else (val,)
+            if any(_on_tpu(v) for v in vals):
+                return True
+        device = node.kwargs.get("device") if node.op == "call_function" else None
+        if isinstance(device, (str, torch.device)) and torch.device(device).type == "tpu":
             return True
     return False
 
