@@ -379,26 +379,27 @@ void bind_capture(pybind11::module_& m) {
   m.def("_capture_active", [] { return pj_capture_active(); });
   m.def("_capture_abort", [] { check(pj_capture_abort()); },
         "Ends a capture without a plan; what was recorded runs.");
-  m.def("_capture_end", [](const std::vector<at::Tensor>& inputs,
-                           const std::vector<at::Tensor>& outputs) -> py::object {
+  // Ends the capture through `end` (pj_capture_end or pj_capture_end_unrun): a _Plan or None.
+  using EndFn = pj_status_t* (*)(pj_storage_t* const*, int, pj_storage_t* const*, int,
+                                 pj_plan_t**);
+  auto end_capture = [](EndFn end, const std::vector<at::Tensor>& inputs,
+                        const std::vector<at::Tensor>& outputs) -> py::object {
     auto in = storages(inputs, "input");
     auto out = storages(outputs, "output");
     pj_plan_t* plan = nullptr;
-    check(pj_capture_end(in.data(), static_cast<int>(in.size()), out.data(),
-                         static_cast<int>(out.size()), &plan));
+    check(end(in.data(), static_cast<int>(in.size()), out.data(), static_cast<int>(out.size()),
+              &plan));
     if (!plan) return py::none();
     return py::cast(std::make_shared<Plan>(plan));
+  };
+  m.def("_capture_end", [end_capture](const std::vector<at::Tensor>& inputs,
+                                      const std::vector<at::Tensor>& outputs) {
+    return end_capture(&pj_capture_end, inputs, outputs);
   }, "Ends the capture and runs the graph once; returns a _Plan, or None when the capture was "
      "broken (the graph then ran as defer_and_fuse runs it).");
-  m.def("_capture_end_unrun", [](const std::vector<at::Tensor>& inputs,
-                                 const std::vector<at::Tensor>& outputs) -> py::object {
-    auto in = storages(inputs, "input");
-    auto out = storages(outputs, "output");
-    pj_plan_t* plan = nullptr;
-    check(pj_capture_end_unrun(in.data(), static_cast<int>(in.size()), out.data(),
-                               static_cast<int>(out.size()), &plan));
-    if (!plan) return py::none();
-    return py::cast(std::make_shared<Plan>(plan));
+  m.def("_capture_end_unrun", [end_capture](const std::vector<at::Tensor>& inputs,
+                                            const std::vector<at::Tensor>& outputs) {
+    return end_capture(&pj_capture_end_unrun, inputs, outputs);
   }, "Ends the capture without running it (torch.tpu.TPUGraph); returns a _Plan, or None when "
      "the capture was broken (what it recorded then ran as defer_and_fuse runs it).");
 }
