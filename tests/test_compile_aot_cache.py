@@ -9,44 +9,15 @@ from __future__ import annotations
 
 import pytest
 
-from conftest import run_python
+from _compile_step_script import run_step
 
-STEP = """
-import os
-import torch
-from torch._dynamo.utils import counters
-from torch_pjrt import _models
-data = _models.CharDataset(_models.zen_corpus(), block=32)
-g = torch.Generator().manual_seed(0)
-batches = [data.batch(8, g) for _ in range(3)]
-model = _models.init_weights(_models.TinyGPT(data.vocab, layers=2), seed=0).to("tpu")
-opt = torch.optim.AdamW(model.parameters(), lr=3e-3, capturable=True)
-options = eval(os.environ["STEP_OPTIONS"])
-@torch.compile(backend="tpu", options=options)
-def step(x, y):
-    opt.zero_grad()
-    loss = model(x, y)
-    loss.backward()
-    opt.step()
-    return loss
-losses = [step(x.to("tpu"), y.to("tpu")).item() for x, y in batches]
-m = torch.tpu.metrics()
-c = counters["aot_autograd"]
-print("RESULT", "hits", c["autograd_cache_hit"], "misses", c["autograd_cache_miss"],
-      "saved", c["autograd_cache_saved"], "compiles", m["compiles"],
-      "captures", m["graph_captures"], "broken", m["graph_captures_broken"])
-print("LOSSES", repr(losses))
-"""
+TPU_COMPILE = '{"backend": "tpu", "options": %s}'
 
 
 def _run(tmp_path, options="{}"):
-    r = run_python(STEP, STEP_OPTIONS=options, TORCH_PJRT_CACHE_DIR=str(tmp_path / "pjrt"),
-                   TORCHINDUCTOR_CACHE_DIR=str(tmp_path / "inductor"))
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.splitlines()
-    res = [ln for ln in lines if ln.startswith("RESULT")][-1].split()[1:]
-    losses = eval([ln for ln in lines if ln.startswith("LOSSES")][-1].split(" ", 1)[1])
-    return dict(zip(res[::2], map(int, res[1::2]))), losses
+    """The tiny-GPT training step (tests/_compile_step_script.py) in a fresh process."""
+    res, losses, _ = run_step(tmp_path, TPU_COMPILE % options)
+    return res, losses
 
 
 @pytest.mark.long

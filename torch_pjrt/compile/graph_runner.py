@@ -108,7 +108,27 @@ class GraphRunner(OutputCode):
     # which runs every op without tensor inputs at load time and bakes its result in as a
     # constant (a randn would draw once and never again; an arange becomes a tensor constant).
 
+    # The graph module's own tensors (``get_attr`` constants, e.g. the empty key and value
+    # tensors, ``torch.tensor([])``, that a Hugging Face Llama's forward puts in its KV cache
+    # and concatenates the new keys to) are real tpu tensors that pickle by value
+    # (Tensor.__reduce_ex__): their storage goes through torch.save / torch.load's legacy
+    # format (UntypedStorage.__reduce__ and _load_from_bytes, torch/storage.py), whose loader
+    # makes a *meta* storage and reads no data whenever a FakeTensorMode is on the dispatch mode
+    # stack (torch/serialization.py, _legacy_load's persistent_load: ``if
+    # torch._guards.active_fake_mode() is not None``), even one that ``no_dispatch()`` has
+    # disabled. PyTorch 2.13 copies us in exactly that state when the Dynamo cache is on:
+    # AOTAutogradCache.save (torch/_functorch/_aot_autograd/autograd_cache.py) records the
+    # entry with PrecompileContext.record_artifact, which deep-copies it under no_dispatch()
+    # (torch/_dynamo/precompile_context.py, meant to keep FakeTensorMode out) while the
+    # compile's FakeTensorMode is still entered (create_aot_state, torch/_functorch/
+    # aot_autograd.py); that copy is what save_cache_artifacts() writes, so a process loading
+    # the frame from the Dynamo cache ran graphs whose constants were on meta. A compiled
+    # graph's constants must be real whatever mode is around: both directions run with the
+    # fake mode taken off the stack (unset_fake_temporarily; pickling under an enabled fake
+    # mode would fail outright, the storage's copy to CPU being a real tensor's op).
+
     def __getstate__(self):
+        from torch._subclasses.fake_tensor import unset_fake_temporarily
         from torch.fx._graph_pickler import GraphPickler
 
         # without node.meta (tracing values: fake tensors, which would need a fake mode to
@@ -119,7 +139,8 @@ class GraphRunner(OutputCode):
             for node, _ in metas:
                 node.meta = {}
             self.gm.meta = {}
-            graph = GraphPickler.dumps(self.gm)
+            with unset_fake_temporarily():
+                graph = GraphPickler.dumps(self.gm)
         finally:
             for node, meta in metas:
                 node.meta = meta
@@ -136,10 +157,11 @@ class GraphRunner(OutputCode):
         return new
 
     def __setstate__(self, state):
-        from torch._subclasses.fake_tensor import FakeTensorMode
+        from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
         from torch.fx._graph_pickler import GraphPickler
 
-        gm = GraphPickler.loads(state["graph"], FakeTensorMode())
+        with unset_fake_temporarily():  # real constants, not meta ones (above)
+            gm = GraphPickler.loads(state["graph"], FakeTensorMode())
         gm.recompile()
         self.__init__(gm, state["name"], state["opts"])
 

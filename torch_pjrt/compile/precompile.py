@@ -19,6 +19,13 @@ Two things this module adds, both only while ``caching_precompile`` is on:
   (``torch.compiler.save_cache_artifacts()``); a process that compiled graphs on ``tpu`` with
   the cache on asks at exit, so plain ``torch.compile`` code needs nothing more than the switch.
 
+One more PyTorch behaviour under the switch is handled where it bites, in graph_runner.py
+(GraphRunner.__getstate__/__setstate__): the AOTAutograd entry that the Dynamo cache saves is a
+deep copy PyTorch makes (``PrecompileContext.record_artifact``) while the compile's
+FakeTensorMode is on the dispatch mode stack, and torch.load, which unpickles a tensor's storage,
+makes meta storages then: a graph's tensor constants (a Hugging Face Llama's) came back on the
+meta device in the next process ("Tensor on device tpu:0 is not on the expected device meta!").
+
 PyTorch's own behaviour with the switch on is unchanged: it drops identity guards (ID_MATCH,
 CLOSURE_MATCH, ...) so that entries can be loaded in another process, and it bypasses frames it
 cannot serialize (an optimizer's ``step``, whose state tensors Dynamo marks as static addresses
