@@ -13,17 +13,29 @@ struct PJRT_Buffer;
 struct PJRT_LoadedExecutable;
 typedef struct pj_program pj_program_t;
 
-/* Compiles `text` (StableHLO, MLIR text) for one replica and one partition. */
+/* Where a program runs. Portable (ndev == 0, devices NULL): compiled for one replica, it runs
+ * on whichever device pj_program_execute names. Bound (ndev >= 1): compiled for ndev replicas,
+ * replica r on runtime device devices[r], all launched together by pj_program_execute_multi
+ * (multi_exec.h). */
+typedef struct {
+  int ndev;
+  const int *devices;
+} pj_placement_t;
+
+/* Compiles `text` (StableHLO, MLIR text) for one replica and one partition, portable. */
 pj_status_t *pj_program_compile(const char *text, size_t len, pj_program_t **out);
 void pj_program_free(pj_program_t *p);
 size_t pj_program_num_outputs(const pj_program_t *p);
+/* The program's placement; devices points into p (valid while p lives). */
+pj_placement_t pj_program_placement(const pj_program_t *p);
 /* The plugin's executable, owned by `p` (for measuring the bare PJRT call against ours). */
 struct PJRT_LoadedExecutable *pj_program_loaded(const pj_program_t *p);
 /* Serialized executable (tied to the plugin build): malloc'd bytes owned by the caller. */
 pj_status_t *pj_program_serialize(const pj_program_t *p, void **bytes, size_t *len);
+/* A program serialized from a bound one comes back bound to the devices its executable names. */
 pj_status_t *pj_program_deserialize(const void *bytes, size_t len, pj_program_t **out);
 
-/* Runs the program on `device`. args[i] for i in donate (bitmask-like array of bools, may be NULL)
+/* Runs a portable program on `device` (a bound one is refused: pj_program_execute_multi). args[i] for i in donate (bitmask-like array of bools, may be NULL)
  * are donated: the caller must not use them afterwards (they are consumed even on failure of the
  * program itself, but not on a failed launch). outs receives num_outputs new buffers. */
 pj_status_t *pj_program_execute(pj_program_t *p, int device, struct PJRT_Buffer *const *args,
