@@ -1,6 +1,6 @@
 #define _POSIX_C_SOURCE 200809L
-/* Multi-device programs (multi_exec.h): checked compile for a placement and the one-call launch
- * on every device of a bound program.
+/* Multi-device programs (multi_exec.h): checked compile for a placement, the cached form, and
+ * the one-call launch on every device of a bound program.
  *
  * StableHLO collectives the CPU plugin compiles in such programs (checked by
  * tests/c/test_multi_device_program.c; learned from the StableHLO specification's syntax):
@@ -25,6 +25,7 @@
 
 #include "api_check.h"
 #include "program.h"
+#include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/exec_profile.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/runtime.h"
@@ -33,6 +34,37 @@ static int64_t now_ns(void) {
   struct timespec ts;
   clock_gettime(CLOCK_MONOTONIC, &ts);
   return (int64_t)ts.tv_sec * 1000000000 + ts.tv_nsec;
+}
+
+bool pj_placement_equal(const pj_placement_t *a, const pj_placement_t *b) {
+  if (a->ndev != b->ndev) return false;
+  for (int r = 0; r < a->ndev; r++)
+    if (a->devices[r] != b->devices[r]) return false;
+  return true;
+}
+
+uint64_t pj_placement_hash(const pj_placement_t *pl, uint64_t key_hash) {
+  /* Portable keeps the key's own hash, so callers that hash a key once and look it up as
+   * portable (pj_cache_lookup_hashed) need not know placements exist. */
+  if (pl->ndev == 0) return key_hash;
+  return pj_hash_bytes(pl->devices, (size_t)pl->ndev * sizeof *pl->devices,
+                       key_hash ^ (0x9e3779b97f4a7c15ull * (uint64_t)pl->ndev));
+}
+
+pj_status_t *pj_placement_key(const pj_placement_t *pl, unsigned char *buf, size_t *len) {
+  if (pl->ndev < 0 || pl->ndev > PJ_PROGRAM_MAX_DEVICES)
+    return pj_status_new(PJ_ERR_VALUE, "placement of %d devices", pl->ndev);
+  pj_runtime_t *rt = NULL;
+  if (pl->ndev > 0) PJ_TRY(pj_runtime_get(&rt));
+  size_t n = 0;
+  buf[n++] = 'P';
+  for (int b = 0; b < 4; b++) buf[n++] = (unsigned char)((uint32_t)pl->ndev >> (8 * b));
+  for (int r = 0; r < pl->ndev; r++) {
+    const uint64_t id = (uint64_t)pj_runtime_device_id(rt, pl->devices[r]);
+    for (int b = 0; b < 8; b++) buf[n++] = (unsigned char)(id >> (8 * b));
+  }
+  *len = n;
+  return NULL;
 }
 
 /* Checks (ndev, devices) against the client and fills `ids` (devices NULL: 0..ndev-1). */
@@ -65,6 +97,26 @@ pj_status_t *pj_program_compile_multi(const char *text, size_t len, int ndev, co
   PJ_TRY(check_devices(ndev, devices, ids));
   const pj_placement_t pl = {ndev, ids};
   return pj_program_compile_placed(text, len, &pl, out);
+}
+
+pj_status_t *pj_program_for_placement(const void *key, size_t keylen, const char *text,
+                                      size_t len, int ndev, const int *devices,
+                                      pj_program_t **out) {
+  int ids[PJ_PROGRAM_MAX_DEVICES];
+  PJ_TRY(check_devices(ndev, devices, ids));
+  const pj_placement_t pl = {ndev, ids};
+  pj_program_t *p = pj_cache_lookup_placed(&pl, key, keylen);
+  if (p) {
+    *out = p;
+    return NULL;
+  }
+  pj_disk_cache_lookup_placed(&pl, key, keylen, &p);
+  if (!p) {
+    PJ_TRY(pj_program_compile_placed(text, len, &pl, &p));
+    pj_disk_cache_store(key, keylen, p);
+  }
+  *out = pj_cache_insert(key, keylen, p);
+  return NULL;
 }
 
 /* Which device holds `buf` (a runtime index, or -1). */

@@ -2,12 +2,15 @@
  * and launched on N devices in one call, its collectives (all_reduce sum and max over 2 and 4
  * devices and over sub-groups, all_gather, reduce_scatter, collective_permute, all_to_all)
  * checked on every device's output; replicas placed on devices in a shuffled order; errors as
- * statuses. Needs TORCH_PJRT_PLUGIN. */
+ * statuses; and placements in the cache keys (memory and disk). Needs TORCH_PJRT_PLUGIN. */
+#include <dirent.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "ctest.h"
+#include "torch_pjrt/disk_cache.h"
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/multi_exec.h"
@@ -223,7 +226,8 @@ static void test_errors(void) {
   expect_code(pj_program_compile_multi(kSum2, len, 2, neg, &p), PJ_ERR_INDEX, "device -1");
   expect_code(pj_program_compile_multi(kSum2, len, 2, twice, &p), PJ_ERR_VALUE, "device twice");
   EXPECT(p == NULL);
-  /* A group naming replica 2 in a 2-replica program: the plugin's compile error, a status. */
+  /* A group naming replica 2 in a 2-replica program: the plugin's compile error, a status (the
+   * plugin also logs its verifier's RET_CHECK message on stderr). */
   pj_status_t *st = pj_program_compile_multi(kSum4, strlen(kSum4), 2, NULL, &p);
   EXPECT(st != NULL && p == NULL);
   pj_status_free(st);
@@ -305,6 +309,102 @@ static void test_errors(void) {
   pj_program_free(p);
 }
 
+static int count_entries(const char *dir) {
+  DIR *d = opendir(dir);
+  int n = 0;
+  for (struct dirent *e; d && (e = readdir(d));)
+    n += strlen(e->d_name) > 4 && strcmp(e->d_name + strlen(e->d_name) - 4, ".pjx") == 0;
+  if (d) closedir(d);
+  return n;
+}
+
+static void remove_dir(const char *dir) {
+  DIR *d = opendir(dir);
+  char path[4096];
+  for (struct dirent *e; d && (e = readdir(d));) {
+    if (e->d_name[0] == '.') continue;
+    snprintf(path, sizeof path, "%s/%s", dir, e->d_name);
+    unlink(path);
+  }
+  if (d) closedir(d);
+  rmdir(dir);
+}
+
+/* One key, one text: portable, on devices {0,1}, on {1,0} and on {0,1,2} are four programs
+ * in memory and four entries on disk, and each comes back as itself. */
+static void test_cache_keys(void) {
+  char dir[] = "/tmp/pj_multi_cache_XXXXXX";
+  EXPECT(mkdtemp(dir) != NULL);
+  OK(pj_disk_cache_configure(dir, 0));
+  pj_cache_clear();
+  const char key[] = "the same key";
+  const size_t tl = strlen(kTwice);
+
+  pj_program_t *single;
+  OK(pj_program_compile(kTwice, tl, &single));
+  pj_disk_cache_store(key, sizeof key, single);
+  EXPECT(pj_cache_insert(key, sizeof key, single) == single);
+  EXPECT(pj_cache_size() == 1);
+
+  const int d01[2] = {0, 1}, d10[2] = {1, 0};
+  pj_program_t *two, *swapped, *three, *again;
+  OK(pj_program_for_placement(key, sizeof key, kTwice, tl, 2, d01, &two));
+  EXPECT(two != single && pj_cache_size() == 2);
+  OK(pj_program_for_placement(key, sizeof key, kTwice, tl, 2, d10, &swapped));
+  EXPECT(swapped != two && pj_cache_size() == 3);
+  OK(pj_program_for_placement(key, sizeof key, kTwice, tl, 3, NULL, &three));
+  EXPECT(pj_cache_size() == 4);
+  OK(pj_program_for_placement(key, sizeof key, kTwice, tl, 2, d01, &again));
+  EXPECT(again == two && pj_cache_size() == 4);
+  EXPECT(pj_cache_lookup(key, sizeof key) == single);
+  pj_placement_t pl = {2, d01};
+  EXPECT(pj_cache_lookup_placed(&pl, key, sizeof key) == two);
+  pl.devices = d10;
+  EXPECT(pj_cache_lookup_placed(&pl, key, sizeof key) == swapped);
+  EXPECT(count_entries(dir) == 4);
+
+  /* From disk: each placement loads its own executable. */
+  pj_cache_clear();
+  pj_metrics_reset();
+  pj_program_t *loaded;
+  pj_disk_cache_lookup(key, sizeof key, &loaded);
+  EXPECT(loaded != NULL && pj_program_placement(loaded).ndev == 0);
+  pj_program_free(loaded);
+  OK(pj_program_for_placement(key, sizeof key, kTwice, tl, 2, d10, &swapped));
+  EXPECT(pj_metric_get(PJ_METRIC_DISK_HITS) == 2);
+  EXPECT(pj_metric_get(PJ_METRIC_COMPILES) == 0);
+  pj_placement_t got = pj_program_placement(swapped);
+  EXPECT(got.ndev == 2 && got.devices[0] == 1 && got.devices[1] == 0);
+  /* It runs: replica 0 on device 1. */
+  float host[4] = {1, 2, 3, 4}, res[4];
+  int64_t n = 4;
+  struct PJRT_Buffer *in1, *in0, *o[2][1];
+  OK(pj_transfer_to_device(1, host, PJ_F32, &n, 1, &in1));
+  OK(pj_transfer_to_device(0, host, PJ_F32, &n, 1, &in0));
+  struct PJRT_Buffer *l0[1] = {in1}, *l1[1] = {in0};
+  struct PJRT_Buffer *const *args[2] = {l0, l1};
+  struct PJRT_Buffer **outs[2] = {o[0], o[1]};
+  OK(pj_program_execute_multi(swapped, args, 1, NULL, outs, NULL));
+  for (int r = 0; r < 2; r++) {
+    OK(pj_transfer_to_host(o[r][0], res, sizeof res));
+    EXPECT(res[0] == 2 && res[3] == 8);
+    pj_buffer_destroy(o[r][0]);
+  }
+  pj_buffer_destroy(in0);
+  pj_buffer_destroy(in1);
+  /* A portable lookup never returns a bound entry: a key stored only bound is a miss. */
+  const char other[] = "only bound";
+  OK(pj_program_for_placement(other, sizeof other, kTwice, tl, 2, d01, &two));
+  pj_disk_cache_lookup(other, sizeof other, &loaded);
+  EXPECT(loaded == NULL);
+  EXPECT(pj_cache_lookup(other, sizeof other) == NULL);
+
+  OK(pj_stream_synchronize(-1));
+  pj_cache_clear();
+  OK(pj_disk_cache_configure(NULL, 0));
+  remove_dir(dir);
+}
+
 int main(void) {
   if (!getenv("TORCH_PJRT_PLUGIN")) {
     fprintf(stderr, "TORCH_PJRT_PLUGIN must name the CPU plugin .so (make ctest sets it)\n");
@@ -319,6 +419,7 @@ int main(void) {
   test_all_reduce();
   test_other_collectives();
   test_errors();
+  test_cache_keys();
   OK(pj_stream_synchronize(-1));
   CTEST_DONE();
 }

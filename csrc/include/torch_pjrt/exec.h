@@ -16,7 +16,8 @@ typedef struct pj_program pj_program_t;
 /* Where a program runs. Portable (ndev == 0, devices NULL): compiled for one replica, it runs
  * on whichever device pj_program_execute names. Bound (ndev >= 1): compiled for ndev replicas,
  * replica r on runtime device devices[r], all launched together by pj_program_execute_multi
- * (multi_exec.h). */
+ * (multi_exec.h). Every cache key includes the placement (cache.c, disk_cache.c): one text
+ * compiled portable and for two devices gives two entries. */
 typedef struct {
   int ndev;
   const int *devices;
@@ -41,8 +42,10 @@ pj_status_t *pj_program_deserialize(const void *bytes, size_t len, pj_program_t 
 pj_status_t *pj_program_execute(pj_program_t *p, int device, struct PJRT_Buffer *const *args,
                                 size_t nargs, const bool *donate, struct PJRT_Buffer **outs);
 
-/* In-memory executable cache. Keys are byte strings (the full key, not only its hash, is
- * compared). The cache owns stored programs. Thread-safe. */
+/* In-memory executable cache. Keys are byte strings plus a placement (the full key, not only
+ * its hash, is compared); the functions without a placement argument mean portable, and an
+ * insert files a program under its own placement. The cache owns stored programs.
+ * Thread-safe. */
 uint64_t pj_hash_bytes(const void *data, size_t len, uint64_t seed);
 pj_program_t *pj_cache_lookup(const void *key, size_t keylen);
 /* The same with the key's hash given: hash must be pj_hash_bytes(key, keylen, 0). For callers
@@ -50,6 +53,7 @@ pj_program_t *pj_cache_lookup(const void *key, size_t keylen);
 pj_program_t *pj_cache_lookup_hashed(uint64_t hash, const void *key, size_t keylen);
 /* Inserts (takes ownership of p). If the key is already present, frees p and returns the
  * existing one. */
+pj_program_t *pj_cache_lookup_placed(const pj_placement_t *pl, const void *key, size_t keylen);
 pj_program_t *pj_cache_insert(const void *key, size_t keylen, pj_program_t *p);
 size_t pj_cache_size(void);
 void pj_cache_clear(void);
