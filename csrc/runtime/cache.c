@@ -26,8 +26,13 @@
 
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/metrics.h"
+#include "torch_pjrt/multi_exec.h"
 #include "torch_pjrt/stream.h"
 
+/* An entry's identity is (key bytes, placement of its program): the same text compiled portable
+ * and for two devices is two programs under one key. The placement is read from the stored
+ * program itself, so an insert can never file a program under another placement; `hash` is the
+ * key's hash mixed with it (pj_placement_hash: unchanged for portable programs). */
 typedef struct entry {
   struct entry *next;
   uint64_t hash;
@@ -123,11 +128,28 @@ uint64_t pj_hash_bytes(const void *data, size_t len, uint64_t seed) {
   return mix64(h ^ (tail * 0xff51afd7ed558ccdull));
 }
 
-static entry_t *find(uint64_t h, const void *key, size_t keylen) {
+static const pj_placement_t kPortable = {0, NULL};
+
+/* h: the key's hash already mixed with pl (pj_placement_hash). */
+static entry_t *find(uint64_t h, const pj_placement_t *pl, const void *key, size_t keylen) {
   if (!nbuckets) return NULL;
-  for (entry_t *e = buckets[h % nbuckets]; e; e = e->next)
-    if (e->hash == h && e->keylen == keylen && memcmp(e->key, key, keylen) == 0) return e;
+  for (entry_t *e = buckets[h % nbuckets]; e; e = e->next) {
+    if (e->hash != h || e->keylen != keylen || memcmp(e->key, key, keylen) != 0) continue;
+    const pj_placement_t have = pj_program_placement(e->prog);
+    if (pj_placement_equal(&have, pl)) return e;
+  }
   return NULL;
+}
+
+static pj_program_t *lookup(uint64_t h, const pj_placement_t *pl, const void *key,
+                            size_t keylen) {
+  pthread_mutex_lock(&lock);
+  entry_t *e = find(h, pl, key, keylen);
+  if (e) e->last_use = ++use_clock;
+  pj_program_t *p = e ? e->prog : NULL;
+  pthread_mutex_unlock(&lock);
+  pj_metric_add(e ? PJ_METRIC_CACHE_HITS : PJ_METRIC_CACHE_MISSES, 1);
+  return p;
 }
 
 pj_program_t *pj_cache_lookup(const void *key, size_t keylen) {
@@ -135,13 +157,11 @@ pj_program_t *pj_cache_lookup(const void *key, size_t keylen) {
 }
 
 pj_program_t *pj_cache_lookup_hashed(uint64_t h, const void *key, size_t keylen) {
-  pthread_mutex_lock(&lock);
-  entry_t *e = find(h, key, keylen);
-  if (e) e->last_use = ++use_clock;
-  pj_program_t *p = e ? e->prog : NULL;
-  pthread_mutex_unlock(&lock);
-  pj_metric_add(e ? PJ_METRIC_CACHE_HITS : PJ_METRIC_CACHE_MISSES, 1);
-  return p;
+  return lookup(h, &kPortable, key, keylen);
+}
+
+pj_program_t *pj_cache_lookup_placed(const pj_placement_t *pl, const void *key, size_t keylen) {
+  return lookup(pj_placement_hash(pl, pj_hash_bytes(key, keylen, 0)), pl, key, keylen);
 }
 
 static void grow(void) {
@@ -192,10 +212,11 @@ static void evict_oldest(entry_t **dead) {
 }
 
 pj_program_t *pj_cache_insert(const void *key, size_t keylen, pj_program_t *p) {
-  uint64_t h = pj_hash_bytes(key, keylen, 0);
+  const pj_placement_t pl = pj_program_placement(p);
+  uint64_t h = pj_placement_hash(&pl, pj_hash_bytes(key, keylen, 0));
   const bool maps_full = over_map_budget();
   pthread_mutex_lock(&lock);
-  entry_t *e = find(h, key, keylen);
+  entry_t *e = find(h, &pl, key, keylen);
   if (e) {
     pthread_mutex_unlock(&lock);
     pj_program_free(p);

@@ -14,7 +14,9 @@
 #include <sys/stat.h>
 #include <unistd.h>
 
+#include "program.h"
 #include "torch_pjrt/metrics.h"
+#include "torch_pjrt/multi_exec.h"
 #include "torch_pjrt/sha256.h"
 
 /* PJX2: PJX1 plus flags and the integrity tag. A PJX1 file fails the magic check and is
@@ -273,8 +275,61 @@ static bool snapshot(snapshot_t *s) {
   return s->dfd >= 0;
 }
 
+/* The key an entry is filed and checked under: the placement's bytes (pj_placement_key: they
+ * start with their own length, so no two (placement, key) pairs give the same bytes) and then
+ * the caller's key. A portable and a bound compile of one text are two entries. NULL when the
+ * placement cannot be named (no runtime) or memory is short: the caller skips the cache. */
+static unsigned char *entry_key(const pj_placement_t *pl, const void *key, size_t keylen,
+                                size_t *len) {
+  unsigned char head[PJ_PLACEMENT_KEY_MAX];
+  size_t n = 0;
+  pj_status_t *st = pj_placement_key(pl, head, &n);
+  if (st) {
+    pj_status_free(st);
+    return NULL;
+  }
+  unsigned char *full = malloc(n + keylen);
+  if (!full) return NULL;
+  memcpy(full, head, n);
+  if (keylen) memcpy(full + n, key, keylen);
+  *len = n + keylen;
+  return full;
+}
+
+static void lookup_entry(const pj_placement_t *pl, const void *key, size_t keylen,
+                         pj_program_t **out);
+
+/* Whether a directory is configured: checked before an entry key is built, so a disabled
+ * cache costs no copy of the key. (The operation's snapshot decides again, under the lock.) */
+static bool enabled(void) {
+  pthread_mutex_lock(&lock);
+  bool on = g_dirfd >= 0;
+  pthread_mutex_unlock(&lock);
+  return on;
+}
+
 void pj_disk_cache_lookup(const void *key, size_t keylen, pj_program_t **out) {
+  const pj_placement_t portable = {0, NULL};
+  pj_disk_cache_lookup_placed(&portable, key, keylen, out);
+}
+
+void pj_disk_cache_lookup_placed(const pj_placement_t *pl, const void *caller_key,
+                                 size_t caller_keylen, pj_program_t **out) {
   *out = NULL;
+  if (!enabled()) return;
+  size_t keylen = 0;
+  unsigned char *key = entry_key(pl, caller_key, caller_keylen, &keylen);
+  if (!key) {
+    pj_metric_add(PJ_METRIC_DISK_MISSES, 1);
+    return;
+  }
+  lookup_entry(pl, key, keylen, out);
+  free(key);
+}
+
+/* key: the entry key (entry_key). */
+static void lookup_entry(const pj_placement_t *pl, const void *key, size_t keylen,
+                         pj_program_t **out) {
   snapshot_t s;
   if (!snapshot(&s)) return;
   char name[64], why[512];
@@ -332,7 +387,7 @@ void pj_disk_cache_lookup(const void *key, size_t keylen, pj_program_t **out) {
   }
   pj_program_t *p = NULL;
   if (ok && !refused && memcmp(stored_key, key, keylen) == 0) {
-    pj_status_t *st = pj_program_deserialize(blob, h.bloblen, &p);
+    pj_status_t *st = pj_program_deserialize_placed(blob, h.bloblen, pl, &p);
     if (st) {
       pj_status_free(st);
       ok = false; /* e.g. written by another plugin build: treat as corrupt */
@@ -415,7 +470,20 @@ static void evict(int dfd, int64_t max_bytes) {
   free(es);
 }
 
-void pj_disk_cache_store(const void *key, size_t keylen, const pj_program_t *p) {
+static void store_entry(const void *key, size_t keylen, const pj_program_t *p);
+
+void pj_disk_cache_store(const void *caller_key, size_t caller_keylen, const pj_program_t *p) {
+  if (!enabled()) return;
+  const pj_placement_t pl = pj_program_placement(p);
+  size_t keylen = 0;
+  unsigned char *key = entry_key(&pl, caller_key, caller_keylen, &keylen);
+  if (!key) return;
+  store_entry(key, keylen, p);
+  free(key);
+}
+
+/* key: the entry key (entry_key). */
+static void store_entry(const void *key, size_t keylen, const pj_program_t *p) {
   snapshot_t s;
   if (!snapshot(&s)) return;
   if (s.readonly) {

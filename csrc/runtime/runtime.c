@@ -25,6 +25,9 @@ struct pj_runtime {
   PJRT_Client *client;
   int ndev;
   PJRT_Device *devices[PJ_MAX_DEVICES];
+  /* The plugin's global id of each addressable device (PJRT_DeviceDescription_Id): what a
+   * compiled device assignment names, which need not equal the index in `devices`. */
+  int64_t ids[PJ_MAX_DEVICES];
   char kinds[PJ_MAX_DEVICES][64];
   char platform[64];
   char platform_version[128];
@@ -201,6 +204,7 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
   if (rt->ndev == 0) return pj_status_new(PJ_ERR_PLUGIN, "the PJRT plugin reports no devices");
   PJ_API_SLOT(getdesc, api, PJRT_Device_GetDescription);
   PJ_API_SLOT(kind, api, PJRT_DeviceDescription_Kind);
+  PJ_API_SLOT(devid, api, PJRT_DeviceDescription_Id);
   for (int i = 0; i < rt->ndev; i++) {
     rt->devices[i] = da.addressable_devices[i];
     PJRT_Device_GetDescription_Args ga = {
@@ -212,6 +216,10 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
     PJ_TRY(pj_runtime_take_error(rt, kind(&ka), "PJRT_DeviceDescription_Kind"));
     snprintf(rt->kinds[i], sizeof rt->kinds[i], "%.*s", (int)ka.device_kind_size,
              ka.device_kind);
+    PJRT_DeviceDescription_Id_Args ia = {.struct_size = PJRT_DeviceDescription_Id_Args_STRUCT_SIZE,
+                                         .device_description = ga.device_description};
+    PJ_TRY(pj_runtime_take_error(rt, devid(&ia), "PJRT_DeviceDescription_Id"));
+    rt->ids[i] = ia.id;
   }
 
   char xla[128] = "", shlo[64] = "";
@@ -321,6 +329,10 @@ PJRT_Client *pj_runtime_client(const pj_runtime_t *rt) { return rt->client; }
 PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device) {
   return device >= 0 && device < rt->ndev ? rt->devices[device] : NULL;
 }
+int64_t pj_runtime_device_id(const pj_runtime_t *rt, int device) {
+  return device >= 0 && device < rt->ndev ? rt->ids[device] : -1;
+}
+
 int pj_runtime_device_index(const pj_runtime_t *rt, const PJRT_Device *dev) {
   for (int i = 0; i < rt->ndev; i++)
     if (rt->devices[i] == dev) return i;

@@ -1,7 +1,8 @@
 /* Persistent executable cache: serialized executables in a directory that many processes (and
  * hosts, on a shared filesystem) may use at once. An entry is one file named by two hashes of
- * the full key; it holds a header, the key itself (compared on load, so a hash collision is a
- * miss) and the serialized executable, with a checksum and, when a secret is configured, an
+ * the full key (the program's placement, exec.h, as pj_placement_key bytes, then the caller's
+ * key); it holds a header, that key itself (compared on load, so a hash collision is a miss)
+ * and the serialized executable, with a checksum and, when a secret is configured, an
  * HMAC-SHA256 tag. Writers write a private temporary file and rename it into place (atomic),
  * so readers see whole entries or none; an entry that fails a check is counted as corrupt,
  * removed and recompiled. A size bound evicts the least recently used entries (file
@@ -55,7 +56,12 @@ const char *pj_disk_cache_dir(void);
 /* *out = the stored program for key, or NULL on a miss (also for unreadable, corrupt or
  * refused entries). */
 void pj_disk_cache_lookup(const void *key, size_t keylen, pj_program_t **out);
-/* Stores p under key (best effort: failures are counted, never reported). */
+/* The same for a program of placement `pl` (pj_disk_cache_lookup: portable). A stored program
+ * that does not run where pl says is an unusable entry (counted corrupt and replaced). */
+void pj_disk_cache_lookup_placed(const pj_placement_t *pl, const void *key, size_t keylen,
+                                 pj_program_t **out);
+/* Stores p under key and p's own placement (best effort: failures are counted, never
+ * reported). */
 void pj_disk_cache_store(const void *key, size_t keylen, const pj_program_t *p);
 
 /* Receives each warning (a refused entry, naming its file; a directory stores are skipped

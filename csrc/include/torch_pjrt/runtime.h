@@ -64,6 +64,9 @@ struct PJRT_Error;
 const struct PJRT_Api *pj_runtime_api(const pj_runtime_t *rt);
 struct PJRT_Client *pj_runtime_client(const pj_runtime_t *rt);
 struct PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device);
+/* The plugin's global id of device `device` (PJRT_DeviceDescription_Id; what a compiled device
+ * assignment names), or -1 when the client has no such device. */
+int64_t pj_runtime_device_id(const pj_runtime_t *rt, int device);
 /* The index of an addressable device, or -1 when `dev` is not one of them. */
 int pj_runtime_device_index(const pj_runtime_t *rt, const struct PJRT_Device *dev);
 /* Converts (and destroys) a PJRT_Error into a status; NULL stays NULL. */
