@@ -166,7 +166,7 @@ print("RESULT", t1 - t_start, t1 - t0, m["compiles"], m["compile_ns"] / 1e9, m["
 # aot_compile (PRECOMPILED_STEP)
 FIRST_STEP_MODELS = (("tiny GPT, 2 layers", 2, "gpt"), ("tiny GPT, 6 layers", 6, "gpt"),
                      ("tiny GPT, 8 layers", 8, "gpt"), ("HF Llama (config), 2 layers", 2, "llama"),
-                     # (HF Llama under the Dynamo cache: its warm process fails, docs/performance.md)
+                     ("HF Llama (config), 2 layers, Dynamo cache", 2, "llama+dynamo-cache"),
                      ("tiny GPT, 6 layers, Dynamo cache", 6, "gpt+dynamo-cache"),
                      ("tiny GPT, 6 layers, aot_compile + load", 6, "precompiled"))
 
