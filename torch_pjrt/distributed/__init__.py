@@ -15,23 +15,41 @@ Each process uses ``tpu:<local rank>`` when the plugin has several devices (``LO
 torchrun sets it, else the rank in the default group, modulo the device count), else ``tpu:0``;
 the default group makes that device current when it is created, unless the process already
 chose a device other than ``tpu:0``. ``local_device()`` returns it.
+
+Ranks can also be threads of one process, each on its own ``tpu:<rank>`` (as PyTorch tests
+DTensor)::
+
+    from torch_pjrt.distributed import run_threads
+    results = run_threads(fn, 4, x)   # fn(rank, x) in 4 threads, each a rank of a tpu_dist world
+
+(torch_pjrt/distributed/threads.py; results in rank order, the first rank's exception raised
+again in the caller.)
 """
 
 from __future__ import annotations
 
 import logging
 import os
+import threading
 import warnings
 
 import torch
 
-__all__ = ["BACKEND", "ALIASES", "local_device", "stats"]
+__all__ = ["BACKEND", "ALIASES", "local_device", "stats", "run_threads"]
 
 BACKEND = "tpu_dist"
 # Other names init_process_group accepts for the same backend.
 ALIASES = ("tpu",)
 
 _log = logging.getLogger("torch_pjrt")
+
+# Per thread: the device index of a run_threads rank thread (None elsewhere). Such a thread
+# has chosen its device; LOCAL_RANK, which names the process's, does not apply to it.
+_thread_state = threading.local()
+
+
+def _thread_device() -> int | None:
+    return getattr(_thread_state, "device", None)
 
 
 def _register_backends() -> None:
@@ -62,7 +80,9 @@ def local_device(rank: int | None = None) -> torch.device:
     """The tpu device this process uses: ``tpu:<local rank % device count>``.
 
     ``rank`` defaults to ``LOCAL_RANK`` (set by torchrun), else the rank in the default group,
-    else 0."""
+    else 0; in a ``run_threads`` rank thread, that thread's ``tpu:<rank>``."""
+    if rank is None and _thread_device() is not None:
+        return torch.device("tpu", _thread_device())
     if rank is None:
         rank = _local_rank(0)
         if "LOCAL_RANK" not in os.environ:
@@ -126,6 +146,8 @@ def _create_backend(common_opts, backend_options):
 
 
 def _select_device(rank: int) -> None:
+    if _thread_device() is not None:
+        return  # a run_threads rank thread: it chose its device
     n = torch.tpu.device_count()
     if n <= 1 or torch.tpu.current_device() != 0:
         return
@@ -133,3 +155,6 @@ def _select_device(rank: int) -> None:
     if index != 0:
         torch.tpu.set_device(index)
         _log.info("tpu_dist: rank %d uses tpu:%d", rank, index)
+
+
+from .threads import run_threads  # noqa: E402  (needs _thread_state above)
