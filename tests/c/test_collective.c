@@ -620,6 +620,39 @@ static void test_broadcast_exact(void) {
   }
 }
 
+/* complex64 takes SUM, AVG and PREMUL_SUM (c10d's supports_complex): pairs of floats. */
+static void test_complex(void) {
+  const pj_reduce_op_t ops[3] = {PJ_REDUCE_SUM, PJ_REDUCE_AVG, PJ_REDUCE_PREMUL_SUM};
+  const double factors[2] = {2.0, -0.5};
+  for (int o = 0; o < 3; o++) {
+    float host[2][6];
+    int64_t n = 3;
+    struct PJRT_Buffer *in[2], *out[2];
+    for (int r = 0; r < 2; r++) {
+      for (int i = 0; i < 6; i++) host[r][i] = (float)(r * 10 + i) - 4.0f;
+      OK(pj_transfer_to_device(r, host[r], PJ_C64, &n, 1, &in[r]));
+    }
+    job_t j = make(PJ_COLL_ALL_REDUCE, PJ_C64, 2, 2, NULL, 1, 3);
+    j.d.op = ops[o];
+    j.d.inputs = j.views;
+    j.views[0].sizes = j.sizes[0];
+    j.views[0].strides = j.strides[0];
+    OK(pj_coll_run(&j.d, NULL, in, factors, out, NULL));
+    for (int r = 0; r < 2; r++) {
+      float got[6];
+      OK(pj_transfer_to_host(out[r], got, sizeof got));
+      for (int i = 0; i < 6; i++) {
+        float want = o == 2 ? (float)(host[0][i] * factors[0] + host[1][i] * factors[1])
+                            : host[0][i] + host[1][i];
+        if (o == 1) want /= 2;
+        EXPECT(got[i] == want);
+      }
+      pj_buffer_destroy(out[r]);
+      pj_buffer_destroy(in[r]);
+    }
+  }
+}
+
 /* A description compiles once: running it again is a cache hit. */
 static void test_cache(void) {
   job_t j = make(PJ_COLL_ALL_REDUCE, PJ_F32, 4, 4, NULL, 1, 7);
@@ -755,6 +788,7 @@ int main(void) {
   test_views();
   test_uneven();
   test_broadcast_exact();
+  test_complex();
   test_cache();
   OK(pj_stream_synchronize(-1));
   pj_cache_clear();
