@@ -22,6 +22,7 @@
 #include "eager_mode.h"
 #include "ivalue_map.h"
 #include "meta_cache.h"
+#include "out_strides.h"
 #include "call_memo.h"
 #include "view_index_put.h"
 extern "C" {
@@ -685,7 +686,12 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
               TORCH_CHECK(!in.defined() || !in.is_alias_of(ts[i]), "output with shape ",
                           ts[i].sizes(), " doesn't match the broadcast shape ", ms[i].sizes());
           }
-          at::native::resize_output(ts[i], ms[i].sizes());
+          // CPU's TensorIterator gives a resized out= of an elementwise op the inputs' layout
+          if (at::native::resize_output(ts[i], ms[i].sizes())) {
+            auto strides = resized_out_strides(base.c_str(), schema, args, ms[i].sizes());
+            if (strides && !ts[i].strides().equals(*strides))
+              ts[i].as_strided_(ms[i].sizes(), *strides);
+          }
         }
         dests.push_back(ts[i]);
       }

@@ -73,10 +73,4 @@ KNOWN_FAILURE_CAUSES: dict = {
         "and tpu's 17% (mean 0.0909); CPU passes at the test's seed by chance (0.086, tpu 0.108). "
         "tpu's share of samples on each bfloat16 value near the median matches CPU's "
         "(tests/test_ops_random_factory_optim.py); the streams differ, as CUDA's does"),
-    "test_strides_propagation_dev": (
-        "an out= tensor that an elementwise op resizes gets contiguous strides on tpu, where "
-        "CPU's TensorIterator gives it the inputs' permuted layout (torch.add(x.permute(2, 0, 1), "
-        "..., out=torch.empty(0)): CPU (1, 12, 4), tpu (6, 3, 1)). tpu takes a resized out='s "
-        "strides from the op's Meta kernel, and PyTorch's Python Meta registrations resize out= "
-        "contiguous (their out_wrapper); the functional forms' strides match CPU's. Not fixed"),
 }
