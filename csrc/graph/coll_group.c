@@ -35,7 +35,9 @@ typedef struct {
   const pj_cgroup_call_t *calls[MAXR]; /* valid while their callers wait (they block) */
   pj_status_t *error;                  /* DONE with an error: each rank gets a copy */
   bool views_differ;
+  int64_t pad_rows;
   int nout;
+  int64_t out_numel;
   struct PJRT_Buffer **outs; /* [rank * MAXR + k], owned until picked */
   pj_marker_t *done[MAXR];
   int64_t out_rows[MAXR];
@@ -134,7 +136,9 @@ static void round_clear(round_t *R, int n) {
   pj_status_free(R->error);
   R->error = NULL;
   R->views_differ = false;
+  R->pad_rows = 0;
   R->nout = 0;
+  R->out_numel = 0;
   R->arrived = R->picked = 0;
   R->state = R_OPEN;
 }
@@ -251,8 +255,16 @@ static bool same_call(const pj_cgroup_call_t *a, const pj_cgroup_call_t *b) {
   if (is_reduction(a->kind) && a->op != b->op) return false;
   if (has_root(a->kind) && a->root != b->root) return false;
   if ((a->in_splits == NULL) != (b->in_splits == NULL)) return false;
-  for (int i = 0; i < a->ninputs; i++)
-    if (!same_shape(&a->inputs[i], &b->inputs[i])) return false;
+  for (int i = 0; i < a->ninputs; i++) {
+    const pj_coll_view_t *x = &a->inputs[i], *y = &b->inputs[i];
+    /* uneven all_to_all: each rank sends its own row count (padded later, see pad_rows) */
+    if (a->in_splits && x->rank == y->rank && x->rank > 0) {
+      for (int k = 1; k < x->rank; k++)
+        if (x->sizes[k] != y->sizes[k]) return false;
+    } else if (!same_shape(x, y)) {
+      return false;
+    }
+  }
   return true;
 }
 
@@ -307,6 +319,20 @@ static pj_status_t *verify(const pj_cgroup_t *g, const round_t *R) {
 static void run_round(pj_cgroup_t *g, round_t *R) {
   const int n = g->n;
   const pj_cgroup_call_t *c0 = R->calls[0];
+  if (c0->in_splits && c0->ninputs == 1 && c0->inputs[0].rank > 0) {
+    int64_t most = 0;
+    bool differ = false;
+    for (int r = 0; r < n; r++) {
+      const int64_t rows = R->calls[r]->inputs[0].sizes[0];
+      differ = differ || rows != c0->inputs[0].sizes[0];
+      if (rows > most) most = rows;
+    }
+    if (differ) {
+      R->views_differ = true;
+      R->pad_rows = most;
+      return;
+    }
+  }
   for (int r = 1; r < n; r++)
     for (int i = 0; i < c0->ninputs; i++)
       if (!same_view(&c0->inputs[i], &R->calls[r]->inputs[i])) {
@@ -347,11 +373,14 @@ static void run_round(pj_cgroup_t *g, round_t *R) {
     for (int i = 0; i < nin; i++) inputs[r * nin + i] = R->calls[r]->buffers[i];
     factors[r] = R->calls[r]->factor;
   }
+  pj_type_t t;
+  if (!st) st = pj_coll_output_type(&d, 0, &t);
   if (!st) st = pj_coll_run(&d, g->devices, inputs, factors, outs, done);
   if (st) {
     R->error = st;
   } else {
     R->nout = nout;
+    R->out_numel = pj_type_numel(&t);
     for (int r = 0; r < n; r++) {
       for (int k = 0; k < nout; k++) R->outs[r * MAXR + k] = outs[r * nout + k];
       R->done[r] = done[r];
@@ -453,6 +482,8 @@ pj_status_t *pj_cgroup_collective(pj_cgroup_t *g, int rank, const pj_cgroup_call
     st = pj_status_new(PJ_ERR_RUNTIME, "%s", pj_status_message(R->error));
   } else {
     res->views_differ = R->views_differ;
+    res->pad_rows = R->pad_rows;
+    res->out_numel = R->out_numel;
     res->noutputs = R->views_differ ? 0 : R->nout;
     for (int k = 0; k < res->noutputs; k++) {
       res->outs[k] = R->outs[rank * MAXR + k];
@@ -607,7 +638,7 @@ pj_status_t *pj_cgroup_p2p(pj_cgroup_t *g, int rank, int peer, int tag, uint64_t
   if (!is_send) {
     res->noutputs = 1;
     res->outs[0] = me.out;
-    res->out_rows = numel;
+    res->out_rows = res->out_numel = numel;
   }
   return NULL;
 }

@@ -65,11 +65,15 @@ typedef struct {
   int noutputs;
   struct PJRT_Buffer *outs[PJ_COLL_MAX_REPLICAS];
   pj_marker_t *done;
-  int64_t out_rows; /* rows of outs[0] that are data (uneven ALL_TO_ALL; else its rows) */
+  int64_t out_numel; /* elements of each output buffer */
+  int64_t out_rows;  /* rows of outs[0] that are data (uneven ALL_TO_ALL; else its rows) */
   /* Nothing ran because the ranks' views of their inputs differ (one program needs one view
    * on every replica): every rank of the round gets this, and calls again with contiguous
-   * whole-storage inputs (which agree whenever the shapes do). Not an error. */
+   * whole-storage inputs (which agree whenever the shapes do). Not an error. An uneven
+   * ALL_TO_ALL whose ranks send different row counts is reported the same way, with pad_rows
+   * the most rows any rank sends: each rank then pads its input to that many rows (zeros). */
   bool views_differ;
+  int64_t pad_rows;
 } pj_cgroup_result_t;
 
 /* A group of nranks ranks, rank r on runtime device devices[r] (distinct). timeout_ms > 0. */
