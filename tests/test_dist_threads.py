@@ -18,13 +18,26 @@ import pytest
 HERE = os.path.dirname(os.path.abspath(__file__))
 
 
-def _run_case(*argv: str, timeout: float = 150, env: dict | None = None) -> str:
+# The transports a case runs over: unset (rank threads then get the native one, which each
+# case checks with torch_pjrt.distributed.transport()) and the Gloo-staged one, forced.
+TRANSPORTS = ["native", "staged"]
+
+
+def _run_case(*argv: str, timeout: float = 150, env: dict | None = None,
+              transport: str = "native") -> str:
     from torch_pjrt import _plugins
 
     if _plugins.resolve().name != "cpu":
         pytest.skip("several devices come from the CPU plugin (TORCH_PJRT_CPU_DEVICE_COUNT)")
-    base = {**os.environ, "TORCH_PJRT_CPU_DEVICE_COUNT": "4", "PYTHONUNBUFFERED": "1"}
+    # The child imports torch_pjrt from this checkout (an installed one may be another's).
+    root = os.path.dirname(HERE)
+    path = root + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else "")
+    base = {**os.environ, "TORCH_PJRT_CPU_DEVICE_COUNT": "4", "PYTHONUNBUFFERED": "1",
+            "PYTHONPATH": path, "EXPECT_TRANSPORT": transport}
     base.pop("LOCAL_RANK", None)
+    base.pop("TORCH_PJRT_DIST_TRANSPORT", None)
+    if transport != "native":
+        base["TORCH_PJRT_DIST_TRANSPORT"] = transport
     env = {**base, **(env or {})}
     r = subprocess.run([sys.executable, os.path.abspath(__file__), *argv], capture_output=True,
                        text=True, env=env, timeout=timeout, cwd=HERE)
@@ -35,6 +48,17 @@ def _run_case(*argv: str, timeout: float = 150, env: dict | None = None) -> str:
 
 
 # --- the cases (run in the child) ---------------------------------------------------------------
+
+
+def _check_transport(group=None) -> None:
+    """The group runs over the transport the test asked for (native: chosen automatically)."""
+    import torch_pjrt
+    from torch_pjrt.distributed import transport
+
+    assert os.path.dirname(torch_pjrt.__file__) == os.path.join(os.path.dirname(HERE),
+                                                                "torch_pjrt"), torch_pjrt.__file__
+    want = os.environ["EXPECT_TRANSPORT"]
+    assert transport(group) == want, (transport(group), want)
 
 
 def _inp(rank: int, n: int = 12):
@@ -63,6 +87,7 @@ def case_collectives(world: str) -> None:
         assert torch.tpu.current_device() == rank, torch.tpu.current_device()
         assert local_device() == dev, local_device()
         assert dist.get_rank() == rank and dist.get_world_size() == n
+        _check_transport()
         # Ranks finish in reverse order: results still come back in rank order.
         time.sleep(0.05 * (n - 1 - rank))
         out = {"rank": rank, "scale": scale}
@@ -391,33 +416,325 @@ def case_dtensor() -> None:
     print("dtensor OK")
 
 
+def _vals(rank: int, n: int, dtype):
+    """Rank `rank`'s values, exact in every dtype here (small integers; bool alternates)."""
+    import torch
+
+    base = (torch.arange(n) * 3 + 5 * rank) % 7 + 1
+    if dtype == torch.bool:
+        return (base + rank) % 2 == 0
+    return base.to(dtype)
+
+
+def case_native_kinds(world: str) -> None:
+    """Every collective of c10d on the native transport against the same computation on CPU
+    tensors, each result on tpu:<rank>."""
+    import torch
+    import torch.distributed as dist
+
+    from torch_pjrt.distributed import run_threads
+
+    n = int(world)
+    f32 = torch.float32
+    dtypes = [torch.float32, torch.float64, torch.bfloat16, torch.int64, torch.uint8, torch.bool]
+    R = dist.ReduceOp
+
+    def fn(rank):
+        _check_transport()
+        out = {}
+        dev = torch.device("tpu", rank)
+
+        def put(key, t):
+            assert t.device == dev, (key, t.device)
+            out[key] = t.cpu()
+
+        # No host transfer: a native all_reduce moves nothing through the host. The counters
+        # are the process's: the barriers keep the other ranks from transferring meanwhile.
+        x = _vals(rank, 6, f32).to("tpu")
+        torch.tpu.synchronize()
+        dist.barrier()
+        before = dict(torch.tpu.metrics())
+        dist.all_reduce(x)
+        torch.tpu.synchronize()
+        after = dict(torch.tpu.metrics())
+        dist.barrier()
+        for k in ("transfers_to_device", "transfers_to_host", "bytes_to_device",
+                  "bytes_to_host", "transfers_device_to_device"):
+            out["metric_" + k] = after[k] - before[k]
+        put("all_reduce", x)
+        for dt in dtypes:  # SUM (bool: or) and all_gather in every dtype
+            t = _vals(rank, 5, dt).to("tpu")
+            dist.all_reduce(t)
+            put(f"all_reduce_{dt}", t)
+            g = [torch.empty(5, dtype=dt, device="tpu") for _ in range(n)]
+            dist.all_gather(g, _vals(rank, 5, dt).to("tpu"))
+            put(f"all_gather_{dt}", torch.stack(g))
+        for op in (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX):
+            t = _vals(rank, 4, f32).to("tpu")
+            dist.all_reduce(t, op=op)
+            put(f"op_{op}_f32", t)
+        for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR):
+            t = _vals(rank, 4, torch.int64).to("tpu")
+            dist.all_reduce(t, op=op)
+            put(f"op_{op}_i64", t)
+        t = _vals(rank, 4, f32).to("tpu")
+        dist.all_reduce(t, op=dist._make_nccl_premul_sum(0.5))
+        put("premul", t)
+        # rooted
+        b = _vals(rank, 4, f32).to("tpu")
+        dist.broadcast(b, src=n - 1)
+        put("broadcast", b)
+        r = _vals(rank, 4, f32).to("tpu")
+        dist.reduce(r, dst=1)
+        put("reduce", r)
+        gl = [torch.empty(3, device="tpu") for _ in range(n)] if rank == 0 else None
+        dist.gather(_vals(rank, 3, f32).to("tpu"), gl, dst=0)
+        if rank == 0:
+            put("gather", torch.stack(gl))
+        sc = torch.empty(3, device="tpu")
+        dist.scatter(sc, [(_vals(q, 3, f32) * 10).to("tpu") for q in range(n)] if rank == 1
+                     else None, src=1)
+        put("scatter", sc)
+        # tensor forms
+        g = torch.empty(n * 4, device="tpu")
+        dist.all_gather_into_tensor(g, _vals(rank, 4, f32).to("tpu"))
+        put("all_gather_into_tensor", g)
+        rs = torch.empty(2, device="tpu")
+        dist.reduce_scatter_tensor(rs, _vals(rank, 2 * n, f32).to("tpu"))
+        put("reduce_scatter_tensor", rs)
+        rl = torch.empty(2, device="tpu")
+        dist.reduce_scatter(rl, [_vals(rank + q, 2, f32).to("tpu") for q in range(n)])
+        put("reduce_scatter", rl)
+        # FSDP2's form: the input a view of the output at this rank's shard
+        buf = torch.zeros(n * 3, device="tpu")
+        buf[rank * 3:(rank + 1) * 3] = _vals(rank, 3, f32).to("tpu")
+        dist.all_gather_into_tensor(buf, buf[rank * 3:(rank + 1) * 3])
+        put("all_gather_in_place", buf)
+        # all_to_all: even, uneven splits, lists of different sizes
+        a = torch.empty(2 * n, device="tpu")
+        dist.all_to_all_single(a, _vals(rank, 2 * n, f32).to("tpu"))
+        put("all_to_all_even", a)
+        ins = [q + 1 for q in range(n)]  # rank sends q+1 rows to rank q (plus rank rows)
+        send = [q + 1 + rank for q in range(n)]
+        recv = [rank + 1 + q for q in range(n)]
+        ua = torch.empty(sum(recv), 2, device="tpu")
+        dist.all_to_all_single(ua, _vals(rank, 2 * sum(send), f32).view(-1, 2).to("tpu"),
+                               output_split_sizes=recv, input_split_sizes=send)
+        put("all_to_all_uneven", ua)
+        del ins
+        lo = [torch.empty(q + rank + 1, device="tpu") for q in range(n)]
+        dist.all_to_all(lo, [_vals(rank * n + q, rank + q + 1, f32).to("tpu") for q in range(n)])
+        put("all_to_all_list", torch.cat(lo))
+        dist.barrier()
+        # views: a transposed (non-contiguous) all_reduce, a strided all_gather input
+        m = _vals(rank, 6, f32).view(2, 3).to("tpu").t()
+        dist.all_reduce(m)
+        put("transposed", m.contiguous())
+        big = _vals(rank, 8, f32).to("tpu")
+        sg = torch.empty(n * 4, device="tpu")
+        dist.all_gather_into_tensor(sg, big[::2])
+        put("strided_gather", sg)
+        part = _vals(rank, 8, f32).to("tpu")
+        dist.all_reduce(part[2:5])
+        put("view_all_reduce", part)
+        # async: the Work completes, wait() returns, the future holds the output
+        w = dist.all_reduce(t2 := _vals(rank, 3, f32).to("tpu"), async_op=True)
+        w.wait()
+        assert w.is_completed()
+        put("async", w.get_future().wait()[0])
+        del t2
+        # send/recv pair and a sub-group of ranks 0 and n-1
+        if rank == 0:
+            dist.send(_vals(7, 3, f32).to("tpu"), n - 1)
+        elif rank == n - 1:
+            p = torch.empty(3, device="tpu")
+            dist.recv(p, 0)
+            put("recv", p)
+        sub = dist.new_group([0, n - 1])
+        if rank in (0, n - 1):
+            _check_transport(sub)
+            s = _vals(rank, 3, f32).to("tpu")
+            dist.all_reduce(s, group=sub)
+            put("sub", s)
+        if n == 4:  # a 2x2 mesh: rows {0,1},{2,3}, columns {0,2},{1,3}
+            from torch.distributed.device_mesh import init_device_mesh
+
+            mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+            for dim in ("dp", "tp"):
+                _check_transport(mesh.get_group(dim))
+                s = _vals(rank, 3, f32).to("tpu")
+                dist.all_reduce(s, group=mesh.get_group(dim))
+                put(f"mesh_{dim}", s)
+        return out
+
+    results = run_threads(fn, n)
+
+    def each(dt, k):
+        return [_vals(q, k, dt) for q in range(n)]
+
+    def reduce(op, vs):
+        acc = vs[0].clone()
+        for v in vs[1:]:
+            if op == R.PRODUCT:
+                acc = acc * v
+            elif op == R.MIN:
+                acc = torch.minimum(acc, v)
+            elif op == R.MAX:
+                acc = torch.maximum(acc, v)
+            elif op == R.BAND:
+                acc = acc & v
+            elif op == R.BOR:
+                acc = acc | v
+            elif op == R.BXOR:
+                acc = acc ^ v
+            else:
+                acc = acc + v
+        return acc / n if op == R.AVG else acc
+
+    for rank, res in enumerate(results):
+        want = {"all_reduce": reduce(R.SUM, each(f32, 6))}
+        for dt in dtypes:
+            vs = each(dt, 5)
+            want[f"all_reduce_{dt}"] = (torch.stack(vs).any(0) if dt == torch.bool
+                                        else reduce(R.SUM, vs).to(dt))
+            want[f"all_gather_{dt}"] = torch.stack(vs)
+        for op in (R.SUM, R.AVG, R.PRODUCT, R.MIN, R.MAX):
+            want[f"op_{op}_f32"] = reduce(op, each(f32, 4))
+        for op in (R.SUM, R.PRODUCT, R.MIN, R.MAX, R.BAND, R.BOR, R.BXOR):
+            want[f"op_{op}_i64"] = reduce(op, each(torch.int64, 4))
+        want["premul"] = reduce(R.SUM, each(f32, 4)) * 0.5
+        want["broadcast"] = _vals(n - 1, 4, f32)
+        want["reduce"] = reduce(R.SUM, each(f32, 4)) if rank == 1 else _vals(rank, 4, f32)
+        if rank == 0:
+            want["gather"] = torch.stack(each(f32, 3))
+        want["scatter"] = _vals(rank, 3, f32) * 10
+        want["all_gather_into_tensor"] = torch.cat(each(f32, 4))
+        want["reduce_scatter_tensor"] = reduce(R.SUM, each(f32, 2 * n))[2 * rank:2 * rank + 2]
+        want["reduce_scatter"] = reduce(R.SUM, [_vals(q + rank, 2, f32) for q in range(n)])
+        want["all_gather_in_place"] = torch.cat(each(f32, 3))
+        want["all_to_all_even"] = torch.cat([_vals(q, 2 * n, f32)[2 * rank:2 * rank + 2]
+                                             for q in range(n)])
+        chunks = []
+        for q in range(n):  # rank q sends [q+1+r rows for r] of its [sum, 2] input
+            send_q = [r + 1 + q for r in range(n)]
+            x = _vals(q, 2 * sum(send_q), f32).view(-1, 2)
+            off = sum(send_q[:rank])
+            chunks.append(x[off:off + send_q[rank]])
+        want["all_to_all_uneven"] = torch.cat(chunks)
+        want["all_to_all_list"] = torch.cat([_vals(q * n + rank, q + rank + 1, f32)
+                                             for q in range(n)])
+        want["transposed"] = reduce(R.SUM, [v.view(2, 3).t() for v in each(f32, 6)])
+        want["strided_gather"] = torch.cat([v[::2] for v in each(f32, 8)])
+        part = _vals(rank, 8, f32).clone()
+        part[2:5] = reduce(R.SUM, [v[2:5] for v in each(f32, 8)])
+        want["view_all_reduce"] = part
+        want["async"] = reduce(R.SUM, each(f32, 3))
+        if rank == n - 1:
+            want["recv"] = _vals(7, 3, f32)
+        if rank in (0, n - 1):
+            want["sub"] = _vals(0, 3, f32) + _vals(n - 1, 3, f32)
+        if n == 4:
+            row, col = [rank // 2 * 2, rank // 2 * 2 + 1], [rank % 2, rank % 2 + 2]
+            want["mesh_dp"] = sum(_vals(q, 3, f32) for q in col)
+            want["mesh_tp"] = sum(_vals(q, 3, f32) for q in row)
+        for key, expected in want.items():
+            assert key in res, (key, rank)
+            torch.testing.assert_close(res[key], expected, rtol=0, atol=0, check_dtype=True,
+                                       msg=lambda m: f"{key}, rank {rank}: {m}")
+        for k, v in res.items():
+            if k.startswith("metric_"):
+                assert v == 0, (k, v)
+        assert any(k.startswith("metric_") for k in res), sorted(res)
+    print("native_kinds OK")
+
+
+def case_native_mismatch() -> None:
+    """Rank 0 calls all_reduce, rank 1 all_gather: both raise, within the timeout, an error
+    naming both calls."""
+    import torch
+    import torch.distributed as dist
+
+    from torch_pjrt.distributed import run_threads
+
+    def fn(rank):
+        _check_transport()
+        x = torch.ones(4, device="tpu")
+        start = time.monotonic()
+        try:
+            if rank == 0:
+                dist.all_reduce(x)
+            else:
+                dist.all_gather_into_tensor(torch.empty(8, device="tpu"), x)
+        except dist.DistBackendError as e:
+            return str(e), time.monotonic() - start
+        return "nothing raised", 0.0
+
+    for rank, (msg, took) in enumerate(run_threads(fn, 2, timeout=20)):
+        assert "rank 0 called all_reduce(float32[4], ReduceOp.SUM)" in msg, msg
+        assert "rank 1 called all_gather_into_tensor(float32[4])" in msg, msg
+        assert took < 10, took
+    print("native_mismatch OK")
+
+
+def case_native_refused() -> None:
+    """TORCH_PJRT_DIST_TRANSPORT=native outside rank threads is refused at group creation."""
+    import torch.distributed as dist
+
+    os.environ["TORCH_PJRT_DIST_TRANSPORT"] = "native"
+    with _raises(RuntimeError, "needs ranks that are threads of one process"):
+        dist.init_process_group("tpu_dist", rank=0, world_size=1, store=dist.HashStore())
+    print("native_refused OK")
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
+@pytest.mark.parametrize("transport", TRANSPORTS)
 @pytest.mark.parametrize("world", [2, 4])
-def test_collectives(world):
+def test_collectives(world, transport):
     # LOCAL_RANK names a process's device under torchrun; rank threads must ignore it.
-    _run_case("collectives", str(world), env={"LOCAL_RANK": "1"} if world == 2 else {})
+    _run_case("collectives", str(world), env={"LOCAL_RANK": "1"} if world == 2 else {},
+              transport=transport)
 
 
-def test_failure_raises_names_rank_and_recovers():
-    _run_case("failure")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_failure_raises_names_rank_and_recovers(transport):
+    _run_case("failure", transport=transport)
 
 
-def test_ddp_gradients_match_cpu():
-    _run_case("ddp")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_ddp_gradients_match_cpu(transport):
+    _run_case("ddp", transport=transport)
 
 
-def test_fsdp2_gradients_match_cpu():
-    _run_case("fsdp2")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fsdp2_gradients_match_cpu(transport):
+    _run_case("fsdp2", transport=transport)
 
 
-def test_pipelining_gpipe_matches_cpu():
-    _run_case("pipelining")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_pipelining_gpipe_matches_cpu(transport):
+    _run_case("pipelining", transport=transport)
 
 
-def test_dtensor_shard_replicate():
-    _run_case("dtensor")
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_dtensor_shard_replicate(transport):
+    _run_case("dtensor", transport=transport)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_native_every_collective(world):
+    """Every c10d collective natively on `world` thread ranks against CPU, dtypes, the ReduceOp
+    sweep, views, a sub-group, a 2x2 mesh (4 ranks), no host transfer."""
+    _run_case("native_kinds", str(world))
+
+
+def test_native_mismatch_names_both_calls():
+    _run_case("native_mismatch")
+
+
+def test_native_forced_without_threads_refused():
+    _run_case("native_refused", transport="staged")
 
 
 def test_not_enough_devices():

@@ -30,6 +30,11 @@ Variables (the README's table lists all of them):
     valid tag are not loaded.
 ``TORCH_PJRT_CACHE_READONLY``
     ``1``: the cache is read, never written (no stores, no directory creation, no evictions).
+``TORCH_PJRT_DIST_TRANSPORT``
+    How ``tpu_dist`` moves a group's data: ``native`` (multi-device programs between the
+    devices of this process: ranks that are ``run_threads`` threads), ``staged`` (host memory
+    over Gloo), or unset/``auto``: native where the group's ranks are threads of one
+    ``run_threads`` call, staged elsewhere. Read at each group's creation.
 
 PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
 ``import torch``; it is read by torch, not here. Native code reads these switches where they act:
@@ -72,6 +77,7 @@ class Config:
     eager_mode: str = "strict"
     defer_max_ops: int = 64
     check_nan: bool = False
+    dist_transport: str = "auto"  # "auto", "native" or "staged"
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -105,7 +111,12 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
     if mode and mode not in ("strict", "debug", "defer_and_fuse"):
         raise ValueError(f"TORCH_PJRT_EAGER_MODE={mode!r} is not one of strict, debug, "
                          "defer_and_fuse")
+    transport = env.get("TORCH_PJRT_DIST_TRANSPORT", "").strip().lower() or "auto"
+    if transport not in ("auto", "native", "staged"):
+        raise ValueError(f"TORCH_PJRT_DIST_TRANSPORT={transport!r} is not one of native, staged, "
+                         "auto")
     return Config(
+        dist_transport=transport,
         eager_mode=mode or "strict",
         defer_max_ops=_positive_int(env, "TORCH_PJRT_DEFER_MAX_OPS", 64),
         check_nan=env.get("TORCH_PJRT_CHECK_NAN", "").strip() == "1",

@@ -25,6 +25,7 @@ namespace torch_pjrt {
 void bind_dispatch(py::module_& m);  // dispatch_bindings.cpp: lowered ops, fallback counts
 void bind_capture(py::module_& m);   // capture_bindings.cpp: whole-graph capture and plans
 void bind_distributed(py::module_& m);  // distributed.cpp: the tpu_dist c10d backend
+void bind_native_dist(py::module_& m);  // native_dist.cpp: its native transport (rank threads)
 void bind_kernels(py::module_& m);   // kernel_bindings.cpp: the custom-kernel registry
 
 namespace {
@@ -268,4 +269,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_pjrt::bind_kernels(m);
   torch_pjrt::bind_capture(m);
   torch_pjrt::bind_distributed(m);
+  torch_pjrt::bind_native_dist(m);
 }

@@ -388,7 +388,8 @@ pj_status_t *pj_coll_key(const pj_coll_desc_t *d, unsigned char **key, size_t *l
                           d->dtype,      d->ninputs,
                           d->list_out,   d->nreplicas,
                           d->group_size, has_root(d->kind) ? d->root : -1,
-                          d->npairs,     d->in_splits != NULL};
+                          d->npairs,     d->in_splits != NULL,
+                          d->flat_out};
   for (size_t i = 0; i < sizeof head / sizeof *head; i++) pj_key_int(&k, head[i]);
   for (int i = 0; i < d->ninputs; i++) {
     const pj_coll_view_t *v = &d->inputs[i];
@@ -805,6 +806,8 @@ pj_status_t *pj_coll_build(const pj_coll_desc_t *d, char **text, size_t *len) {
   if (d->dtype == PJ_BOOL && d->kind != PJ_COLL_BARRIER)
     for (int k = 0; k < nout; k++)
       res[k] = pj_compare(b.h, "NE", res[k], pj_full(b.h, res[k].t, 0));
+  if (d->flat_out)
+    for (int k = 0; k < nout; k++) res[k] = flatten(b.h, res[k]);
   pj_status_t *st = pj_hlo_finish(b.h, res, nout, NULL, text, len);
   pj_hlo_free(b.h);
   free(b.groups_attr);

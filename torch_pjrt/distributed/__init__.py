@@ -35,7 +35,7 @@ import warnings
 
 import torch
 
-__all__ = ["BACKEND", "ALIASES", "local_device", "stats", "run_threads"]
+__all__ = ["BACKEND", "ALIASES", "local_device", "stats", "run_threads", "transport"]
 
 BACKEND = "tpu_dist"
 # Other names init_process_group accepts for the same backend.
@@ -102,12 +102,28 @@ def stats() -> dict:
     return dict(device._C._dist_stats())
 
 
-def _create_backend(common_opts, backend_options):
-    """The creator init_process_group / new_group call for tpu_dist (extended API): internal
-    Gloo backends on store prefixes of this group's store, wrapped by the staging backend."""
-    from torch.distributed import PrefixStore, ProcessGroupGloo
+def transport(group=None) -> str | None:
+    """Which transport moves ``group``'s tpu tensors (default: the default group):
+    ``"native"`` (multi-device programs between the devices of this process), ``"staged"``
+    (host memory over Gloo), or None when the group has no tpu_dist backend."""
+    import torch.distributed as dist
 
     from .. import device
+
+    pg = dist.group.WORLD if group is None else group
+    try:
+        backend = pg._get_backend(torch.device("tpu"))
+    except Exception:  # no backend for the tpu device
+        return None
+    return device._C._dist_transport(backend) or None
+
+
+def _create_backend(common_opts, backend_options):
+    """The creator init_process_group / new_group call for tpu_dist (extended API): the native
+    backend when the group's ranks are threads of one run_threads call (or
+    TORCH_PJRT_DIST_TRANSPORT=native), else internal Gloo backends on store prefixes of this
+    group's store, wrapped by the staging backend."""
+    from .. import config, device
 
     if device._C is None:
         raise RuntimeError(f"tpu_dist needs the torch_pjrt extension: {device._C_ERROR}")
@@ -117,11 +133,48 @@ def _create_backend(common_opts, backend_options):
             stacklevel=3,
         )
     rank, size = common_opts.group_rank, common_opts.group_size
-    timeout = common_opts.timeout  # a timedelta
     ranks = list(common_opts.global_ranks_in_group)
-    is_default_group = not ranks
-    if is_default_group:
+    if not ranks:
         _select_device(rank)
+    choice = config.load().dist_transport
+    session = getattr(_thread_state, "session", None)
+    if choice == "native" and session is None:
+        raise RuntimeError(
+            "TORCH_PJRT_DIST_TRANSPORT=native needs ranks that are threads of one process, each "
+            "on its own device (torch_pjrt.distributed.run_threads); across processes only the "
+            "staged transport exists here (unset it, or set it to staged)")
+    if choice != "staged" and session is not None:
+        return _native_backend(session, common_opts, rank, size, ranks)
+    return _staged_backend(common_opts, rank, size, ranks)
+
+
+def _native_backend(session, common_opts, rank: int, size: int, ranks: list):
+    """Joins (or creates) the collective group this group's ranks share in one run_threads
+    call: keyed by the group's name, which every rank thread gives the same group (each thread
+    counts its groups alike). Rank thread g of the run is on tpu:g."""
+    from .. import device
+
+    members = ranks or list(range(size))
+    timeout_ms = max(1, int(common_opts.timeout.total_seconds() * 1000))
+    with session.lock:
+        entry = session.cgroups.get(common_opts.group_id)
+        # A group name comes back after destroy_process_group in the rank threads (c10d resets
+        # its counter): a group every member already joined is not joined again.
+        if entry is None or entry[1] == size or entry[2] != members:
+            entry = [device._C._CollGroup(members, timeout_ms), 0, members]
+            session.cgroups[common_opts.group_id] = entry
+        entry[1] += 1
+        group = entry[0]
+    return device._C._dist_native_backend(group, rank, size, common_opts.group_id,
+                                          [int(r) for r in ranks], timeout_ms)
+
+
+def _staged_backend(common_opts, rank: int, size: int, ranks: list):
+    from torch.distributed import PrefixStore, ProcessGroupGloo
+
+    from .. import device
+
+    timeout = common_opts.timeout  # a timedelta
     # Two Gloo backends of the same ranks: one moves the data, the other carries the
     # fingerprint each collective is checked with before its data moves, and send headers
     # (csrc/bridge/distributed.cpp says why). The group's store is already prefixed by group

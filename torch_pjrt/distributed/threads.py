@@ -27,8 +27,10 @@ How the world is made per thread (facts of torch 2.13 c10d, checked on the insta
 - The current tpu device is per thread in torch_pjrt (csrc/bridge/guard.cpp keeps it in a
   ``thread_local``, like CUDA's): each rank thread calls ``torch.tpu.set_device(rank)``.
 
-Transport: whatever ``tpu_dist`` uses for a group (today: staged through host memory over
-Gloo between the threads, over loopback sockets). Nothing here depends on it.
+Transport: ``tpu_dist`` sees that a group's ranks are threads of this call (each rank thread
+carries its session) and runs its collectives natively, one multi-device program per call
+(csrc/bridge/native_dist.cpp); ``TORCH_PJRT_DIST_TRANSPORT=staged`` keeps host staging over
+Gloo instead. Nothing here depends on which.
 """
 
 from __future__ import annotations
@@ -170,6 +172,9 @@ class _Session:
         self.lock = threading.Lock()
         self.failed = threading.Event()
         self.holders = world_size + 1  # the rank threads and the caller
+        # The native transport's collective groups of this run, by group name: [the group,
+        # ranks that joined it, its global ranks] (torch_pjrt/distributed/__init__.py).
+        self.cgroups: dict = {}
 
     def fail(self, rank: int, exc: BaseException) -> None:
         with self.lock:
@@ -221,6 +226,7 @@ def _rank_main(session: _Session, worlds: _ThreadWorlds, store, rank: int, world
     world = _RankWorld()
     worlds._local.world = world
     _thread_state.device = rank
+    _thread_state.session = session
     failed = False
     try:
         torch.tpu.set_device(rank)
@@ -242,6 +248,7 @@ def _rank_main(session: _Session, worlds: _ThreadWorlds, store, rank: int, world
                 session.fail(rank, exc)
         worlds._local.world = None
         _thread_state.device = None
+        _thread_state.session = None
         del world
         session.release()
 

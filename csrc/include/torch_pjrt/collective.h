@@ -119,6 +119,8 @@ typedef struct {
   const int64_t *out_splits; /* optional: nreplicas x group_size, what each receives */
   int npairs;
   const int *pairs; /* PERMUTE: npairs x (src, dst) */
+  bool flat_out;    /* every output a 1-D buffer of its elements (a storage's form: the
+                       in-process group, coll_group.h, installs them into storages) */
 } pj_coll_desc_t;
 
 /* Checks a description: every error a status (PJ_ERR_VALUE for a malformed description,

@@ -1,0 +1,327 @@
+/* In-process collective groups (coll_group.h) with 4 rank threads on the CPU plugin's 4
+ * devices: all_reduce and all_gather against host sums, a mismatch reported to every rank
+ * naming each rank's call (and the group usable afterwards), differing views reported as such,
+ * a rank that never comes (timeouts on the others, then a broken group), a shutdown waking
+ * waiters, and send/recv (data, and a size mismatch on both sides). Needs TORCH_PJRT_PLUGIN. */
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "ctest.h"
+#include "torch_pjrt/coll_group.h"
+#include "torch_pjrt/runtime.h"
+#include "torch_pjrt/transfer.h"
+
+#define N 4
+#define MAXE 64
+
+static double now_s(void) {
+  struct timespec t;
+  clock_gettime(CLOCK_MONOTONIC, &t);
+  return (double)t.tv_sec + (double)t.tv_nsec * 1e-9;
+}
+
+/* What one rank thread does and what it got. */
+typedef struct {
+  pj_cgroup_t *g;
+  int rank;
+  pj_coll_kind_t kind;
+  const char *name;
+  int64_t numel;  /* elements of the storage */
+  int64_t size;   /* elements of the view (1-D) */
+  int64_t offset;
+  int skip;       /* this rank does not call */
+  /* results */
+  pj_status_t *st;
+  bool views_differ;
+  float out[MAXE * N];
+  int64_t out_n;
+  double seconds;
+} job_t;
+
+static float value(int rank, int64_t k) { return (float)(rank * 10 + k); }
+
+static void *rank_main(void *arg) {
+  job_t *j = arg;
+  if (j->skip) return NULL;
+  float host[MAXE];
+  for (int64_t k = 0; k < j->numel; k++) host[k] = value(j->rank, k);
+  struct PJRT_Buffer *buf;
+  OK(pj_transfer_to_device(j->rank, host, PJ_F32, &j->numel, 1, &buf));
+  const int64_t stride = 1;
+  const pj_coll_view_t v = {1, &j->size, &stride, j->offset, j->numel};
+  pj_cgroup_call_t c = {.kind = j->kind, .op = PJ_REDUCE_SUM, .dtype = PJ_F32, .ninputs = 1,
+                        .inputs = &v, .buffers = &buf, .name = j->name};
+  pj_cgroup_result_t res;
+  const double t0 = now_s();
+  j->st = pj_cgroup_collective(j->g, j->rank, &c, &res);
+  j->seconds = now_s() - t0;
+  if (!j->st) {
+    j->views_differ = res.views_differ;
+    if (res.noutputs == 1) {
+      j->out_n = j->kind == PJ_COLL_ALL_GATHER ? N * j->size : j->size;
+      EXPECT(res.out_rows == j->out_n);
+      OK(pj_marker_wait(res.done));
+      OK(pj_transfer_to_host(res.outs[0], j->out, sizeof(float) * (size_t)j->out_n));
+      pj_buffer_destroy(res.outs[0]);
+    }
+    if (res.done) pj_marker_free(res.done);
+  }
+  pj_buffer_destroy(buf);
+  return NULL;
+}
+
+/* Runs one round: job[r] prepared by the caller, threads joined. */
+static void run(job_t *jobs) {
+  pthread_t t[N];
+  for (int r = 0; r < N; r++) pthread_create(&t[r], NULL, rank_main, &jobs[r]);
+  for (int r = 0; r < N; r++) pthread_join(t[r], NULL);
+}
+
+static void prepare(job_t *jobs, pj_cgroup_t *g, pj_coll_kind_t kind, int64_t n) {
+  memset(jobs, 0, sizeof(job_t) * N);
+  for (int r = 0; r < N; r++) {
+    jobs[r].g = g;
+    jobs[r].rank = r;
+    jobs[r].kind = kind;
+    jobs[r].numel = jobs[r].size = n;
+  }
+}
+
+static bool contains(const pj_status_t *st, const char *text) {
+  return st && strstr(pj_status_message(st), text) != NULL;
+}
+
+static void free_statuses(job_t *jobs) {
+  for (int r = 0; r < N; r++) {
+    pj_status_free(jobs[r].st);
+    jobs[r].st = NULL;
+  }
+}
+
+static void test_all_reduce_all_gather(pj_cgroup_t *g) {
+  job_t jobs[N];
+  for (int round = 0; round < 3; round++) { /* several rounds: both slots, reused */
+    prepare(jobs, g, PJ_COLL_ALL_REDUCE, 5);
+    run(jobs);
+    for (int r = 0; r < N; r++) {
+      EXPECT(!jobs[r].st && !jobs[r].views_differ && jobs[r].out_n == 5);
+      for (int64_t k = 0; k < 5 && !jobs[r].st; k++) {
+        float want = 0;
+        for (int q = 0; q < N; q++) want += value(q, k);
+        EXPECT(jobs[r].out[k] == want);
+      }
+    }
+    free_statuses(jobs);
+  }
+  prepare(jobs, g, PJ_COLL_ALL_GATHER, 3);
+  run(jobs);
+  for (int r = 0; r < N; r++) {
+    EXPECT(!jobs[r].st && jobs[r].out_n == 3 * N);
+    for (int q = 0; q < N && !jobs[r].st; q++)
+      for (int64_t k = 0; k < 3; k++) EXPECT(jobs[r].out[q * 3 + k] == value(q, k));
+  }
+  free_statuses(jobs);
+  /* views: the same shape read at one offset (from larger storages) on every rank */
+  prepare(jobs, g, PJ_COLL_ALL_GATHER, 6);
+  for (int r = 0; r < N; r++) jobs[r].size = 2, jobs[r].offset = 3;
+  run(jobs);
+  for (int r = 0; r < N; r++) {
+    EXPECT(!jobs[r].st && jobs[r].out_n == 2 * N);
+    for (int q = 0; q < N && !jobs[r].st; q++)
+      for (int64_t k = 0; k < 2; k++) EXPECT(jobs[r].out[q * 2 + k] == value(q, 3 + k));
+  }
+  free_statuses(jobs);
+  /* differing views: reported to every rank, nothing run */
+  prepare(jobs, g, PJ_COLL_ALL_GATHER, 6);
+  for (int r = 0; r < N; r++) jobs[r].size = 2, jobs[r].offset = r;
+  run(jobs);
+  for (int r = 0; r < N; r++) EXPECT(!jobs[r].st && jobs[r].views_differ && jobs[r].out_n == 0);
+  free_statuses(jobs);
+}
+
+static void test_mismatch(pj_cgroup_t *g) {
+  job_t jobs[N];
+  prepare(jobs, g, PJ_COLL_ALL_GATHER, 4);
+  jobs[0].kind = PJ_COLL_ALL_REDUCE;
+  jobs[2].numel = jobs[2].size = 3;
+  run(jobs);
+  for (int r = 0; r < N; r++) {
+    EXPECT(jobs[r].st);
+    EXPECT(contains(jobs[r].st, "rank 0 called all_reduce(float32[4], ReduceOp.SUM)"));
+    EXPECT(contains(jobs[r].st, "rank 1 called all_gather(float32[4])"));
+    EXPECT(contains(jobs[r].st, "rank 2 called all_gather(float32[3])"));
+  }
+  if (jobs[0].st) printf("mismatch message: %s\n", pj_status_message(jobs[0].st));
+  free_statuses(jobs);
+  /* every rank got the error at the same call: the group goes on */
+  prepare(jobs, g, PJ_COLL_ALL_REDUCE, 2);
+  run(jobs);
+  for (int r = 0; r < N; r++) EXPECT(!jobs[r].st && jobs[r].out_n == 2);
+  free_statuses(jobs);
+  /* the caller's name is part of the call */
+  prepare(jobs, g, PJ_COLL_ALL_REDUCE, 2);
+  jobs[3].name = "all_reduce_coalesced";
+  run(jobs);
+  for (int r = 0; r < N; r++) EXPECT(contains(jobs[r].st, "rank 3 called all_reduce_coalesced("));
+  free_statuses(jobs);
+}
+
+static void test_timeout(void) {
+  pj_cgroup_t *g;
+  const int devs[N] = {0, 1, 2, 3};
+  OK(pj_cgroup_new(N, devs, 200, &g));
+  job_t jobs[N];
+  prepare(jobs, g, PJ_COLL_ALL_REDUCE, 2);
+  jobs[3].skip = 1;
+  const double t0 = now_s();
+  run(jobs);
+  EXPECT(now_s() - t0 < 5.0);
+  for (int r = 0; r < 3; r++) {
+    EXPECT(jobs[r].st);
+    EXPECT(jobs[r].seconds < 5.0);
+  }
+  /* whoever timed out first names the missing rank; the others see the broken group */
+  int naming = 0;
+  for (int r = 0; r < 3; r++) naming += contains(jobs[r].st, "waiting for rank(s) 3");
+  EXPECT(naming >= 1);
+  if (jobs[0].st) printf("timeout message: %s\n", pj_status_message(jobs[0].st));
+  free_statuses(jobs);
+  /* broken: every later call fails at once */
+  prepare(jobs, g, PJ_COLL_ALL_REDUCE, 2);
+  run(jobs);
+  for (int r = 0; r < N; r++) EXPECT(contains(jobs[r].st, "cannot be used any more"));
+  free_statuses(jobs);
+  pj_cgroup_release(g);
+}
+
+typedef struct {
+  pj_cgroup_t *g;
+  double delay;
+} shutdown_arg_t;
+
+static void *shutdown_later(void *arg) {
+  shutdown_arg_t *a = arg;
+  struct timespec ts = {0, (long)(a->delay * 1e9)};
+  nanosleep(&ts, NULL);
+  pj_cgroup_shutdown(a->g, 2, "its process group was destroyed");
+  return NULL;
+}
+
+static void test_shutdown_wakes(void) {
+  pj_cgroup_t *g;
+  const int devs[N] = {0, 1, 2, 3};
+  OK(pj_cgroup_new(N, devs, 60000, &g));
+  job_t jobs[N];
+  prepare(jobs, g, PJ_COLL_ALL_REDUCE, 2);
+  jobs[2].skip = jobs[3].skip = 1;
+  pthread_t t;
+  shutdown_arg_t a = {g, 0.1};
+  pthread_create(&t, NULL, shutdown_later, &a);
+  run(jobs);
+  pthread_join(t, NULL);
+  for (int r = 0; r < 2; r++) {
+    EXPECT(contains(jobs[r].st, "rank 2 left the group (its process group was destroyed)"));
+    EXPECT(jobs[r].seconds < 5.0); /* not the 60 s timeout */
+  }
+  free_statuses(jobs);
+  pj_cgroup_release(g);
+}
+
+/* ---- send / recv ---- */
+
+typedef struct {
+  pj_cgroup_t *g;
+  int rank, peer;
+  bool is_send;
+  int64_t n;
+  uint64_t ticket;
+  pj_status_t *st;
+  float out[MAXE];
+} p2p_job_t;
+
+static void *p2p_main(void *arg) {
+  p2p_job_t *j = arg;
+  float host[MAXE];
+  for (int64_t k = 0; k < j->n; k++) host[k] = j->is_send ? value(j->rank, k) : -1.0f;
+  struct PJRT_Buffer *buf;
+  OK(pj_transfer_to_device(j->rank, host, PJ_F32, &j->n, 1, &buf));
+  pj_cgroup_result_t res;
+  j->st = pj_cgroup_p2p(j->g, j->rank, j->peer, 7, j->ticket, j->is_send, PJ_F32, j->n, buf, &res);
+  if (!j->st) {
+    OK(pj_marker_wait(res.done));
+    pj_marker_free(res.done);
+    EXPECT(res.noutputs == (j->is_send ? 0 : 1));
+    if (!j->is_send) {
+      OK(pj_transfer_to_host(res.outs[0], j->out, sizeof(float) * (size_t)j->n));
+      pj_buffer_destroy(res.outs[0]);
+    }
+  }
+  pj_buffer_destroy(buf);
+  return NULL;
+}
+
+static void test_p2p(pj_cgroup_t *g) {
+  for (int mismatch = 0; mismatch < 2; mismatch++) {
+    p2p_job_t s = {g, 1, 3, true, 4, 0, NULL, {0}}, r = {g, 3, 1, false, mismatch ? 5 : 4, 0, NULL, {0}};
+    OK(pj_cgroup_p2p_ticket(g, 1, 3, 7, true, &s.ticket));
+    OK(pj_cgroup_p2p_ticket(g, 1, 3, 7, false, &r.ticket));
+    EXPECT(s.ticket == (uint64_t)mismatch && r.ticket == (uint64_t)mismatch);
+    pthread_t a, b;
+    pthread_create(&a, NULL, p2p_main, mismatch ? &s : &r); /* either side first */
+    pthread_create(&b, NULL, p2p_main, mismatch ? &r : &s);
+    pthread_join(a, NULL);
+    pthread_join(b, NULL);
+    if (!mismatch) {
+      EXPECT(!s.st && !r.st);
+      for (int64_t k = 0; k < 4 && !r.st; k++) EXPECT(r.out[k] == value(1, k));
+    } else {
+      EXPECT(contains(s.st, "rank 1 sent 4 float32 elements to rank 3 (tag 7), rank 3 receives 5"));
+      EXPECT(contains(r.st, "rank 1 sent 4 float32 elements to rank 3 (tag 7), rank 3 receives 5"));
+    }
+    pj_status_free(s.st);
+    pj_status_free(r.st);
+  }
+}
+
+static void test_errors(void) {
+  pj_cgroup_t *g = NULL;
+  const int dup[2] = {1, 1};
+  pj_status_t *st = pj_cgroup_new(2, dup, 1000, &g);
+  EXPECT(st && pj_status_code(st) == PJ_ERR_VALUE && !g);
+  pj_status_free(st);
+  const int devs[2] = {0, 1};
+  OK(pj_cgroup_new(2, devs, 1000, &g));
+  pj_cgroup_call_t c = {.kind = PJ_COLL_BARRIER};
+  pj_cgroup_result_t res;
+  st = pj_cgroup_collective(g, 2, &c, &res);
+  EXPECT(st && pj_status_code(st) == PJ_ERR_VALUE);
+  pj_status_free(st);
+  pj_cgroup_shutdown(g, -1, "test");
+  st = pj_cgroup_collective(g, 0, &c, &res);
+  EXPECT(contains(st, "shut down (test)"));
+  pj_status_free(st);
+  pj_cgroup_release(g);
+}
+
+int main(void) {
+  if (!getenv("TORCH_PJRT_PLUGIN")) {
+    fprintf(stderr, "TORCH_PJRT_PLUGIN must name the CPU plugin .so (make ctest sets it)\n");
+    return 1;
+  }
+  OK(pj_runtime_configure(getenv("TORCH_PJRT_PLUGIN"), N));
+  pj_cgroup_t *g;
+  const int devs[N] = {0, 1, 2, 3};
+  OK(pj_cgroup_new(N, devs, 30000, &g));
+  test_all_reduce_all_gather(g);
+  test_mismatch(g);
+  test_p2p(g);
+  pj_cgroup_release(g);
+  test_timeout();
+  test_shutdown_wakes();
+  test_errors();
+  OK(pj_stream_synchronize(-1));
+  CTEST_DONE();
+}
