@@ -13,6 +13,7 @@
 #include <tuple>
 
 extern "C" {
+#include "pjrt_c_api.h"
 #include "torch_pjrt/exec_profile.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/memory_info.h"
@@ -60,6 +61,37 @@ void bind_runtime(py::module_& m) {
           return std::string(pj_runtime_device_kind(runtime(), checked_device(device)));
         }),
         py::arg("device") = -1);
+  // The plugin's own attributes of a device (a TPU's coords, core_on_chip, ...): what
+  // topology-aware meshes order devices by (torch_pjrt/distributed/topology.py).
+  m.def("device_attributes", wrap_pybind_function([](int device) {
+          const PJRT_NamedValue* attrs = nullptr;
+          size_t n = 0;
+          check(pj_runtime_device_attributes(runtime(), checked_device(device), &attrs, &n));
+          py::dict d;
+          for (size_t i = 0; i < n; i++) {
+            const PJRT_NamedValue& a = attrs[i];
+            py::str name(a.name, a.name_size);
+            switch (a.type) {
+              case PJRT_NamedValue_kString:
+                d[name] = py::str(a.string_value, a.value_size);
+                break;
+              case PJRT_NamedValue_kInt64: d[name] = a.int64_value; break;
+              case PJRT_NamedValue_kInt64List: {
+                py::list l;
+                for (size_t k = 0; k < a.value_size; k++) l.append(a.int64_array_value[k]);
+                d[name] = l;
+                break;
+              }
+              case PJRT_NamedValue_kFloat: d[name] = a.float_value; break;
+              case PJRT_NamedValue_kBool: d[name] = a.bool_value; break;
+              default: break;  // a type newer than this header: left out
+            }
+          }
+          d["id"] = pj_runtime_device_id(runtime(), checked_device(device));
+          return d;
+        }),
+        py::arg("device") = -1,
+        "The plugin's attributes of a device (name -> value), and its global `id`.");
   m.def("mem_get_info", wrap_pybind_function([](int device) {
           int64_t free_bytes = 0, total_bytes = 0;
           check(pj_device_memory_info(checked_device(device), &free_bytes, &total_bytes));

@@ -28,6 +28,9 @@ struct pj_runtime {
   /* The plugin's global id of each addressable device (PJRT_DeviceDescription_Id): what a
    * compiled device assignment names, which need not equal the index in `devices`. */
   int64_t ids[PJ_MAX_DEVICES];
+  /* Each device's description (owned by the client): its attributes, e.g. a TPU's `coords`
+   * and `core_on_chip`, which topology-aware meshes order devices by. */
+  PJRT_DeviceDescription *descs[PJ_MAX_DEVICES];
   char kinds[PJ_MAX_DEVICES][64];
   char platform[64];
   char platform_version[128];
@@ -210,6 +213,7 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
     PJRT_Device_GetDescription_Args ga = {
         .struct_size = PJRT_Device_GetDescription_Args_STRUCT_SIZE, .device = rt->devices[i]};
     PJ_TRY(pj_runtime_take_error(rt, getdesc(&ga), "PJRT_Device_GetDescription"));
+    rt->descs[i] = ga.device_description;
     PJRT_DeviceDescription_Kind_Args ka = {
         .struct_size = PJRT_DeviceDescription_Kind_Args_STRUCT_SIZE,
         .device_description = ga.device_description};
@@ -329,6 +333,23 @@ PJRT_Client *pj_runtime_client(const pj_runtime_t *rt) { return rt->client; }
 PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device) {
   return device >= 0 && device < rt->ndev ? rt->devices[device] : NULL;
 }
+pj_status_t *pj_runtime_device_attributes(pj_runtime_t *rt, int device,
+                                          const struct PJRT_NamedValue **attrs, size_t *n) {
+  *attrs = NULL;
+  *n = 0;
+  if (device < 0 || device >= rt->ndev)
+    return pj_status_new(PJ_ERR_VALUE, "no device %d (the plugin has %d)", device, rt->ndev);
+  if (!PJ_API_HAS(rt->api, PJRT_DeviceDescription_Attributes)) return NULL; /* none to give */
+  PJRT_DeviceDescription_Attributes_Args a = {
+      .struct_size = PJRT_DeviceDescription_Attributes_Args_STRUCT_SIZE,
+      .device_description = rt->descs[device]};
+  PJ_TRY(pj_runtime_take_error(rt, rt->api->PJRT_DeviceDescription_Attributes(&a),
+                               "PJRT_DeviceDescription_Attributes"));
+  *attrs = a.attributes;
+  *n = a.num_attributes;
+  return NULL;
+}
+
 int64_t pj_runtime_device_id(const pj_runtime_t *rt, int device) {
   return device >= 0 && device < rt->ndev ? rt->ids[device] : -1;
 }

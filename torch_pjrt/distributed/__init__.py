@@ -64,6 +64,9 @@ def _register_backends() -> None:
         if name.upper() in dist.Backend._plugins:
             continue
         dist.Backend.register_backend(name, _create_backend, extended_api=True, devices=["tpu"])
+    from . import topology
+
+    topology._install()  # init_device_mesh("tpu", ...) follows the devices' physical topology
 
 
 def _local_rank(group_rank: int) -> int:

@@ -67,6 +67,12 @@ struct PJRT_Device *pj_runtime_device(const pj_runtime_t *rt, int device);
 /* The plugin's global id of device `device` (PJRT_DeviceDescription_Id; what a compiled device
  * assignment names), or -1 when the client has no such device. */
 int64_t pj_runtime_device_id(const pj_runtime_t *rt, int device);
+/* The plugin's attributes of a device (PJRT_DeviceDescription_Attributes: name, type and
+ * value each; a TPU's `coords`, `core_on_chip`, ...), owned by the client; none (n = 0) when
+ * the plugin has no such entry point. */
+struct PJRT_NamedValue;
+pj_status_t *pj_runtime_device_attributes(pj_runtime_t *rt, int device,
+                                          const struct PJRT_NamedValue **attrs, size_t *n);
 /* The index of an addressable device, or -1 when `dev` is not one of them. */
 int pj_runtime_device_index(const pj_runtime_t *rt, const struct PJRT_Device *dev);
 /* Converts (and destroys) a PJRT_Error into a status; NULL stays NULL. */
