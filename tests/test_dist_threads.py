@@ -686,6 +686,75 @@ def case_native_refused() -> None:
     print("native_refused OK")
 
 
+def case_stalled_rank() -> None:
+    """Issue 36 item 8: a rank that stalls (here: sleeps past the group's timeout before its
+    all_reduce) makes the waiting rank raise within the timeout, never hang; the stalled rank's
+    late collective raises too, and run_threads returns."""
+    import torch
+    import torch.distributed as dist
+
+    from torch_pjrt.distributed import run_threads
+
+    timeout = 3.0
+    woke = {}
+
+    def fn(rank):
+        _check_transport()
+        x = torch.ones(4, device="tpu")
+        if rank == 1:
+            time.sleep(3 * timeout)
+            woke["late"] = True
+        start = time.monotonic()
+        try:
+            dist.all_reduce(x)
+        except Exception as e:  # noqa: BLE001 (the transports raise their own kinds)
+            raise RuntimeError(f"rank {rank} after {time.monotonic() - start:.1f} s: {e}") from e
+        return x.cpu()
+
+    start = time.monotonic()
+    with _raises(RuntimeError, "rank 0 after"):
+        run_threads(fn, 2, timeout=timeout)
+    took = time.monotonic() - start
+    assert took < 6 * timeout, f"the caller waited {took:.1f} s"
+    # rank 1's thread (asleep) was not killed: when it wakes its all_reduce must raise, not hang
+    deadline = time.monotonic() + 6 * timeout
+    while "late" not in woke and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert "late" in woke
+    print("stalled_rank OK")
+
+
+def case_destroyed_group() -> None:
+    """Issue 36 item 8: a collective issued on a group after it was destroyed raises, through
+    c10d (the group is gone) and through the backend object kept from before."""
+    import torch
+    import torch.distributed as dist
+
+    from torch_pjrt.distributed import run_threads
+
+    def fn(rank):
+        g = dist.new_group([0, 1])
+        _check_transport(g)
+        backend = g._get_backend(torch.device("tpu"))
+        x = torch.ones(3, device="tpu")
+        dist.all_reduce(x, group=g)
+        dist.destroy_process_group(g)
+        raised = []
+        for call in (lambda: dist.all_reduce(x, group=g),
+                     lambda: backend.allreduce([x]).wait()):
+            try:
+                call()
+                raised.append(None)
+            except Exception as e:  # noqa: BLE001
+                raised.append(type(e).__name__)
+        return x.cpu().tolist(), raised
+
+    for values, raised in run_threads(fn, 2, timeout=20):
+        assert values == [2.0, 2.0, 2.0]
+        assert all(raised), raised
+    print("destroyed_group OK")
+
+
 # --- the tests ----------------------------------------------------------------------------------
 
 
@@ -727,6 +796,16 @@ def test_native_every_collective(world):
     """Every c10d collective natively on `world` thread ranks against CPU, dtypes, the ReduceOp
     sweep, views, a sub-group, a 2x2 mesh (4 ranks), no host transfer."""
     _run_case("native_kinds", str(world))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_stalled_rank_raises_within_timeout(transport):
+    _run_case("stalled_rank", transport=transport)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_collective_after_destroy_raises(transport):
+    _run_case("destroyed_group", transport=transport)
 
 
 def test_native_mismatch_names_both_calls():
