@@ -686,6 +686,32 @@ def case_native_refused() -> None:
     print("native_refused OK")
 
 
+def case_backward_thread() -> None:
+    """A rank's backward runs on the rank's own thread (autograd multithreading is off there),
+    where its c10d world is visible; the caller's setting is left as it was."""
+    import threading
+
+    import torch
+
+    from torch_pjrt.distributed import run_threads
+
+    before = torch._C._is_multithreading_enabled()
+
+    def fn(rank):
+        seen = []
+        x = torch.ones(3, device="tpu", requires_grad=True)
+        y = x * 2
+        y.register_hook(lambda g: seen.append(threading.get_ident()) or g)
+        y.sum().backward()
+        return seen == [threading.get_ident()], x.grad.cpu().tolist()
+
+    for same_thread, grad in run_threads(fn, 2):
+        assert same_thread
+        assert grad == [2.0, 2.0, 2.0]
+    assert torch._C._is_multithreading_enabled() == before
+    print("backward_thread OK")
+
+
 def case_stalled_rank() -> None:
     """Issue 36 item 8: a rank that stalls (here: sleeps past the group's timeout before its
     all_reduce) makes the waiting rank raise within the timeout, never hang; the stalled rank's
@@ -806,6 +832,10 @@ def test_stalled_rank_raises_within_timeout(transport):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_collective_after_destroy_raises(transport):
     _run_case("destroyed_group", transport=transport)
+
+
+def test_backward_runs_on_the_rank_thread():
+    _run_case("backward_thread")
 
 
 def test_native_mismatch_names_both_calls():

@@ -21,9 +21,9 @@ How the world is made per thread (facts of torch 2.13 c10d, checked on the insta
   while it is on, every thread, the caller's included, sees a registry of its own (the
   process's groups are not resolvable by name until it ends).
 - The autograd engine runs a backward on one worker thread per device, where the rank's
-  thread-local world and registry are not visible; autograd multithreading is therefore
-  turned off (process-wide) while rank threads run, so each rank's backward runs on its own
-  thread.
+  thread-local world and registry are not visible; autograd multithreading (a per-thread
+  switch) is therefore turned off in each rank thread, so each rank's backward runs on its
+  own thread.
 - The current tpu device is per thread in torch_pjrt (csrc/bridge/guard.cpp keeps it in a
   ``thread_local``, like CUDA's): each rank thread calls ``torch.tpu.set_device(rank)``.
 
@@ -119,8 +119,7 @@ _install_lock = threading.Lock()
 _install_count = 0
 # What the first install replaced: c10d's world, its other module globals that
 # init_process_group sets (_backend, _default_pg_init_method), sys.excepthook (which
-# init_process_group wraps with a "[rank<r>]: " prefix, each time), and whether autograd
-# multithreading was on.
+# init_process_group wraps with a "[rank<r>]: " prefix, each time).
 _saved: dict | None = None
 _C10D_GLOBALS = ("_world", "_backend", "_default_pg_init_method")
 
@@ -133,10 +132,8 @@ def _install() -> _ThreadWorlds:
         if _install_count == 0:
             _saved = {name: getattr(c10d, name, None) for name in _C10D_GLOBALS}
             _saved["excepthook"] = sys.excepthook
-            _saved["multithreading"] = torch._C._is_multithreading_enabled()
             c10d._world = _ThreadWorlds(_saved["_world"])
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
-            torch._C._set_multithreading_enabled(False)
         _install_count += 1
         return c10d._world
 
@@ -155,7 +152,6 @@ def _uninstall() -> None:
         sys.excepthook = saved["excepthook"]
         process_world = saved["_world"]
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
-        torch._C._set_multithreading_enabled(saved["multithreading"])
         # init_process_group in a rank thread set c10d's process-wide "global rank" (used in
         # its log messages); give it back to the process's default group.
         pg = process_world.default_pg
@@ -230,6 +226,9 @@ def _rank_main(session: _Session, worlds: _ThreadWorlds, store, rank: int, world
     failed = False
     try:
         torch.tpu.set_device(rank)
+        # Autograd's multithreading switch is per thread: off here, this rank's backward runs
+        # on this thread (where its world is visible), not on the engine's device thread.
+        torch._C._set_multithreading_enabled(False)
         dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
                                 timeout=timeout)
         session.results[rank] = fn(rank, *args, **kwargs)
