@@ -343,6 +343,40 @@ def case_fsdp2() -> None:
     print("fsdp2 OK")
 
 
+def case_fsdp2_tp() -> None:
+    """FSDP2 over dp and tensor parallelism over tp on a 2x2 mesh of 4 thread ranks (the
+    first Linear column-wise, the second row-wise): every parameter's full gradient equals the
+    single-device full-batch gradient on CPU. DTensor's sharding propagation runs fake tensors
+    in every rank thread at once."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from torch_pjrt.distributed import run_threads
+
+    def fn(rank):
+        mesh = init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))
+        model = _tiny_model().to("tpu")
+        parallelize_module(model, mesh["tp"], {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        fully_shard(model, mesh=mesh["dp"])
+        x, y = _batch()
+        dp = mesh["dp"].get_local_rank()
+        half = slice(4 * dp, 4 * dp + 4)
+        loss = torch.nn.functional.mse_loss(model(x[half].to("tpu")), y[half].to("tpu"))
+        loss.backward()
+        return {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}
+
+    want = _cpu_grads()
+    for rank, grads in enumerate(run_threads(fn, 4)):
+        assert grads.keys() == want.keys()
+        for name in want:
+            torch.testing.assert_close(grads[name], want[name], rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank}, {name}: {m}")
+    print("fsdp2_tp OK")
+
+
 def case_pipelining() -> None:
     """torch.distributed.pipelining, GPipe over 2 thread ranks (stage 0 = Linear-Tanh on tpu:0,
     stage 1 = Linear on tpu:1), 2 micro-batches: each micro-batch's loss equals the CPU loss of
@@ -832,6 +866,11 @@ def test_stalled_rank_raises_within_timeout(transport):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_collective_after_destroy_raises(transport):
     _run_case("destroyed_group", transport=transport)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fsdp2_with_tensor_parallel_matches_cpu(transport):
+    _run_case("fsdp2_tp", transport=transport)
 
 
 def test_backward_runs_on_the_rank_thread():

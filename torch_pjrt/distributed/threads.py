@@ -124,6 +124,19 @@ _saved: dict | None = None
 _C10D_GLOBALS = ("_world", "_backend", "_default_pg_init_method")
 
 
+def _swap_fake_mode_lock(lock):
+    """Sets DTensor's lock around fake-tensor sharding propagation (a nullcontext by default;
+    DTensor documents it for multi-threaded runs); returns the one it replaced."""
+    try:
+        from torch.distributed.tensor._sharding_prop import ShardingPropagator
+    except ImportError:  # no DTensor in this torch
+        return None
+    old = ShardingPropagator._fake_mode_lock
+    if lock is not None:
+        ShardingPropagator._fake_mode_lock = lock
+    return old
+
+
 def _install() -> _ThreadWorlds:
     global _install_count, _saved
     import torch.distributed.distributed_c10d as c10d
@@ -133,6 +146,7 @@ def _install() -> _ThreadWorlds:
             _saved = {name: getattr(c10d, name, None) for name in _C10D_GLOBALS}
             _saved["excepthook"] = sys.excepthook
             c10d._world = _ThreadWorlds(_saved["_world"])
+            _saved["fake_mode_lock"] = _swap_fake_mode_lock(threading.Lock())
             torch._C._distributed_c10d._set_thread_isolation_mode(True)
         _install_count += 1
         return c10d._world
@@ -150,6 +164,7 @@ def _uninstall() -> None:
         for name in _C10D_GLOBALS:
             setattr(c10d, name, saved[name])
         sys.excepthook = saved["excepthook"]
+        _swap_fake_mode_lock(saved["fake_mode_lock"])
         process_world = saved["_world"]
         torch._C._distributed_c10d._set_thread_isolation_mode(False)
         # init_process_group in a rank thread set c10d's process-wide "global rank" (used in
@@ -212,6 +227,18 @@ def _teardown(world: _RankWorld, abort: bool) -> None:
         world.comms.clear()
 
 
+def _no_shared_fake_results() -> None:
+    """DTensor's sharding propagation runs its ops on fake tensors in every rank thread at
+    once, and FakeTensorMode's dispatch cache is one per process: a rank could get back a fake
+    result made in another rank's thread, on that rank's device (FakeTensorDeviceMismatchError
+    in FSDP2 + tensor parallelism on 4 ranks). The cache is turned off in this thread (Dynamo's
+    config is per thread, so only rank threads lose it), and the propagation serialized by the
+    lock DTensor provides for multi-threaded use (set in _install)."""
+    import torch._dynamo.config as dynamo_config
+
+    dynamo_config.fake_tensor_cache_enabled = False
+
+
 def _rank_main(session: _Session, worlds: _ThreadWorlds, store, rank: int, world_size: int,
                backend: str, timeout: datetime.timedelta, fn: Callable, args: tuple,
                kwargs: dict) -> None:
@@ -229,6 +256,7 @@ def _rank_main(session: _Session, worlds: _ThreadWorlds, store, rank: int, world
         # Autograd's multithreading switch is per thread: off here, this rank's backward runs
         # on this thread (where its world is visible), not on the engine's device thread.
         torch._C._set_multithreading_enabled(False)
+        _no_shared_fake_results()
         dist.init_process_group(backend, rank=rank, world_size=world_size, store=store,
                                 timeout=timeout)
         session.results[rank] = fn(rank, *args, **kwargs)
