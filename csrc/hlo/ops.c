@@ -349,8 +349,11 @@ pj_val_t pj_reduce(pj_hlo_t *h, pj_val_t x, const int64_t *dims, int ndims, cons
   else if (!strcmp(kind, "xor")) { init = 0; op = "stablehlo.xor"; }
   else return pj_hlo_fail(h, PJ_ERR_RUNTIME, "internal: unknown reduction %s", kind);
   if (ndims == 0) return x;
+  /* "and"'s identity is every bit set: true for bool, -1 / the all-ones mask for integers
+   * (1 would clear every bit but the lowest of an integer reduction) */
   pj_val_t initv = (dt == PJ_I64 && !strcmp(kind, "max")) ? pj_const_i(h, dt, INT64_MIN)
                    : (dt == PJ_I64 && !strcmp(kind, "min")) ? pj_const_i(h, dt, INT64_MAX)
+                   : !strcmp(kind, "and")                   ? pj_const_i(h, dt, -1)
                                                             : pj_const(h, dt, init);
   pj_type_t st = pj_type_scalar(dt);
   pj_type_t sts[2] = {st, st};

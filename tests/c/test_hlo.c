@@ -72,6 +72,25 @@ static void test_reduce_region(void) {
   pj_hlo_free(h);
 }
 
+/* "and" reduces integers bitwise from every bit set (bool: true): its identity. */
+static void test_and_identity(void) {
+  const pj_dtype_t dts[3] = {PJ_I32, PJ_U8, PJ_BOOL};
+  const char *want[3] = {"dense<-1> : tensor<i32>", "dense<255> : tensor<ui8>",
+                         "dense<true> : tensor<i1>"};
+  for (int i = 0; i < 3; i++) {
+    pj_hlo_t *h = pj_hlo_new();
+    int64_t n = 4, dim = 0;
+    pj_val_t a = pj_hlo_param(h, pj_type(dts[i], 1, &n));
+    pj_val_t r = pj_reduce(h, a, &dim, 1, "and");
+    char *text = NULL;
+    size_t len;
+    OK(pj_hlo_finish(h, &r, 1, NULL, &text, &len));
+    EXPECT(strstr(text, want[i]));
+    free(text);
+    pj_hlo_free(h);
+  }
+}
+
 /* Module-level functions (custom kernels): added once per key however often they are called,
  * printed after @main, called with func.call. */
 static void test_module_funcs(void) {
@@ -103,6 +122,7 @@ int main(void) {
   test_program_text();
   test_sticky_error();
   test_reduce_region();
+  test_and_identity();
   test_module_funcs();
   CTEST_DONE();
 }
