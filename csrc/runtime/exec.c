@@ -325,6 +325,16 @@ pj_status_t *pj_program_deserialize_placed(const void *bytes, size_t len,
   return NULL;
 }
 
+int64_t *pj_program_keep_list(const bool *donate, size_t nargs, int64_t *small, size_t nsmall,
+                              size_t *nkeep) {
+  int64_t *keep = nargs <= nsmall ? small : malloc(nargs * sizeof *keep);
+  *nkeep = 0;
+  if (!keep) return NULL;
+  for (size_t i = 0; i < nargs; i++)
+    if (!donate || !donate[i]) keep[(*nkeep)++] = (int64_t)i;
+  return keep;
+}
+
 pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const *args,
                                 size_t nargs, const bool *donate, PJRT_Buffer **outs) {
   pj_runtime_t *rt;
@@ -345,11 +355,9 @@ pj_status_t *pj_program_execute(pj_program_t *p, int device, PJRT_Buffer *const 
   /* Donation is opt-in per argument: everything not marked is listed as non-donatable, so a
    * program compiled with aliasing can still be run without consuming an input. */
   int64_t keep_small[64];
-  int64_t *keep = nargs <= 64 ? keep_small : malloc(nargs * sizeof *keep);
-  if (!keep) return pj_status_new(PJ_ERR_OOM, "out of host memory");
   size_t nkeep = 0;
-  for (size_t i = 0; i < nargs; i++)
-    if (!donate || !donate[i]) keep[nkeep++] = (int64_t)i;
+  int64_t *keep = pj_program_keep_list(donate, nargs, keep_small, 64, &nkeep);
+  if (!keep) return pj_status_new(PJ_ERR_OOM, "out of host memory");
   PJRT_ExecuteOptions opts = {.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE,
                               .non_donatable_input_indices = keep,
                               .num_non_donatable_input_indices = nkeep};

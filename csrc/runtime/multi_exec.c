@@ -200,11 +200,9 @@ pj_status_t *pj_program_execute_multi(pj_program_t *p, PJRT_Buffer *const *const
     out_lists[s] = outs[r];
   }
   int64_t keep_small[64];
-  int64_t *keep = nargs <= 64 ? keep_small : malloc(nargs * sizeof *keep);
-  if (!keep) return pj_status_new(PJ_ERR_OOM, "out of host memory");
   size_t nkeep = 0;
-  for (size_t i = 0; i < nargs; i++)
-    if (!donate || !donate[i]) keep[nkeep++] = (int64_t)i;
+  int64_t *keep = pj_program_keep_list(donate, nargs, keep_small, 64, &nkeep);
+  if (!keep) return pj_status_new(PJ_ERR_OOM, "out of host memory");
   PJRT_ExecuteOptions opts = {.struct_size = PJRT_ExecuteOptions_STRUCT_SIZE,
                               .non_donatable_input_indices = keep,
                               .num_non_donatable_input_indices = nkeep};

@@ -3,6 +3,8 @@
  * use these). */
 #ifndef TORCH_PJRT_PROGRAM_H
 #define TORCH_PJRT_PROGRAM_H
+#include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "torch_pjrt/exec.h"
 
@@ -20,6 +22,12 @@ pj_status_t *pj_program_deserialize_placed(const void *bytes, size_t len,
 /* Where replica r's argument and output lists go in a PJRT execute call: the executable's
  * own order of its addressable devices, which need not be the replica order. */
 int pj_program_slot(const pj_program_t *p, int replica);
+/* The indices of the arguments not marked in `donate` (NULL: none marked), for an execute
+ * call's non_donatable_input_indices: donation is opt-in per argument. Written into `small`
+ * when nargs <= nsmall, else into a malloc'd array (the caller frees it when it is not
+ * `small`); NULL when out of memory. */
+int64_t *pj_program_keep_list(const bool *donate, size_t nargs, int64_t *small, size_t nsmall,
+                              size_t *nkeep);
 /* Parameters per device, or -1 when the plugin does not report them. */
 int64_t pj_program_num_params(const pj_program_t *p);
 #endif
