@@ -377,6 +377,142 @@ def case_fsdp2_tp() -> None:
     print("fsdp2_tp OK")
 
 
+def _expect_grads(results, want) -> None:
+    import torch
+
+    for rank, grads in enumerate(results):
+        assert grads.keys() == want.keys(), (grads.keys(), want.keys())
+        for name in want:
+            torch.testing.assert_close(grads[name], want[name], rtol=1e-5, atol=1e-6,
+                                       msg=lambda m: f"rank {rank}, {name}: {m}")
+
+
+def case_compiled_ranks(world: str) -> None:
+    """`world` rank threads each compile their own model with backend="tpu" and train it at
+    once (no collective): every rank's loss and gradients equal CPU's for its own input, and
+    every graph is captured whole (one rank's ops never enter, nor break, another rank's
+    capture). The ranks' captures are made to overlap: each rank, having begun a capture,
+    waits for every other rank to have begun one too, so all graphs are recorded at once.
+    Before captures were per thread, the second rank's begin raised "a graph capture is
+    already in progress" (and a rank's op during another's capture broke it)."""
+    import threading
+
+    import torch
+    import torch_pjrt.device
+
+    from torch_pjrt.distributed import run_threads
+
+    world = int(world)
+    x, y = _batch()
+    all_capturing = threading.Barrier(world, timeout=60)
+    C = torch_pjrt.device._C
+    begin = C._capture_begin
+
+    def begin_together(*args, **kwargs):
+        begin(*args, **kwargs)
+        all_capturing.wait()
+
+    C._capture_begin = begin_together
+
+    def fn(rank):
+        model = _tiny_model().to("tpu")
+        step = torch.compile(model, backend="tpu")
+        for _ in range(3):
+            model.zero_grad()
+            loss = torch.nn.functional.mse_loss(step(x.to("tpu") * (rank + 1)), y.to("tpu"))
+            loss.backward()
+        return loss.item(), {name: p.grad.cpu() for name, p in model.named_parameters()}
+
+    before = torch.tpu.metrics()
+    try:
+        results = run_threads(fn, world)
+    finally:
+        C._capture_begin = begin
+    after = torch.tpu.metrics()
+    for rank, (loss, grads) in enumerate(results):
+        model = _tiny_model()
+        want = torch.nn.functional.mse_loss(model(x * (rank + 1)), y)
+        want.backward()
+        assert abs(loss - want.item()) <= 1e-5 * abs(want.item()) + 1e-6, (rank, loss, want)
+        _expect_grads([grads], {name: p.grad for name, p in model.named_parameters()})
+    # a forward and a backward graph per rank, each captured once and never broken
+    assert after["graph_captures"] - before["graph_captures"] == 2 * world, (before, after)
+    assert after["graph_captures_broken"] == before["graph_captures_broken"], (before, after)
+    assert after["graph_runs"] - before["graph_runs"] >= 2 * world * 2
+    print("compiled_ranks OK")
+
+
+def case_fsdp2_compiled() -> None:
+    """FSDP2 with compiled blocks, as torchtitan applies them (each block torch.compile'd, then
+    fully_shard'ed; FSDP's hooks run eagerly around the compiled forward): every parameter's
+    full gradient equals the single-device full-batch gradient on CPU, over two steps, and
+    each block's forward and backward are captured programs on every rank."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    from torch_pjrt.distributed import run_threads
+
+    def fn(rank):
+        mesh = init_device_mesh("tpu", (2,))
+        model = _tiny_model().to("tpu")
+        for i in (0, 2):
+            model[i] = torch.compile(model[i], backend="tpu")
+            fully_shard(model[i], mesh=mesh)
+        fully_shard(model, mesh=mesh)
+        x, y = _batch()
+        half = slice(4 * rank, 4 * rank + 4)
+        for _ in range(2):
+            model.zero_grad()
+            loss = torch.nn.functional.mse_loss(model(x[half].to("tpu")), y[half].to("tpu"))
+            loss.backward()
+        _check_transport()
+        return {name.replace("._orig_mod", ""): p.grad.full_tensor().cpu()
+                for name, p in model.named_parameters()}
+
+    before = torch.tpu.metrics()
+    results = run_threads(fn, 2)
+    after = torch.tpu.metrics()
+    _expect_grads(results, _cpu_grads())
+    # 2 blocks x (forward, backward) x 2 ranks
+    assert after["graph_captures"] - before["graph_captures"] == 8, (before, after)
+    assert after["graph_captures_broken"] == before["graph_captures_broken"]
+    print("fsdp2_compiled OK")
+
+
+def case_tp_compiled() -> None:
+    """Tensor parallelism (column-wise then row-wise Linear) under torch.compile: the graphs
+    hold DTensor's functional collectives (_c10d_functional.all_reduce and wait_tensor), which
+    run as the group's collectives between the graph's ops (materialized: the graph runs
+    through the recorder, not as one captured program); every parameter's full gradient
+    equals the single-device gradient on CPU, over three steps."""
+    import torch
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
+                                                   parallelize_module)
+
+    from torch_pjrt.distributed import run_threads
+
+    def fn(rank):
+        mesh = init_device_mesh("tpu", (2,))
+        model = _tiny_model().to("tpu")
+        parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
+        step = torch.compile(model, backend="tpu")
+        x, y = _batch()
+        for _ in range(3):
+            model.zero_grad()
+            torch.nn.functional.mse_loss(step(x.to("tpu")), y.to("tpu")).backward()
+        _check_transport()
+        return {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}
+
+    from torch._dynamo.utils import counters
+
+    results = run_threads(fn, 2)
+    _expect_grads(results, _cpu_grads())
+    assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], counters
+    print("tp_compiled OK")
+
+
 def case_pipelining() -> None:
     """torch.distributed.pipelining, GPipe over 2 thread ranks (stage 0 = Linear-Tanh on tpu:0,
     stage 1 = Linear on tpu:1), 2 micro-batches: each micro-batch's loss equals the CPU loss of
@@ -849,6 +985,21 @@ def test_pipelining_gpipe_matches_cpu(transport):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_dtensor_shard_replicate(transport):
     _run_case("dtensor", transport=transport)
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_compiled_graphs_on_rank_threads(world):
+    _run_case("compiled_ranks", str(world))
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_fsdp2_compiled_blocks_gradients_match_cpu(transport):
+    _run_case("fsdp2_compiled", transport=transport)
+
+
+@pytest.mark.parametrize("transport", TRANSPORTS)
+def test_tensor_parallel_compiled_gradients_match_cpu(transport):
+    _run_case("tp_compiled", transport=transport)
 
 
 @pytest.mark.parametrize("world", [2, 4])

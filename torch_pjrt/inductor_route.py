@@ -28,9 +28,12 @@ compile package so that installing the route costs no import (the package takes 
 """
 from __future__ import annotations
 
+import threading
+
 import torch
 
 _MARK = "_torch_pjrt_tpu_route"
+_LOOKUP_LOCK = threading.RLock()
 
 
 def _on_tpu(value) -> bool:
@@ -80,3 +83,24 @@ def install() -> None:
     setattr(__call__, _MARK, True)
     __call__.__doc__ = inductor_call.__doc__
     cls.__call__ = __call__
+    _serialize_backend_lookup()
+
+
+def _serialize_backend_lookup() -> None:
+    """``torch.compile(..., backend="tpu")`` from several threads at once (the ranks of
+    ``torch_pjrt.distributed.run_threads``) raced in PyTorch's backend registry: the first
+    lookup of an entry-point backend loads and registers it, unlocked, so a second thread
+    registering the same name got ``AssertionError: duplicate name: tpu``. The wrapper class
+    that does the lookup is constructed under one lock."""
+    cls = getattr(torch, "_TorchCompileWrapper", None)
+    if cls is None or getattr(cls.__init__, _MARK, False):
+        return
+    wrapper_init = cls.__init__
+
+    def __init__(self, *args, **kwargs):
+        with _LOOKUP_LOCK:
+            wrapper_init(self, *args, **kwargs)
+
+    setattr(__init__, _MARK, True)
+    __init__.__doc__ = wrapper_init.__doc__
+    cls.__init__ = __init__

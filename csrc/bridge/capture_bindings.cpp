@@ -369,13 +369,14 @@ void bind_capture(pybind11::module_& m) {
         c.entries[std::string(sig)] = std::move(e);
       })
       .def("__len__", [](const GraphCache& c) { return c.entries.size(); });
-  m.def("_capture_begin", [] {
+  m.def("_capture_begin", [](bool thread_only) {
     // in step before recording starts: a change noticed at the graph's first op would flush
     // (product_precision.cpp), and a flush inside a capture breaks it
     sync_product_precision();
-    check(pj_capture_begin());
-  },
-        "Starts recording every lowered op into one graph (see capture.h).");
+    check(thread_only ? pj_capture_begin_thread() : pj_capture_begin());
+  }, py::arg("thread_only") = false,
+        "Starts recording every lowered op into one graph (see capture.h): every thread's, or "
+        "with thread_only the calling thread's alone.");
   m.def("_capture_active", [] { return pj_capture_active(); });
   m.def("_capture_abort", [] { check(pj_capture_abort()); },
         "Ends a capture without a plan; what was recorded runs.");

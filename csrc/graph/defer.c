@@ -43,18 +43,41 @@ typedef struct {
 } detector_t;
 
 static pthread_mutex_t mu = PTHREAD_MUTEX_INITIALIZER;
-static graph_t G;
-/* Capture (capture.h): while capturing, the graph is cut only by what forces it to run (a read,
- * a sync, a device change), and any such flush breaks the capture. Guarded by mu. */
-static atomic_bool capturing;
-static bool capture_broken;
-/* The generator draws reported while capturing, in the order they were made (a plan replays
- * them, capture.c). Guarded by mu; emptied when a capture begins. */
-static pj_draw_t *draws;
-static int ndraws, cap_draws;
+/* The recorder's graph, shared by every thread that is not capturing. Guarded by mu. */
+static graph_t shared_graph;
+/* Capture (capture.h): while capturing, ops are recorded into the capture's own graph, cut only
+ * by what forces it to run (a read, a sync, a device change), and any such flush breaks the
+ * capture. A process-wide capture (pj_capture_begin: torch.tpu.graph, whose backward runs on
+ * the autograd engine's thread) takes every thread's ops and flushes. A thread's capture
+ * (pj_capture_begin_thread: a compiled graph's first run) takes only that thread's: other
+ * threads keep using the shared graph, or captures of their own (the ranks of
+ * torch_pjrt.distributed.run_threads capture their compiled graphs at the same time), and
+ * their flushes leave it alone. A thread's own capture comes before a process-wide one. The
+ * graph and the draws of a capture are guarded by mu like the shared graph. */
+typedef struct {
+  graph_t graph;
+  bool broken;
+  /* the generator draws reported while capturing, in the order they were made (a plan
+   * replays them, capture.c) */
+  pj_draw_t *draws;
+  int ndraws, cap_draws;
+} capture_state_t;
+static _Thread_local capture_state_t *tl_capture;
+static _Atomic(capture_state_t *) process_capture;
+/* Set while a capturing thread flushes the shared graph. */
+static _Thread_local bool tl_force_shared;
+
+/* The capture the calling thread's ops go to, or NULL. */
+static capture_state_t *cur_capture(void) {
+  if (tl_force_shared) return NULL;
+  return tl_capture ? tl_capture : atomic_load(&process_capture);
+}
+/* The graph the calling thread records into. */
+#define G (*(cur_capture() ? &cur_capture()->graph : &shared_graph))
 static detector_t D;
+/* The shared graph's op count and kind, readable without mu (a capture's are not here). */
 static atomic_int pending_ops;
-static atomic_bool each_pending; /* G.each && G.nops > 0 */
+static atomic_bool each_pending; /* shared_graph.each && shared_graph.nops > 0 */
 /* Default size bound. Small on purpose: a graph that reaches it runs asynchronously while the
  * host records the next one, so device work overlaps host dispatch as in Strict (a whole
  * training step as one graph leaves the device idle until the final read). Measured on the
@@ -442,12 +465,16 @@ static _Thread_local bool in_flush;
 /* Another thread that asks for a flush while one runs must wait for it (the ops being run may
  * write what it reads next): pending_ops and each_pending keep their values until the flush
  * has run everything, so such a thread takes mu, which the flushing thread holds. */
+static void publish_shared_counts(void) {
+  atomic_store(&pending_ops, shared_graph.nops);
+  atomic_store(&each_pending, shared_graph.nops > 0 && shared_graph.each);
+}
+
 static pj_status_t *flush_locked(void) {
   in_flush = true;
   pj_status_t *st = flush_graph();
   in_flush = false;
-  atomic_store(&pending_ops, G.nops);
-  atomic_store(&each_pending, G.nops > 0 && G.each);
+  if (!cur_capture()) publish_shared_counts();
   return st;
 }
 
@@ -456,7 +483,7 @@ static pj_status_t *flush_locked(void) {
  * compiled, the ops are replayed one by one (see pj_graph_run_each); a Strict queue ("each")
  * always is. */
 static pj_status_t *flush_graph(void) {
-  if (G.nops > 0 && atomic_load(&capturing)) capture_broken = true;
+  if (G.nops > 0 && cur_capture()) cur_capture()->broken = true;
   graph_t g = G;
   memset(&G, 0, sizeof G);
   if (g.nops == 0) {
@@ -678,7 +705,7 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
   memcpy(op.scalars, scalars, sizeof(pj_scalar_t) * (size_t)nscalars);
   pj_status_t *st = NULL;
   pthread_mutex_lock(&mu);
-  const bool cap = atomic_load(&capturing);
+  const bool cap = cur_capture() != NULL;
   /* the loop detector learns fused graphs only; a Strict queue is cut at the size bound */
   bool cut = !cap && !each && detector_step(op.hash);
   const bool full = !cap && G.nops >= max_ops;
@@ -736,22 +763,39 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
   G.device = device;
   G.each = each;
   G.ops[G.nops++] = op;
-  atomic_store(&pending_ops, G.nops);
-  atomic_store(&each_pending, each);
+  if (!cap) publish_shared_counts();
   if (!each) pj_metric_add(PJ_METRIC_DEFER_OPS, 1);
   pthread_mutex_unlock(&mu);
   return NULL;
 }
 
+/* A flush during a capture the calling thread records into: the capture breaks, its graph
+ * runs, and so does the shared one (what this thread reads next may have been written there
+ * before). */
+static pj_status_t *flush_capturing(void) {
+  pthread_mutex_lock(&mu);
+  capture_state_t *c = cur_capture();
+  if (!c) { /* a process-wide capture ended meanwhile */
+    pthread_mutex_unlock(&mu);
+    return pj_defer_flush();
+  }
+  c->broken = true;
+  pj_status_t *st = in_flush ? NULL : flush_locked();
+  if (!st && !in_flush && shared_graph.nops > 0) {
+    tl_force_shared = true; /* G is the shared graph for this flush */
+    st = flush_locked();
+    tl_force_shared = false;
+  }
+  pthread_mutex_unlock(&mu);
+  return st;
+}
+
 pj_status_t *pj_defer_flush(void) {
   /* Whatever asks for a flush is about to run something or read device state right away (an
-   * op in Strict, a host copy, a CPU fallback, an event): during a capture that breaks it even
-   * when nothing is recorded yet, or the plan would bake in what that did once. */
-  if (atomic_load(&capturing)) {
-    pthread_mutex_lock(&mu);
-    if (atomic_load(&capturing)) capture_broken = true;
-    pthread_mutex_unlock(&mu);
-  }
+   * op in Strict, a host copy, a CPU fallback, an event): during this thread's capture that
+   * breaks it even when nothing is recorded yet, or the plan would bake in what that did
+   * once. Another thread's capture is not affected. */
+  if (cur_capture()) return flush_capturing();
   if (in_flush || atomic_load_explicit(&pending_ops, memory_order_acquire) == 0) return NULL;
   pthread_mutex_lock(&mu);
   /* a flush at a natural boundary (a read, a sync) is a boundary the loop already has */
@@ -766,59 +810,84 @@ pj_status_t *pj_defer_flush(void) {
   return st;
 }
 
-int pj_defer_pending_ops(void) { return atomic_load(&pending_ops); }
+int pj_defer_pending_ops(void) {
+  if (!cur_capture()) return atomic_load(&pending_ops);
+  pthread_mutex_lock(&mu); /* the capture's graph: the calling thread's recorded ops */
+  const int n = G.nops;
+  pthread_mutex_unlock(&mu);
+  return n;
+}
 
 bool pj_defer_each_pending(void) { return atomic_load(&each_pending); }
 
 pj_status_t *pj_defer_flush_queued(void) {
   if (in_flush || !atomic_load(&each_pending)) return NULL;
   pthread_mutex_lock(&mu);
-  pj_status_t *st = G.each ? flush_locked() : NULL;
+  pj_status_t *st = NULL;
+  if (!cur_capture()) st = shared_graph.each ? flush_locked() : NULL;
   pthread_mutex_unlock(&mu);
   return st;
 }
 
 /* ---- capture (capture.h; the plan itself is capture.c's) ---- */
 
-pj_status_t *pj_capture_begin(void) {
+static pj_status_t *capture_begin(bool whole_process) {
+  if (tl_capture || atomic_load(&process_capture))
+    return pj_status_new(PJ_ERR_RUNTIME, "a graph capture is already in progress");
+  capture_state_t *c = calloc(1, sizeof *c);
+  if (!c) return pj_status_new(PJ_ERR_OOM, "out of host memory starting a graph capture");
   pthread_mutex_lock(&mu);
-  pj_status_t *st = atomic_load(&capturing)
-                        ? pj_status_new(PJ_ERR_RUNTIME, "a graph capture is already in progress")
-                        : flush_locked();
-  if (!st) {
-    capture_broken = false;
-    ndraws = 0;
-    atomic_store(&capturing, true);
-  }
+  pj_status_t *st = NULL;
+  if (whole_process && atomic_load(&process_capture))
+    st = pj_status_new(PJ_ERR_RUNTIME, "a graph capture is already in progress");
+  if (!st) st = flush_locked(); /* program order: what was recorded before runs first */
+  if (!st && whole_process) atomic_store(&process_capture, c);
+  else if (!st) tl_capture = c;
   pthread_mutex_unlock(&mu);
+  if (st) free(c);
   return st;
 }
 
-bool pj_capture_active(void) { return atomic_load(&capturing); }
+pj_status_t *pj_capture_begin(void) { return capture_begin(true); }
+pj_status_t *pj_capture_begin_thread(void) { return capture_begin(false); }
+
+bool pj_capture_active(void) { return cur_capture() != NULL; }
 
 void pj_capture_note_draw(int generator, uint64_t seed, uint64_t offset, uint64_t increment) {
-  if (!atomic_load(&capturing)) return;
+  if (!cur_capture()) return;
   pthread_mutex_lock(&mu);
-  if (atomic_load(&capturing) && !capture_broken) {
-    if (ndraws == cap_draws) {
-      int cap = cap_draws ? cap_draws * 2 : 16;
-      pj_draw_t *p = realloc(draws, sizeof *p * (size_t)cap);
+  capture_state_t *c = cur_capture();
+  if (c && !c->broken) {
+    if (c->ndraws == c->cap_draws) {
+      int cap = c->cap_draws ? c->cap_draws * 2 : 16;
+      pj_draw_t *p = realloc(c->draws, sizeof *p * (size_t)cap);
       if (p) {
-        draws = p;
-        cap_draws = cap;
+        c->draws = p;
+        c->cap_draws = cap;
       }
     }
     /* a draw the plan would not know of would replay the capture's numbers: no plan then */
-    if (ndraws < cap_draws) draws[ndraws++] = (pj_draw_t){generator, seed, offset, increment};
-    else capture_broken = true;
+    if (c->ndraws < c->cap_draws) c->draws[c->ndraws++] = (pj_draw_t){generator, seed, offset, increment};
+    else c->broken = true;
   }
   pthread_mutex_unlock(&mu);
+}
+
+/* Ends the calling thread's current capture: its state goes (its graph is empty by now).
+ * Caller holds mu. */
+static void capture_state_free(void) {
+  capture_state_t *c = cur_capture();
+  if (c == tl_capture) tl_capture = NULL;
+  else atomic_store(&process_capture, NULL);
+  pj_graph_clear(&c->graph);
+  free(c->draws);
+  free(c);
 }
 
 pj_status_t *pj_capture_abort(void) {
   pthread_mutex_lock(&mu);
-  atomic_store(&capturing, false);
-  pj_status_t *st = flush_locked();
+  pj_status_t *st = flush_locked(); /* what was recorded runs, as defer_and_fuse would */
+  if (cur_capture()) capture_state_free();
   pthread_mutex_unlock(&mu);
   return st;
 }
@@ -828,25 +897,25 @@ static pj_status_t *capture_finish(pj_storage_t *const *inputs, int nin,
                                    pj_plan_t **plan) {
   *plan = NULL;
   pthread_mutex_lock(&mu);
-  if (!atomic_load(&capturing)) {
+  capture_state_t *c = cur_capture();
+  if (!c) {
     pthread_mutex_unlock(&mu);
     return pj_status_new(PJ_ERR_RUNTIME, "no graph capture is in progress");
   }
-  atomic_store(&capturing, false);
-  if (capture_broken || G.nops == 0) {
-    if (capture_broken) pj_metric_add(PJ_METRIC_PLAN_BROKEN, 1);
+  if (c->broken || G.nops == 0) {
+    if (c->broken) pj_metric_add(PJ_METRIC_PLAN_BROKEN, 1);
     pj_status_t *st = flush_locked();
+    capture_state_free();
     pthread_mutex_unlock(&mu);
     return st;
   }
   graph_t g = G;
   memset(&G, 0, sizeof G);
-  atomic_store(&pending_ops, 0);
-  /* the capture's draws go with its graph (the next capture starts a log of its own) */
-  pj_draw_t *d = draws;
-  int nd = ndraws;
-  draws = NULL;
-  ndraws = cap_draws = 0;
+  /* the capture's draws go with its graph */
+  pj_draw_t *d = c->draws;
+  int nd = c->ndraws;
+  c->draws = NULL;
+  capture_state_free();
   pthread_mutex_unlock(&mu);
   pj_status_t *st = pj_plan_capture(&g, d, nd, inputs, nin, outputs, nout, run, plan);
   free(d);
@@ -891,20 +960,20 @@ static void key_op_name(const dop_t *op, char *out, size_t n) {
 
 char *pj_defer_graph_text(void) {
   pthread_mutex_lock(&mu);
-  size_t cap = 256 + (size_t)G.nops * 160, len = 0;
+  size_t cap = 256 + (size_t)shared_graph.nops * 160, len = 0;
   char *text = malloc(cap);
   if (!text) {
     pthread_mutex_unlock(&mu);
     return NULL;
   }
-  len += (size_t)snprintf(text, cap, "pending graph: %d ops, %d storages\n", G.nops, G.nst);
-  for (int i = 0; i < G.nops; i++) {
-    const dop_t *op = &G.ops[i];
+  len += (size_t)snprintf(text, cap, "pending graph: %d ops, %d storages\n", shared_graph.nops, shared_graph.nst);
+  for (int i = 0; i < shared_graph.nops; i++) {
+    const dop_t *op = &shared_graph.ops[i];
     char name[128], line[1024];
     key_op_name(op, name, sizeof name);
     int w = snprintf(line, sizeof line, "  %d: %s", i, name);
     for (int s = 0; s < op->nslots && w < (int)sizeof line - 32; s++) {
-      const gstore_t *g = &G.st[op->gslot[s]];
+      const gstore_t *g = &shared_graph.st[op->gslot[s]];
       w += snprintf(line + w, sizeof line - (size_t)w, " s%llu:%s", (unsigned long long)g->s->id,
                     pj_dtype_info(g->dtype)->name);
     }

@@ -6,7 +6,9 @@
  * capture runs what was recorded; a plan refuses storages of other sizes, or inputs that alias
  * where they did not at capture, and leaves them intact; a plan's constants live with it; a
  * plan's random ops draw from the generator state each run is given, exactly as the same ops
- * run on their own would, and draws a run cannot replay give no plan. */
+ * run on their own would, and draws a run cannot replay give no plan. A thread's capture takes
+ * only that thread's ops: another thread records, flushes and captures beside it. */
+#include <pthread.h>
 #include <string.h>
 
 #include "ctest_device.h"
@@ -723,6 +725,76 @@ static void test_capture_without_run(void) {
   EXPECT(pj_storage_live_count() == live0);
 }
 
+/* The other thread of test_thread_capture: while the main thread captures, it is not
+ * capturing; its deferred op goes to the shared graph and its flush runs it without breaking
+ * the main thread's capture; and it captures a graph of its own. */
+static void *other_thread(void *arg) {
+  (void)arg;
+  EXPECT(!pj_capture_active());
+  const float xv[N] = {1, 2, 3, 4}, yv[N] = {10, 20, 30, 40};
+  pj_storage_t *x = ctest_f32_storage(xv, N), *y = ctest_f32_storage(yv, N), *sum, *out;
+  OK(pj_storage_new(0, N * sizeof(float), &sum));
+  OK(pj_storage_new(0, N * sizeof(float), &out));
+  pj_call_t c;
+  binary_call(&c, "add", x, y, sum);
+  defer(&c);
+  EXPECT(pj_defer_pending_ops() == 1); /* the shared graph's */
+  OK(pj_defer_flush());
+  const float want_sum[N] = {11, 22, 33, 44};
+  expect_values(sum, want_sum, N);
+
+  OK(pj_capture_begin_thread());
+  EXPECT(pj_capture_active());
+  record_graph(x, y, out, false);
+  pj_plan_t *plan = NULL;
+  pj_storage_t *ins[2] = {x, y}, *outs[1] = {out};
+  OK(pj_capture_end(ins, 2, outs, 1, &plan));
+  EXPECT(plan != NULL);
+  float want_out[N], want_x[N];
+  graph_reference(xv, yv, want_out, want_x);
+  expect_values(out, want_out, N);
+  expect_values(x, want_x, N);
+  if (plan) pj_plan_free(plan);
+  pj_storage_release(x);
+  pj_storage_release(y);
+  pj_storage_release(sum);
+  pj_storage_release(out);
+  return NULL;
+}
+
+static void test_thread_capture(void) {
+  const int64_t live0 = pj_storage_live_count();
+  const float av[N] = {2, -3, 0.25f, 8}, bv[N] = {1, 1, 4, -0.5f};
+  pj_storage_t *a = ctest_f32_storage(av, N), *b = ctest_f32_storage(bv, N), *out;
+  OK(pj_storage_new(0, N * sizeof(float), &out));
+  const int64_t broken0 = pj_metric_get(PJ_METRIC_PLAN_BROKEN);
+  const int64_t caps0 = pj_metric_get(PJ_METRIC_PLAN_CAPTURES);
+  OK(pj_capture_begin_thread());
+  expect_error(pj_capture_begin_thread(), "already");
+  expect_error(pj_capture_begin(), "already");
+  record_graph(a, b, out, false);
+  pthread_t t;
+  EXPECT(pthread_create(&t, NULL, other_thread, NULL) == 0);
+  pthread_join(t, NULL);
+  EXPECT(pj_capture_active());
+  pj_plan_t *plan = NULL;
+  pj_storage_t *ins[2] = {a, b}, *outs[1] = {out};
+  OK(pj_capture_end(ins, 2, outs, 1, &plan));
+  EXPECT(plan != NULL);
+  EXPECT(!pj_capture_active());
+  EXPECT(pj_metric_get(PJ_METRIC_PLAN_BROKEN) == broken0); /* neither capture broke */
+  EXPECT(pj_metric_get(PJ_METRIC_PLAN_CAPTURES) == caps0 + 2);
+  float want_out[N], want_a[N];
+  graph_reference(av, bv, want_out, want_a);
+  expect_values(out, want_out, N);
+  expect_values(a, want_a, N);
+  if (plan) pj_plan_free(plan);
+  pj_storage_release(a);
+  pj_storage_release(b);
+  pj_storage_release(out);
+  EXPECT(pj_storage_live_count() == live0);
+}
+
 int main(void) {
   CTEST_REQUIRE_PLUGIN();
   test_capture_and_run();
@@ -733,6 +805,7 @@ int main(void) {
   test_immediate_op_breaks_capture();
   test_run_refuses_split_alias();
   test_random_draws();
+  test_thread_capture();
   EXPECT(pj_storage_live_count() == 0);
   CTEST_DONE();
 }

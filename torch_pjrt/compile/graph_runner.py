@@ -212,7 +212,9 @@ class GraphRunner(OutputCode):
         _register_source_lines(self.gm)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         with modes.eager_mode("defer_and_fuse"):
-            _C._capture_begin()
+            # this thread's ops only: other threads (the ranks of run_threads, each running
+            # its own compiled graphs) neither join nor break the capture
+            _C._capture_begin(thread_only=True)
             try:
                 outs = self.gm(*args)
             except BaseException:

@@ -26,7 +26,16 @@
  *  - Results are written into: inputs the graph writes (mutations, installed in place; their
  *    old buffers are donated), the given output storages, and constants the graph writes.
  *    Storages only the graph itself used are never materialized.
- * One capture at a time per process (the recorder is process-wide). Thread-safe otherwise. */
+ *  - Scope: a process-wide capture (pj_capture_begin) records every thread's ops, and every
+ *    thread's flush breaks it (torch.tpu.graph: the backward of a captured step runs on the
+ *    autograd engine's thread). A thread's capture (pj_capture_begin_thread) records only the
+ *    ops of the thread that began it, and only that thread's flushes break it; other threads
+ *    run and record as they would without it, and may capture at the same time (the ranks of
+ *    torch_pjrt.distributed.run_threads each capture their compiled graphs). A thread reading
+ *    a storage that another thread's capture writes, before that capture ends, reads none of
+ *    its results (as on CUDA, another stream's work is not waited for). Begin, end and abort
+ *    are called by the capturing thread; a thread's own capture wins over a process-wide one.
+ * Thread-safe otherwise. */
 #ifndef TORCH_PJRT_CAPTURE_H
 #define TORCH_PJRT_CAPTURE_H
 #include <stdbool.h>
@@ -46,7 +55,10 @@ typedef struct pj_plan pj_plan_t;
 /* Runs whatever is recorded, then records every lowered op (whatever the thread's eager mode
  * says, the bridge routes ops to the recorder while capturing) without size bound or loop cuts. */
 pj_status_t *pj_capture_begin(void);
-/* Whether a capture is in progress. */
+/* The same for the calling thread's ops only (see Scope above). Either begin fails while the
+ * calling thread already records into a capture. */
+pj_status_t *pj_capture_begin_thread(void);
+/* Whether the calling thread's ops are being captured (its own capture or a process-wide one). */
 bool pj_capture_active(void);
 /* Reports a draw from a tpu generator: generator is the device whose default generator it is
  * (PJ_GENERATOR_OTHER for any other generator), (seed, offset) what the random op was given as

@@ -30,7 +30,8 @@ pj_status_t *pj_defer_flush(void);
  * pj_call_run_async), leaving a defer_and_fuse graph alone: what reads counters or memory
  * statistics calls it, so they count what Strict would have run by then. */
 pj_status_t *pj_defer_flush_queued(void);
-/* Number of recorded ops not yet run. */
+/* Number of recorded ops not yet run in the graph the calling thread records into (the capture
+ * it records into, capture.h, else the shared graph). */
 int pj_defer_pending_ops(void);
 /* The pending graph as text, one recorded op per line (malloc'd; the caller frees it). */
 char *pj_defer_graph_text(void);
