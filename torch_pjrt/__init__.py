@@ -151,6 +151,9 @@ def _register_distributed(device) -> None:
         from . import distributed
 
         distributed._register_backends()
+        from .distributed import local
+
+        local.install_parallel_comm()  # torch.nn.parallel.comm (nn.DataParallel) on tpu
     except Exception as e:  # noqa: BLE001 - the device itself works without it
         _log.warning("torch_pjrt: the tpu_dist distributed backend is disabled: %s", e)
         device._note_problem("distributed", f"{type(e).__name__}: {e}")

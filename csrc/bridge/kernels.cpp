@@ -278,6 +278,17 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
          (is_dense(self.key_set()) && is_dense(from.key_set()));
 }
 
+// Tensor.record_stream (nn.DataParallel's scatter calls it): on CUDA it keeps the caching
+// allocator from reusing the memory before the stream's queued work is done. Here nothing needs
+// recording: a storage's PJRT buffer stays alive, whatever replaces it, until every program
+// that uses it has completed (PJRT holds its usage). The stream must be a tpu stream, as
+// CUDA's must be a CUDA one.
+void record_stream(at::Tensor& self, c10::Stream s) {
+  TORCH_CHECK(s.device_type() == c10::DeviceType::PrivateUse1,
+              "record_stream: expected a tpu stream for a tpu tensor, got a stream of ",
+              s.device());
+}
+
 }  // namespace
 }  // namespace torch_pjrt
 
@@ -299,6 +310,7 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Storage", TORCH_FN(set_source_storage));
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
+  m.impl("record_stream", TORCH_FN(record_stream));
   // metadata only, as on CPU (PyTorch's device-generic kernel): the same StorageImpl, storage
   // offset, sizes and strides. A storage slice's alias (alias_storage) is a StorageImpl of its
   // own, as a CPU storage slice is.

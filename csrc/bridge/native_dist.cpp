@@ -925,6 +925,109 @@ class NativeBackend final : public c10d::Backend {
   std::thread completer_;  // started last: it uses everything above
 };
 
+// ---------------------------------------------------------------------------------------------
+// One process, several devices (issue 36 item 3(a); torch_pjrt/distributed/local.py): one
+// collective over tensors the calling thread holds on distinct devices, run at once as one
+// program over those devices (pj_coll_run; no rendezvous: every replica's input is here).
+// ---------------------------------------------------------------------------------------------
+
+pj_coll_kind_t local_kind(const std::string& kind) {
+  if (kind == "all_reduce") return PJ_COLL_ALL_REDUCE;
+  if (kind == "reduce") return PJ_COLL_REDUCE;
+  if (kind == "broadcast") return PJ_COLL_BROADCAST;
+  if (kind == "all_gather") return PJ_COLL_ALL_GATHER;
+  TORCH_CHECK_VALUE(false, "local collective: unknown kind '", kind,
+                    "' (all_reduce, reduce, broadcast, all_gather)");
+}
+
+// Results of `kind` over tensors[r] on device tensors[r].device() (distinct devices, one dtype
+// and shape): one new tensor per replica, on its device. root: REDUCE's and BROADCAST's replica.
+std::vector<at::Tensor> local_collective(const std::string& kind,
+                                         const std::vector<at::Tensor>& tensors, int op,
+                                         int root) {
+  const pj_coll_kind_t k = local_kind(kind);
+  const int n = static_cast<int>(tensors.size());
+  TORCH_CHECK_VALUE(n >= 1 && n <= PJ_COLL_MAX_REPLICAS, "local collective: 1 to ",
+                    PJ_COLL_MAX_REPLICAS, " tensors, got ", n);
+  std::vector<int> devices(n);
+  for (int r = 0; r < n; r++) {
+    const at::Tensor& t = tensors[r];
+    TORCH_CHECK_VALUE(is_tpu(t), "local collective: tensor ", r, " is on ", t.device(),
+                      ", not a tpu device");
+    TORCH_CHECK_VALUE(t.scalar_type() == tensors[0].scalar_type() &&
+                          t.sizes() == tensors[0].sizes(),
+                      "local collective: every tensor needs the first one's dtype and shape (",
+                      tensors[0].scalar_type(), tensors[0].sizes(), "), tensor ", r, " is ",
+                      t.scalar_type(), t.sizes());
+    devices[r] = t.device().index();
+    for (int q = 0; q < r; q++)
+      TORCH_CHECK_VALUE(devices[q] != devices[r], "local collective: tensors ", q, " and ", r,
+                        " are both on ", t.device(), " (one tensor per device)");
+  }
+  c10::InferenceMode not_inference(false);
+  // One program reads one view on every replica: views that differ become contiguous copies.
+  std::vector<at::Tensor> ins(tensors.begin(), tensors.end());
+  bool same = true;
+  for (int r = 1; r < n && same; r++)
+    same = ins[r].strides() == ins[0].strides() &&
+           ins[r].storage_offset() == ins[0].storage_offset() &&
+           storage_of(ins[r])->nbytes == storage_of(ins[0])->nbytes;
+  for (int r = 0; r < n; r++)
+    if (!same || (storage_of(ins[r])->buf &&
+                  storage_of(ins[r])->dtype != to_pj_dtype(ins[r].scalar_type())))
+      ins[r] = device_copy(ins[r]);
+  check(pj_defer_flush());  // recorded ops, the copies among them, run first
+  const pj_dtype_t dt = to_pj_dtype(ins[0].scalar_type());
+  std::vector<int64_t> sizes = ins[0].sizes().vec(), strides = ins[0].strides().vec();
+  std::vector<PJRT_Buffer*> bufs(n);
+  pj_coll_view_t view{};
+  pj_coll_desc_t d{};
+  d.kind = k;
+  d.op = static_cast<pj_reduce_op_t>(op);
+  d.dtype = dt;
+  d.ninputs = 1;
+  d.inputs = &view;
+  d.nreplicas = n;
+  d.group_size = n;
+  d.root = root;
+  d.flat_out = true;
+  std::vector<PJRT_Buffer*> outs;
+  int64_t out_numel = 0;
+  {
+    RunLock lock;  // no program run replaces a buffer between our read and the launch
+    for (int r = 0; r < n; r++) {
+      pj_storage_t* st = storage_of(ins[r]);
+      check(pj_storage_readable(st));
+      if (!st->buf) check(pj_storage_materialize(st, dt));
+      check(pj_bucket_trim_locked(st));
+      bufs[r] = st->buf;
+    }
+    view = {static_cast<int>(sizes.size()), sizes.data(), strides.data(),
+            ins[0].storage_offset(),
+            static_cast<int64_t>(storage_of(ins[0])->nbytes / pj_dtype_info(dt)->itemsize)};
+    check(pj_coll_check(&d));
+    pj_type_t ot;
+    check(pj_coll_output_type(&d, 0, &ot));
+    out_numel = pj_type_numel(&ot);
+    outs.assign(static_cast<size_t>(n) * pj_coll_num_outputs(&d), nullptr);
+  }
+  // outside the run lock, which pj_coll_run takes itself (the buffers stay: only this thread
+  // holds these tensors, as a rank's buffers in the rendezvous above)
+  check(pj_coll_run(&d, devices.data(), bufs.data(), nullptr, outs.data(), nullptr));
+  std::vector<int64_t> out_sizes = sizes;
+  if (k == PJ_COLL_ALL_GATHER) {
+    if (out_sizes.empty()) out_sizes = {n};
+    else out_sizes[0] *= n;
+  }
+  std::vector<at::Tensor> results;
+  for (int r = 0; r < n; r++) {
+    at::Tensor w = wrap(outs[r], out_numel, tensors[r]);
+    at::AutoDispatchBelowADInplaceOrView below;
+    results.push_back(w.view(out_sizes));
+  }
+  return results;
+}
+
 }  // namespace
 
 // Whether a c10d Backend is this transport's (for torch_pjrt.distributed.transport()).
@@ -957,6 +1060,11 @@ void bind_native_dist(py::module_& m) {
       py::arg("global_ranks"), py::arg("timeout_ms"),
       "A tpu_dist c10d Backend whose collectives run as multi-device programs through `group`, "
       "shared by the rank threads of one process.");
+  m.def("_local_collective", &local_collective, py::arg("kind"), py::arg("tensors"),
+        py::arg("op") = 0, py::arg("root") = 0,
+        "One collective (all_reduce, reduce, broadcast, all_gather) over tensors this thread "
+        "holds on distinct tpu devices, as one program over those devices; returns one new "
+        "tensor per device. op: c10d's ReduceOp number; root: the replica of reduce/broadcast.");
   m.def("_dist_transport", [](py::object backend) -> std::string {
     auto b = backend.cast<c10::intrusive_ptr<c10d::Backend>>();
     if (is_native_dist_backend(b)) return "native";
