@@ -1,5 +1,6 @@
 // The kernels PyTorch requires a backend to provide itself (tensor creation, metadata-only
 // views, resize/set_, copies, item()). Everything else goes through dispatch.cpp's fallback.
+#include <ATen/ops/is_nonzero_native.h>
 #include <ATen/Dispatch_v2.h>
 #include <ATen/EmptyTensor.h>
 #include <ATen/native/Resize.h>
@@ -283,6 +284,19 @@ bool has_compatible_shallow_copy_type(const at::Tensor& self, const at::Tensor& 
 // recording: a storage's PJRT buffer stays alive, whatever replaces it, until every program
 // that uses it has completed (PJRT holds its usage). The stream must be a tpu stream, as
 // CUDA's must be a CUDA one.
+// torch._assert_async (torch.compile emits it for torch._check and Transformers' tensor
+// assertions): CPU's check and message. Synchronous: the value is read to the host here, where
+// CUDA raises at the next synchronization (a device-side assert); in a compiled graph the read
+// ends the capture, and the graph runs through the recorder.
+void assert_async(const at::Tensor& self) {
+  TORCH_CHECK(at::native::is_nonzero(self), "Expected Tensor with single nonzero value, but got zero");
+}
+
+void assert_async_msg(const at::Tensor& self, c10::string_view assert_msg) {
+  TORCH_CHECK(at::native::is_nonzero(self),
+              assert_msg.empty() ? std::string("Assertion is failed") : std::string(assert_msg));
+}
+
 void record_stream(at::Tensor& self, c10::Stream s) {
   TORCH_CHECK(s.device_type() == c10::DeviceType::PrivateUse1,
               "record_stream: expected a tpu stream for a tpu tensor, got a stream of ",
@@ -311,6 +325,8 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("set_.source_Tensor", TORCH_FN(set_source_tensor));
   m.impl("set_", TORCH_FN(set_empty));
   m.impl("record_stream", TORCH_FN(record_stream));
+  m.impl("_assert_async", TORCH_FN(assert_async));
+  m.impl("_assert_async.msg", TORCH_FN(assert_async_msg));
   // metadata only, as on CPU (PyTorch's device-generic kernel): the same StorageImpl, storage
   // offset, sizes and strides. A storage slice's alias (alias_storage) is a StorageImpl of its
   // own, as a CPU storage slice is.
