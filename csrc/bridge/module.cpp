@@ -27,6 +27,7 @@ void bind_dispatch(py::module_& m);  // dispatch_bindings.cpp: lowered ops, fall
 void bind_capture(py::module_& m);   // capture_bindings.cpp: whole-graph capture and plans
 void bind_distributed(py::module_& m);  // distributed.cpp: the tpu_dist c10d backend
 void bind_native_dist(py::module_& m);  // native_dist.cpp: its native transport (rank threads)
+void bind_kv_store_bridge(py::module_& m);  // kv_store_bridge.cpp: the client's kv store
 void bind_kernels(py::module_& m);   // kernel_bindings.cpp: the custom-kernel registry
 
 namespace {
@@ -302,4 +303,5 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   torch_pjrt::bind_capture(m);
   torch_pjrt::bind_distributed(m);
   torch_pjrt::bind_native_dist(m);
+  torch_pjrt::bind_kv_store_bridge(m);
 }

@@ -3,6 +3,7 @@
  * buffers may still be referenced by PyTorch storages at interpreter exit). */
 #define _GNU_SOURCE
 #include "torch_pjrt/runtime.h"
+#include "torch_pjrt/kv_store.h"
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/hlo.h" /* pj_hlo_f32_product_precision: part of the key identity */
 
@@ -56,6 +57,26 @@ static void on_fork_child(void) {
 }
 static void install_atfork(void) { pthread_atfork(NULL, NULL, on_fork_child); }
 static int g_cpu_device_count = 1;
+/* The store the client is created with (kv_store.h), when one was set before it existed. */
+static pj_kv_store_t g_kv_store;
+static bool g_has_kv_store;
+
+pj_status_t *pj_runtime_set_kv_store(const pj_kv_store_t *s) {
+  pthread_mutex_lock(&init_lock);
+  pj_status_t *st = NULL;
+  if (g_runtime) {
+    st = pj_status_new(PJ_ERR_RUNTIME,
+                       "the PJRT runtime is already initialized: a key-value store must be set "
+                       "before the first use of a tpu device");
+  } else if (s && (!s->get || !s->try_get || !s->put)) {
+    st = pj_status_new(PJ_ERR_VALUE, "a key-value store needs get, try_get and put");
+  } else {
+    g_has_kv_store = s != NULL;
+    if (s) g_kv_store = *s;
+  }
+  pthread_mutex_unlock(&init_lock);
+  return st;
+}
 
 pj_status_t *pj_runtime_take_error(const pj_runtime_t *rt, PJRT_Error *err, const char *what) {
   if (!err) return NULL;
@@ -181,6 +202,7 @@ static pj_status_t *create_client(pj_runtime_t *rt) {
     ca.create_options = &gpu_opt;
     ca.num_options = 1;
   }
+  if (g_has_kv_store) pj_kv_fill_client_args(&g_kv_store, &ca); /* set under init_lock */
   PJ_TRY(pj_runtime_take_error(rt, create(&ca), "PJRT_Client_Create"));
   rt->client = ca.client;
 

@@ -35,7 +35,8 @@ import warnings
 
 import torch
 
-__all__ = ["BACKEND", "ALIASES", "local_device", "stats", "run_threads", "transport"]
+__all__ = ["BACKEND", "ALIASES", "local_device", "stats", "run_threads", "transport",
+           "use_kv_store"]
 
 BACKEND = "tpu_dist"
 # Other names init_process_group accepts for the same backend.
@@ -119,6 +120,20 @@ def transport(group=None) -> str | None:
     except Exception:  # no backend for the tpu device
         return None
     return device._C._dist_transport(backend) or None
+
+
+def use_kv_store(store, prefix: str = "torch_pjrt/") -> None:
+    """Creates the PJRT client with ``store`` (a c10d Store: the rendezvous store of a process
+    group, e.g. ``torch.distributed.TCPStore``) as its key-value store, so that a plugin that
+    runs one process per chip across hosts (libtpu, the CUDA plugin) can exchange its topology
+    at client creation and number the job's devices globally. Call it after rendezvous and
+    before the first use of a tpu device (RuntimeError after: the client exists). Every key the
+    plugin uses is put under ``prefix``. The CPU plugin creates its client the same way and
+    uses no key (its collectives stay within one process; across processes ``tpu_dist`` stages
+    them through Gloo). The bridge: csrc/bridge/kv_store_bridge.cpp, csrc/runtime/kv_store.c."""
+    from ..device import _C
+
+    _C._KvStoreBridge(store, prefix).install()
 
 
 def _create_backend(common_opts, backend_options):
