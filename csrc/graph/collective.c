@@ -27,6 +27,7 @@
 #include "torch_pjrt/exec.h"
 #include "torch_pjrt/multi_exec.h"
 #include "torch_pjrt/runtime.h"
+#include "torch_pjrt/stream.h"
 #include "torch_pjrt/transfer.h"
 #include "view_io.h"
 
@@ -817,6 +818,43 @@ pj_status_t *pj_coll_build(const pj_coll_desc_t *d, char **text, size_t *len) {
 
 /* ---- running ---- */
 
+/* One collective program in flight at a time, process-wide. XLA's CPU runtime runs each
+ * replica of a collective program on a thread of its own and meets them in a rendezvous that
+ * aborts the process when a replica has not arrived after 40 seconds ("Termination timeout
+ * for `all reduce ...`: Expected 2 threads to join the rendezvous, but only 1 of them arrived
+ * on time"). Two collective programs in flight over the same devices could each hold one
+ * replica running and waiting while its partner waited behind the other program: DDP with
+ * several gradient buckets on 2 rank threads aborted that way about once in 15 runs. So a
+ * launch first waits until the previous collective program (and what its devices ran before
+ * it) has completed. Compute still overlaps a collective in flight; collectives follow each
+ * other. order_mu is never held with pj_run_lock taken first. */
+static pthread_mutex_t order_mu = PTHREAD_MUTEX_INITIALIZER;
+static pj_marker_t *in_flight[PJ_COLL_MAX_REPLICAS];
+static int n_in_flight;
+
+/* Waits for the collective in flight (order_mu held). */
+static pj_status_t *wait_in_flight(void) {
+  pj_status_t *st = NULL;
+  for (int i = 0; i < n_in_flight; i++) {
+    pj_status_t *w = pj_marker_wait(in_flight[i]);
+    if (!st) st = w;
+    else pj_status_free(w);
+    pj_marker_free(in_flight[i]);
+  }
+  n_in_flight = 0;
+  return st;
+}
+
+/* Remembers what the launched collective's devices have in flight (order_mu held). */
+static void note_in_flight(const int *devs, int R) {
+  for (int r = 0; r < R; r++) {
+    pj_marker_t *m = NULL;
+    pj_status_t *st = pj_marker_record(devs[r], &m);
+    if (st) pj_status_free(st); /* no marker: nothing to wait for on that device */
+    else in_flight[n_in_flight++] = m;
+  }
+}
+
 pj_status_t *pj_coll_run(const pj_coll_desc_t *d, const int *devices,
                          struct PJRT_Buffer *const *inputs, const double *factors,
                          struct PJRT_Buffer **outs, pj_marker_t **done) {
@@ -849,6 +887,10 @@ pj_status_t *pj_coll_run(const pj_coll_desc_t *d, const int *devices,
     outv[r] = &outs[r * nout];
   }
   if (!st) {
+    pthread_mutex_lock(&order_mu);
+    /* a failure of the previous collective was its callers' to see; this one still runs */
+    pj_status_t *prev = wait_in_flight();
+    if (prev) pj_status_free(prev);
     pthread_mutex_lock(&pj_run_lock);
     const pj_placement_t pl = {R, devs};
     pj_program_t *p = pj_cache_lookup_placed(&pl, key, keylen);
@@ -861,6 +903,8 @@ pj_status_t *pj_coll_run(const pj_coll_desc_t *d, const int *devices,
     }
     if (!st) st = pj_program_execute_multi(p, args, (size_t)nargs, NULL, outv, done);
     pthread_mutex_unlock(&pj_run_lock);
+    if (!st) note_in_flight(devs, R);
+    pthread_mutex_unlock(&order_mu);
   }
   for (int r = 0; r < R; r++)
     if (fbuf[r]) pj_buffer_destroy(fbuf[r]);
