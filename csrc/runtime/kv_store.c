@@ -38,40 +38,37 @@ static PJRT_Error *got(pj_kv_result_t r, PJRT_CallbackError *cb, const char *wha
   return fail(cb, PJRT_Error_Code_INTERNAL, msg);
 }
 
-static PJRT_Error *kv_get(PJRT_KeyValueGetCallback_Args *a) {
-  const pj_kv_store_t *s = a->user_arg;
+/* A get (waiting: up to timeout_ms) or a try_get of key through s: on success *value (freed
+ * through *deleter) of *size bytes, else PJRT's error. */
+static PJRT_Error *fetch(const pj_kv_store_t *s, PJRT_CallbackError *cb, const char *key,
+                         size_t key_size, bool waiting, int timeout_ms, char **value,
+                         size_t *size, void (**deleter)(char *)) {
   size_t klen;
-  char *k = full_key(s, a->key, a->key_size, &klen);
-  if (!k) return fail(a->callback_error, PJRT_Error_Code_RESOURCE_EXHAUSTED, "out of memory");
+  char *k = full_key(s, key, key_size, &klen);
+  if (!k) return fail(cb, PJRT_Error_Code_RESOURCE_EXHAUSTED, "out of memory");
   char err[256] = "";
   char *v = NULL;
   size_t vlen = 0;
-  pj_kv_result_t r = s->get(s->ctx, k, klen, a->timeout_in_ms, &v, &vlen, err, sizeof err);
-  PJRT_Error *e = r == PJ_KV_OK ? NULL : got(r, a->callback_error, "get", k, err, true);
+  pj_kv_result_t r = waiting ? s->get(s->ctx, k, klen, timeout_ms, &v, &vlen, err, sizeof err)
+                             : s->try_get(s->ctx, k, klen, &v, &vlen, err, sizeof err);
+  PJRT_Error *e =
+      r == PJ_KV_OK ? NULL : got(r, cb, waiting ? "get" : "try_get", k, err, waiting);
   free(k);
   if (e) return e;
-  a->value = v;
-  a->value_size = vlen;
-  a->value_deleter_callback = free_value;
+  *value = v;
+  *size = vlen;
+  *deleter = free_value;
   return NULL;
 }
 
+static PJRT_Error *kv_get(PJRT_KeyValueGetCallback_Args *a) {
+  return fetch(a->user_arg, a->callback_error, a->key, a->key_size, true, a->timeout_in_ms,
+               &a->value, &a->value_size, &a->value_deleter_callback);
+}
+
 static PJRT_Error *kv_try_get(PJRT_KeyValueTryGetCallback_Args *a) {
-  const pj_kv_store_t *s = a->user_arg;
-  size_t klen;
-  char *k = full_key(s, a->key, a->key_size, &klen);
-  if (!k) return fail(a->callback_error, PJRT_Error_Code_RESOURCE_EXHAUSTED, "out of memory");
-  char err[256] = "";
-  char *v = NULL;
-  size_t vlen = 0;
-  pj_kv_result_t r = s->try_get(s->ctx, k, klen, &v, &vlen, err, sizeof err);
-  PJRT_Error *e = r == PJ_KV_OK ? NULL : got(r, a->callback_error, "try_get", k, err, false);
-  free(k);
-  if (e) return e;
-  a->value = v;
-  a->value_size = vlen;
-  a->value_deleter_callback = free_value;
-  return NULL;
+  return fetch(a->user_arg, a->callback_error, a->key, a->key_size, false, 0, &a->value,
+               &a->value_size, &a->value_deleter_callback);
 }
 
 static PJRT_Error *kv_put(PJRT_KeyValuePutCallback_Args *a) {
