@@ -883,7 +883,7 @@ class NativeBackend final : public c10d::Backend {
   }
 
   // shutdown: sends and recvs in flight finish (each bounded by the group timeout), then this
-  // rank leaves the group (waking peers that wait for it). abort: leaves first.
+  // rank leaves the group (failing the calls that wait for it). abort: breaks the group first.
   void stop(bool abort_now) {
     {
       std::lock_guard<std::mutex> g(mu_);
@@ -908,7 +908,7 @@ class NativeBackend final : public c10d::Backend {
     } else {
       join_all();
     }
-    pj_cgroup_shutdown(group_->g, getRank(), "its process group was destroyed");
+    pj_cgroup_leave(group_->g, getRank(), "its process group was destroyed");
     free_dead();
   }
 

@@ -72,7 +72,10 @@ struct pj_cgroup {
   int devices[MAXR];
   int64_t timeout_ms;
   char *broken; /* first failure after which the ranks may be out of step; NULL while usable */
+  /* Ranks that left normally (pj_cgroup_leave) and why: the group stays usable for what does
+   * not need them (sends and recvs between the others), calls that need them fail. */
   bool left[MAXR];
+  char *left_why[MAXR];
   uint64_t next_seq[MAXR];
   round_t rounds[2];
   p2p_t *waiting;
@@ -153,6 +156,7 @@ void pj_cgroup_release(pj_cgroup_t *g) {
   }
   free(g->channels);
   free(g->broken);
+  for (int r = 0; r < g->n; r++) free(g->left_why[r]);
   pthread_cond_destroy(&g->cv);
   pthread_mutex_destroy(&g->mu);
   free(g);
@@ -188,9 +192,20 @@ void pj_cgroup_shutdown(pj_cgroup_t *g, int rank, const char *why) {
   if (rank < 0) {
     for (int r = 0; r < g->n; r++) g->left[r] = true;
     break_locked(g, dupf("the collective group was shut down (%s)", why ? why : "destroyed"));
-  } else if (rank < g->n && !g->left[rank]) {
+  } else if (rank < g->n) {
     g->left[rank] = true;
-    break_locked(g, dupf("rank %d left the group (%s)", rank, why ? why : "destroyed"));
+    break_locked(g, dupf("rank %d left the group (%s)", rank, why ? why : "aborted"));
+  }
+  pthread_mutex_unlock(&g->mu);
+}
+
+void pj_cgroup_leave(pj_cgroup_t *g, int rank, const char *why) {
+  if (rank < 0) return;
+  pthread_mutex_lock(&g->mu);
+  if (rank < g->n && !g->left[rank]) {
+    g->left[rank] = true;
+    g->left_why[rank] = dupf("rank %d left the group (%s)", rank, why ? why : "destroyed");
+    pthread_cond_broadcast(&g->cv);
   }
   pthread_mutex_unlock(&g->mu);
 }
@@ -409,6 +424,13 @@ static pj_status_t *check_call(const pj_cgroup_t *g, int rank, const pj_cgroup_c
   return NULL;
 }
 
+/* A rank an OPEN round still waits for that left the group (it can never come), or -1. */
+static int gone_missing(const pj_cgroup_t *g, const round_t *R) {
+  for (int r = 0; r < g->n; r++)
+    if (g->left[r] && !R->calls[r]) return r;
+  return -1;
+}
+
 /* The missing ranks of an OPEN round, for messages. */
 static void missing(const pj_cgroup_t *g, const round_t *R, char *buf, size_t cap) {
   size_t at = 0;
@@ -452,22 +474,26 @@ pj_status_t *pj_cgroup_collective(pj_cgroup_t *g, int rank, const pj_cgroup_call
     const struct timespec deadline = deadline_after(g->timeout_ms);
     bool timed_out = false;
     while (R->state != R_DONE) {
-      if (R->state == R_OPEN && (g->broken || timed_out)) {
+      const int gone = R->state == R_OPEN ? gone_missing(g, R) : -1;
+      if (R->state == R_OPEN && (g->broken || timed_out || gone >= 0)) {
         /* Give up: withdraw, so the round can never run with this rank's buffers. */
         char who[256];
         missing(g, R, who, sizeof who);
         R->calls[rank] = NULL;
         R->arrived--;
         pj_status_t *st;
-        if (timed_out && !g->broken) {
+        if (timed_out && !g->broken && gone < 0) {
           char *msg = dupf("rank %d timed out after %.3f s in %s, call #%llu of the group, "
                            "waiting for rank(s) %s", rank, (double)g->timeout_ms / 1000,
                            call_name(call), (unsigned long long)seq, who);
           st = pj_status_new(PJ_ERR_RUNTIME, "%s", msg ? msg : "timed out");
           break_locked(g, msg);
         } else {
+          /* A departure is named only when nothing broke the group: a break says more. */
+          const char *why = g->broken ? g->broken : g->left_why[gone];
           st = pj_status_new(PJ_ERR_RUNTIME, "%s (call #%llu of the group, %s, gave up)",
-                             g->broken, (unsigned long long)seq, call_name(call));
+                             why ? why : "a rank left the group", (unsigned long long)seq,
+                             call_name(call));
         }
         pthread_mutex_unlock(&g->mu);
         return st;
@@ -617,15 +643,17 @@ pj_status_t *pj_cgroup_p2p(pj_cgroup_t *g, int rank, int peer, int tag, uint64_t
     while (!me.done) {
       if (!me.matched && (g->broken || g->left[peer] || timed_out)) {
         unlink_p2p(g, &me);
+        const char *dir = is_send ? "send to" : "recv from";
+        const char *why = g->broken ? g->broken : g->left[peer] ? g->left_why[peer] : NULL;
         pj_status_t *st =
-            g->broken ? pj_status_new(PJ_ERR_RUNTIME, "%s (%s rank %d, tag %d, gave up)",
-                                      g->broken, is_send ? "send to" : "recv from", peer, tag)
-                      : pj_status_new(PJ_ERR_RUNTIME,
-                                      "rank %d timed out after %.3f s in a %s rank %d (tag %d): "
-                                      "the matching %s never came",
-                                      rank, (double)g->timeout_ms / 1000,
-                                      is_send ? "send to" : "recv from", peer, tag,
-                                      is_send ? "recv" : "send");
+            why || g->left[peer]
+                ? pj_status_new(PJ_ERR_RUNTIME, "%s (%s rank %d, tag %d, gave up)",
+                                why ? why : "the peer left the group", dir, peer, tag)
+                : pj_status_new(PJ_ERR_RUNTIME,
+                                "rank %d timed out after %.3f s in a %s rank %d (tag %d): "
+                                "the matching %s never came",
+                                rank, (double)g->timeout_ms / 1000, dir, peer, tag,
+                                is_send ? "recv" : "send");
         pthread_mutex_unlock(&g->mu);
         return st;
       }

@@ -2,7 +2,7 @@
  * devices: all_reduce and all_gather against host sums, a mismatch reported to every rank
  * naming each rank's call (and the group usable afterwards), differing views reported as such,
  * a rank that never comes (timeouts on the others, then a broken group), a shutdown waking
- * waiters, and send/recv (data, and a size mismatch on both sides). Needs TORCH_PJRT_PLUGIN. */
+ * waiters, a rank leaving without breaking the others' send/recv, and send/recv (data, and a size mismatch on both sides). Needs TORCH_PJRT_PLUGIN. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -286,6 +286,46 @@ static void test_p2p(pj_cgroup_t *g) {
   }
 }
 
+/* A rank that finished and left (pj_cgroup_leave) does not break the group for the others:
+ * sends and recvs between ranks 1 and 3 go on; a collective (it needs rank 2) and a send to
+ * rank 2 fail at once, naming the departure. */
+static void test_leave_keeps_others(void) {
+  pj_cgroup_t *g;
+  const int devs[N] = {0, 1, 2, 3};
+  OK(pj_cgroup_new(N, devs, 60000, &g));
+  pj_cgroup_leave(g, 2, "its process group was destroyed");
+  p2p_job_t s = {g, 1, 3, true, 4, 0, NULL, {0}}, r = {g, 3, 1, false, 4, 0, NULL, {0}};
+  OK(pj_cgroup_p2p_ticket(g, 1, 3, 7, true, &s.ticket));
+  OK(pj_cgroup_p2p_ticket(g, 1, 3, 7, false, &r.ticket));
+  pthread_t a, b;
+  pthread_create(&a, NULL, p2p_main, &s);
+  pthread_create(&b, NULL, p2p_main, &r);
+  pthread_join(a, NULL);
+  pthread_join(b, NULL);
+  EXPECT(!s.st && !r.st);
+  for (int64_t k = 0; k < 4 && !r.st; k++) EXPECT(r.out[k] == value(1, k));
+  pj_status_free(s.st);
+  pj_status_free(r.st);
+
+  job_t jobs[N];
+  prepare(jobs, g, PJ_COLL_ALL_REDUCE, 2);
+  jobs[2].skip = 1;
+  run(jobs);
+  for (int k = 0; k < N; k++) {
+    if (k == 2) continue;
+    EXPECT(contains(jobs[k].st, "rank 2 left the group (its process group was destroyed)"));
+    EXPECT(jobs[k].seconds < 5.0); /* not the 60 s timeout */
+  }
+  free_statuses(jobs);
+
+  p2p_job_t to_gone = {g, 0, 2, true, 4, 0, NULL, {0}};
+  OK(pj_cgroup_p2p_ticket(g, 0, 2, 7, true, &to_gone.ticket));
+  p2p_main(&to_gone);
+  EXPECT(contains(to_gone.st, "rank 2 left the group (its process group was destroyed) (send to rank 2"));
+  pj_status_free(to_gone.st);
+  pj_cgroup_release(g);
+}
+
 static void test_errors(void) {
   pj_cgroup_t *g = NULL;
   const int dup[2] = {1, 1};
@@ -321,6 +361,7 @@ int main(void) {
   pj_cgroup_release(g);
   test_timeout();
   test_shutdown_wakes();
+  test_leave_keeps_others();
   test_errors();
   OK(pj_stream_synchronize(-1));
   CTEST_DONE();

@@ -181,6 +181,8 @@ def _native_backend(session, common_opts, rank: int, size: int, ranks: list):
         if entry is None or entry[1] == size or entry[2] != members:
             entry = [device._C._CollGroup(members, timeout_ms), 0, members]
             session.cgroups[common_opts.group_id] = entry
+            if session.failed.is_set():  # made after the run failed: as dead as the others
+                entry[0].shutdown("a rank of the run failed before this group was made")
         entry[1] += 1
         group = entry[0]
     return device._C._dist_native_backend(group, rank, size, common_opts.group_id,

@@ -190,7 +190,15 @@ class _Session:
     def fail(self, rank: int, exc: BaseException) -> None:
         with self.lock:
             self.failures.append((rank, exc))
-        self.failed.set()
+            first = not self.failed.is_set()
+            self.failed.set()
+            groups = [entry[0] for entry in self.cgroups.values()]
+        # Wake every rank waiting in a native group, also one the failed rank never joined (a
+        # sub-group it would have created after the point where it failed): the run has
+        # failed, nothing waited for can come any more.
+        if first:
+            for group in groups:
+                group.shutdown(f"rank {rank} of the run failed: {type(exc).__name__}")
 
     def release(self) -> None:
         with self.lock:

@@ -19,7 +19,8 @@
  * Never a hang: a rank waiting longer than the group timeout for its peers gets a timeout error
  * naming the ranks that did not come, and the group is then broken (its ranks may be out of step:
  * every later call fails at once, naming that first failure). pj_cgroup_shutdown (a rank's
- * process group destroyed or aborted) wakes every waiter with an error the same way. A call
+ * process group aborted) wakes every waiter with an error the same way. pj_cgroup_leave (a
+ * rank's process group destroyed after its last call) fails only what needs that rank. A call
  * whose round is already running is never abandoned: its outputs are delivered.
  *
  * Thread safety: any thread may call anything; one mutex per group, never held while a program
@@ -84,10 +85,17 @@ void pj_cgroup_release(pj_cgroup_t *g);
 void pj_cgroup_set_timeout(pj_cgroup_t *g, int64_t timeout_ms);
 int pj_cgroup_size(const pj_cgroup_t *g);
 
-/* Rank `rank` is leaving (its process group destroyed or aborted; rank -1: the whole group):
- * every call waiting for it, and every later call, fails with an error quoting `why`. Rounds
- * already running still deliver. Idempotent. */
+/* Rank `rank` is leaving after a failure (its process group aborted; rank -1: the whole group):
+ * the group is broken, every call waiting and every later call fails with an error quoting
+ * `why`. Rounds already running still deliver. Idempotent. */
 void pj_cgroup_shutdown(pj_cgroup_t *g, int rank, const char *why);
+
+/* Rank `rank` is done with the group (its process group destroyed, normally): collectives
+ * waiting for it and later ones fail (they can never complete), as do sends and recvs with
+ * it, quoting `why`; sends and recvs between other ranks go on. Ranks finish at different
+ * times, so a finished rank must not break its peers' remaining point-to-point work.
+ * Idempotent; a later pj_cgroup_shutdown still breaks the group. */
+void pj_cgroup_leave(pj_cgroup_t *g, int rank, const char *why);
 
 /* Rank `rank` enters its next collective and waits for the others (see the top of the file).
  * On error *res holds nothing. Errors: a malformed call or a bad rank (PJ_ERR_VALUE), the
