@@ -6,6 +6,7 @@
 #include <ATen/MemoryOverlap.h>
 #include <ATen/native/CPUFallback.h>
 #include <ATen/native/Resize.h>
+#include <ATen/Parallel.h>
 #include <c10/util/irange.h>
 #include <torch/library.h>
 
@@ -225,6 +226,76 @@ const at::Tensor* named_tensor(const c10::FunctionSchema& schema, const torch::j
   return nullptr;
 }
 
+// Whether CPU's reduced-precision (bfloat16, float16) convolutions run in oneDNN on this host:
+// PyTorch runs them there only where the CPU has the instructions oneDNN needs (its own check
+// of the host ISA), and oneDNN keeps a channels-last input channels-last. Asked of CPU once per
+// dtype per process with a tiny 3-d convolution (batch 2, so no other rule decides): the answer
+// is CPU's on this host by construction.
+bool cpu_onednn_takes(at::ScalarType dt) {
+  static std::mutex mu;
+  static std::unordered_map<int, bool> known;
+  std::lock_guard<std::mutex> g(mu);
+  auto it = known.find(static_cast<int>(dt));
+  if (it != known.end()) return it->second;
+  bool takes = false;
+  try {
+    at::AutoDispatchBelowAutograd no_autograd;
+    const auto opts = at::TensorOptions().dtype(dt).device(c10::kCPU);
+    at::Tensor x = at::zeros({2, 2, 4, 4, 4}, opts).contiguous(at::MemoryFormat::ChannelsLast3d);
+    at::Tensor w = at::zeros({4, 2, 3, 3, 3}, opts);
+    takes = at::conv3d(x, w).suggest_memory_format() == at::MemoryFormat::ChannelsLast3d;
+  } catch (const std::exception&) {
+    takes = false;  // a dtype CPU cannot convolve: the tpu result stays contiguous
+  }
+  known.emplace(static_cast<int>(dt), takes);
+  return takes;
+}
+
+std::vector<int64_t> named_ints(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                                const char* name) {
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++)
+    if (schema.arguments()[i].name() == name && args[i].isIntList())
+      return args[i].toIntVector();
+  return {};
+}
+
+// Whether CPU runs a 3-d convolution in oneDNN (which keeps channels-last; CPU's own 3-d kernel
+// returns contiguous results). PyTorch's choice, as its convolution code states it: reduced
+// precision by the host's ISA (above); float32 unless a transposed convolution's output padding
+// reaches its stride, and only when the call is big enough that oneDNN is the faster one (a
+// batch above 1, groups, a kernel above 3x3 in its last two dims, or N*C*D*H above 20480; for a
+// 1x1 last-two-dims kernel, unit stride and dilation and a batch below 16, only with more than
+// one intra-op thread); never float64.
+bool cpu_conv3d_in_onednn(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                          const at::Tensor& input, const at::Tensor& weight) {
+  const at::ScalarType dt = input.scalar_type();
+  if (!at::globalContext().userEnabledMkldnn()) return false;
+  const auto stride = named_ints(schema, args, "stride");
+  const auto dilation = named_ints(schema, args, "dilation");
+  const auto output_padding = named_ints(schema, args, "output_padding");
+  const c10::IValue* transposed = nullptr;
+  int64_t groups = 1;
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++) {
+    const std::string& n = schema.arguments()[i].name();
+    if (n == "transposed" && args[i].isBool()) transposed = &args[i];
+    if (n == "groups" && args[i].isInt()) groups = args[i].toInt();
+  }
+  if (transposed && transposed->toBool())
+    for (size_t i = 0; i < output_padding.size() && i < stride.size(); i++)
+      if (output_padding[i] >= stride[i]) return false;
+  if (dt == at::kBFloat16 || dt == at::kHalf) return cpu_onednn_takes(dt);
+  if (dt != at::kFloat) return false;
+  auto any_not_one = [](const std::vector<int64_t>& v) {
+    return std::any_of(v.begin(), v.end(), [](int64_t x) { return x != 1; });
+  };
+  const int64_t kw = weight.size(-1), kh = weight.size(-2);
+  const bool first = any_not_one(stride) || any_not_one(dilation) || input.size(0) >= 16 ||
+                     kw != 1 || kh != 1 || at::get_num_threads() > 1;
+  const bool second = groups > 1 || (kw > 3 && kh > 3) || input.size(0) > 1 ||
+                      input.size(0) * input.size(1) * input.size(2) * input.size(3) > 20480;
+  return first && second;
+}
+
 void cpu_memory_format_returns(const std::string& base, const c10::FunctionSchema& schema,
                                const torch::jit::Stack& args, std::vector<c10::IValue>& meta) {
   static const std::unordered_set<std::string> pads = {
@@ -246,7 +317,8 @@ void cpu_memory_format_returns(const std::string& base, const c10::FunctionSchem
   if ((input->dim() != 4 && input->dim() != 5) || !at::isFloatingType(dt)) return;
   const at::MemoryFormat cl =
       input->dim() == 4 ? at::MemoryFormat::ChannelsLast : at::MemoryFormat::ChannelsLast3d;
-  const bool takes_cl = input->dim() == 4 || dt == at::kFloat || dt == at::kBFloat16;
+  const bool takes_cl =
+      input->dim() == 4 || cpu_conv3d_in_onednn(schema, args, *input, *weight);
   const bool asked = input->suggest_memory_format() == cl || weight->suggest_memory_format() == cl;
   const at::MemoryFormat mf = takes_cl && asked ? cl : at::MemoryFormat::Contiguous;
   restride(meta, 0, mf);
