@@ -26,6 +26,7 @@
 #include "out_strides.h"
 #include "call_memo.h"
 #include "view_index_put.h"
+#include "host_quirks.h"
 extern "C" {
 #include "../ops/dynamic.h"
 #include "torch_pjrt/transfer.h"
@@ -224,31 +225,6 @@ const at::Tensor* named_tensor(const c10::FunctionSchema& schema, const torch::j
     if (schema.arguments()[i].name() == name && args[i].isTensor())
       return &args[i].toTensor();
   return nullptr;
-}
-
-// Whether CPU's reduced-precision (bfloat16, float16) convolutions run in oneDNN on this host:
-// PyTorch runs them there only where the CPU has the instructions oneDNN needs (its own check
-// of the host ISA), and oneDNN keeps a channels-last input channels-last. Asked of CPU once per
-// dtype per process with a tiny 3-d convolution (batch 2, so no other rule decides): the answer
-// is CPU's on this host by construction.
-bool cpu_onednn_takes(at::ScalarType dt) {
-  static std::mutex mu;
-  static std::unordered_map<int, bool> known;
-  std::lock_guard<std::mutex> g(mu);
-  auto it = known.find(static_cast<int>(dt));
-  if (it != known.end()) return it->second;
-  bool takes = false;
-  try {
-    at::AutoDispatchBelowAutograd no_autograd;
-    const auto opts = at::TensorOptions().dtype(dt).device(c10::kCPU);
-    at::Tensor x = at::zeros({2, 2, 4, 4, 4}, opts).contiguous(at::MemoryFormat::ChannelsLast3d);
-    at::Tensor w = at::zeros({4, 2, 3, 3, 3}, opts);
-    takes = at::conv3d(x, w).suggest_memory_format() == at::MemoryFormat::ChannelsLast3d;
-  } catch (const std::exception&) {
-    takes = false;  // a dtype CPU cannot convolve: the tpu result stays contiguous
-  }
-  known.emplace(static_cast<int>(dt), takes);
-  return takes;
 }
 
 std::vector<int64_t> named_ints(const c10::FunctionSchema& schema, const torch::jit::Stack& args,

@@ -1,6 +1,7 @@
 // torch_pjrt._C: the Python bindings. Thin: each function converts arguments, calls the runtime
 // or another bridge file, and lets torch's wrapper turn c10 exceptions into Python ones.
 // Functions that may wait for the device release the GIL (the runtime never takes it).
+#include "host_quirks.h"
 #include "bridge.h"
 
 #include <torch/csrc/Exceptions.h>
@@ -293,6 +294,7 @@ void bind_random(py::module_& m) {
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.doc() = "torch_pjrt native bindings (runtime, device state, events, RNG)";
+  torch_pjrt::configure_host_quirks();  // before any program is built
   torch_pjrt::bind_runtime(m);
   torch_pjrt::bind_memory(m);
   torch_pjrt::bind_sync(m);
