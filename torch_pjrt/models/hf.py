@@ -462,23 +462,31 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
     if isinstance(heads, int) and isinstance(getattr(cfg, "num_key_value_heads", None), int):
         if heads % cfg.num_key_value_heads:
             cfg.num_key_value_heads = heads
-        # multi-head latent attention expands its latent to one key per query head; the sparse
-        # (DeepSeek-V3.2 indexer) family then repeats those keys by heads / kv heads, so kv
-        # heads that equalled the heads must stay equal to them
-        if kv_was_heads and "kv_lora_rank" in vars(cfg) and "index_topk" in vars(cfg):
+        # multi-head latent attention expands its latent to one key per query head, and
+        # Transformers' attention then repeats those keys by heads / kv heads: kv heads that
+        # equalled the heads (every MLA config: DeepSeek-V2/V3/V3.2, Kimi, GLM-4-MoE-Lite,
+        # LongCat, MiniCPM3, ...) must stay equal to them. Shrunk to 1, eager still ran (no
+        # mask: Transformers passes the keys unrepeated with enable_gqa), but compiled, where
+        # the mask is materialized, the keys were repeated to twice the query heads and SDPA
+        # refused them (the compiled sweep's "Attempting to broadcast" errors).
+        if kv_was_heads and "kv_lora_rank" in vars(cfg):
             cfg.num_key_value_heads = heads
     # grouped expert routing (DeepSeek-V3 style): the groups must divide the shrunk experts with
     # at least two experts each (a group scores by its best two), and the groups kept per token
     # cannot outnumber them
     experts = next((getattr(cfg, k) for k in ("n_routed_experts", "num_experts")
                     if isinstance(getattr(cfg, k, None), int)), None)
-    groups = vars(cfg).get("n_group")
+    # (the groups are n_group, or num_expert_group in Bailing's configs)
+    group_key = next((k for k in ("n_group", "num_expert_group")
+                      if isinstance(vars(cfg).get(k), int)), None)
+    groups = vars(cfg).get(group_key) if group_key else None
     if (isinstance(experts, int) and experts >= 2 and isinstance(groups, int) and groups > 0
             and (experts % groups or experts // groups < 2)):
-        cfg.n_group = max(d for d in range(1, experts + 1)
-                          if experts % d == 0 and d <= groups and experts // d >= 2)
+        groups = max(d for d in range(1, experts + 1)
+                     if experts % d == 0 and d <= groups and experts // d >= 2)
+        setattr(cfg, group_key, groups)
         if isinstance(vars(cfg).get("topk_group"), int):
-            cfg.topk_group = min(cfg.topk_group, cfg.n_group)
+            cfg.topk_group = min(cfg.topk_group, groups)
     # seq2seq training shifts labels right from decoder_start_token_id; some defaults leave it unset
     if getattr(cfg, "is_encoder_decoder", False) and getattr(cfg, "decoder_start_token_id", None) is None:
         pad = getattr(cfg, "pad_token_id", None)
