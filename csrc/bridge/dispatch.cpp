@@ -237,11 +237,11 @@ std::vector<int64_t> named_ints(const c10::FunctionSchema& schema, const torch::
 
 // Whether CPU runs a 3-d convolution in oneDNN (which keeps channels-last; CPU's own 3-d kernel
 // returns contiguous results). PyTorch's choice, as its convolution code states it: reduced
-// precision by the host's ISA (above); float32 unless a transposed convolution's output padding
-// reaches its stride, and only when the call is big enough that oneDNN is the faster one (a
-// batch above 1, groups, a kernel above 3x3 in its last two dims, or N*C*D*H above 20480; for a
-// 1x1 last-two-dims kernel, unit stride and dilation and a batch below 16, only with more than
-// one intra-op thread); never float64.
+// precision by the host's ISA (cpu_onednn_takes, host_quirks.cpp); float32 unless a transposed
+// convolution's output padding reaches its stride, and only when the call is big enough that
+// oneDNN is the faster one (a batch above 1, groups, a kernel above 3x3 in its last two dims,
+// or N*C*D*H above 20480; for a 1x1 last-two-dims kernel, unit stride and dilation and a batch
+// below 16, only with more than one intra-op thread); never float64.
 bool cpu_conv3d_in_onednn(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
                           const at::Tensor& input, const at::Tensor& weight) {
   const at::ScalarType dt = input.scalar_type();
