@@ -83,6 +83,7 @@
 #include "pjrt_c_api.h"
 extern "C" {
 #include "torch_pjrt/bucket.h"
+#include "torch_pjrt/host_pool.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/transfer.h"
 
@@ -110,80 +111,22 @@ namespace {
 
 constexpr const char* kName = "tpu_dist";
 
-// ---------------------------------------------------------------------------------------------
-// Host blocks: page-aligned host memory in power-of-two size classes, kept for reuse. Fresh
-// memory costs a page fault per 4 KiB on first touch, as much as the copy itself; reused blocks
-// are warm. Blocks leave the pool for Gloo and come back after the write-back, or, when a block
-// became a device buffer (zero-copy upload), when PJRT releases that buffer.
-// ---------------------------------------------------------------------------------------------
-
-constexpr size_t kPage = 4096;
-constexpr size_t kMaxCachedBytes = size_t(1) << 30;  // free blocks kept beyond this are freed
-
-size_t size_class(size_t nbytes) {
-  size_t c = kPage;
-  while (c < nbytes) c <<= 1;
-  return c;
-}
-
-class HostPool {
- public:
-  void* take(size_t cap) {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      auto it = free_.find(cap);
-      if (it != free_.end()) {
-        void* p = it->second;
-        free_.erase(it);
-        free_bytes_ -= cap;
-        return p;
-      }
-      allocated_bytes_ += cap;
-    }
-    void* p = std::aligned_alloc(kPage, cap);
-    if (!p) {
-      std::lock_guard<std::mutex> g(mu_);
-      allocated_bytes_ -= cap;
-    }
-    TORCH_CHECK_WITH(OutOfMemoryError, p, "tpu_dist: out of host memory staging ", cap, " bytes");
-    return p;
-  }
-  // Any thread, including PJRT's callback threads; never calls into PJRT.
-  void give(void* p, size_t cap) {
-    {
-      std::lock_guard<std::mutex> g(mu_);
-      if (free_bytes_ + cap <= kMaxCachedBytes) {
-        free_.emplace(cap, p);
-        free_bytes_ += cap;
-        return;
-      }
-      allocated_bytes_ -= cap;
-    }
-    std::free(p);
-  }
-  std::pair<size_t, size_t> stats() {
-    std::lock_guard<std::mutex> g(mu_);
-    return {allocated_bytes_, free_bytes_};
-  }
-
- private:
-  std::mutex mu_;
-  std::multimap<size_t, void*> free_;  // capacity -> block
-  size_t free_bytes_ = 0;
-  size_t allocated_bytes_ = 0;  // blocks alive, free or in use
-};
-
-// Never destroyed: PJRT may hand blocks back from its threads while the process exits.
-HostPool& pool() {
-  static HostPool* p = new HostPool();
-  return *p;
-}
+// Host blocks come from the runtime's pool (torch_pjrt/host_pool.h): page-aligned, reused, in
+// power-of-two size classes. They leave the pool for Gloo and come back after the write-back,
+// or, when a block became a device buffer (zero-copy upload), when PJRT releases that buffer.
 
 // One block owned by a job; goes back to the pool unless released to PJRT.
 class Block {
  public:
   Block() = default;
-  explicit Block(size_t nbytes) : cap_(size_class(nbytes)) { p_ = pool().take(cap_); }
+  explicit Block(size_t nbytes) {
+    pj_status_t* st = pj_host_pool_take(nbytes, &p_, &cap_);
+    if (st) {
+      const std::string msg = std::string("tpu_dist: ") + pj_status_message(st);
+      pj_status_free(st);
+      TORCH_CHECK_WITH(OutOfMemoryError, false, msg);
+    }
+  }
   Block(Block&& o) noexcept : p_(o.p_), cap_(o.cap_) { o.p_ = nullptr; }
   Block& operator=(Block&& o) noexcept {
     if (this != &o) {
@@ -205,7 +148,7 @@ class Block {
     return p;
   }
   void reset() {
-    if (p_) pool().give(p_, cap_);
+    if (p_) pj_host_pool_give(p_, cap_);
     p_ = nullptr;
   }
 
@@ -277,7 +220,7 @@ void on_host_buffer_done(PJRT_Error* err, void* arg) {
     if (!st) pj_status_free(pj_runtime_take_error(rt, err, "host buffer release"));
     pj_status_free(st);
   }
-  pool().give(r->p, r->cap);
+  pj_host_pool_give(r->p, r->cap);
   {
     std::lock_guard<std::mutex> g(g_reap_mu);
     g_reap.push_back(r->ev);
@@ -341,7 +284,7 @@ PJRT_Buffer* upload(int device, Block block, pj_dtype_t dt, int64_t n) {
     // No callback will come: wait here instead (the block is in use until the event fires).
     pj_status_free(pj_runtime_take_error(p.rt, e, "host buffer event"));
     pj_status_free(await_event(p, r->ev, "host-to-device copy"));
-    pool().give(r->p, r->cap);
+    pj_host_pool_give(r->p, r->cap);
     delete r;
   }
   return a.buffer;
@@ -2040,7 +1983,8 @@ void bind_distributed(py::module_& m) {
       "A tpu_dist c10d Backend staging collectives through host memory over `gloo` (data) and "
       "`check` (fingerprints and send headers), two Gloo backends of the same ranks.");
   m.def("_dist_stats", [] {
-    auto [allocated, cached] = pool().stats();
+    size_t allocated = 0, cached = 0;
+    pj_host_pool_stats(&allocated, &cached);
     py::dict d;
     d["calls"] = g_collectives.load();
     d["uploads"] = g_uploads.load();
