@@ -74,19 +74,21 @@ def _torch_call(op: str, args):
     return x.clone().index_reduce_(0, index, src, "prod", include_self=False)
 
 
+def _time_op(op: str, shapes: int, sync, to_device) -> dict:
+    """One op at `shapes` new shapes, then once more at the last one (a cache hit)."""
+    times = []
+    for i in range(shapes + 1):
+        args = tuple(to_device(a) for a in _torch_inputs(op, min(i, shapes - 1)))
+        sync()
+        t0 = time.perf_counter()
+        r = _torch_call(op, args)
+        r.cpu()  # the result on the host: every side's synchronizing point
+        times.append(time.perf_counter() - t0)
+    return {"first": times[:shapes], "hit": times[shapes]}
+
+
 def _time_torch(shapes: int, sync, to_device) -> dict:
-    out = {}
-    for op in OPS:
-        times = []
-        for i in range(shapes + 1):
-            args = tuple(to_device(a) for a in _torch_inputs(op, min(i, shapes - 1)))
-            sync()
-            t0 = time.perf_counter()
-            r = _torch_call(op, args)
-            r.cpu()  # the result on the host: every side's synchronizing point
-            times.append(time.perf_counter() - t0)
-        out[op] = {"first": times[:shapes], "hit": times[shapes]}
-    return out
+    return {op: _time_op(op, shapes, sync, to_device) for op in OPS}
 
 
 def side_cpu(shapes: int) -> dict:
@@ -116,22 +118,16 @@ def side_xla(shapes: int) -> dict:
 
     torch.set_num_threads(2)
     dev = torch_xla.device()
+
+    def sync():
+        torch_xla.sync()
+        xm.wait_device_ops()
+
     ops = {}
     for op in OPS:
         met.clear_all()
-        times = []
-        for i in range(shapes + 1):
-            args = tuple(a.to(dev) for a in _torch_inputs(op, min(i, shapes - 1)))
-            torch_xla.sync()
-            xm.wait_device_ops()
-            t0 = time.perf_counter()
-            r = _torch_call(op, args)
-            r.cpu()
-            times.append(time.perf_counter() - t0)
-        fallbacks = sorted(set(met.executed_fallback_ops()))
-        compiles = met.metric_data("CompileTime")
-        ops[op] = {"first": times[:shapes], "hit": times[shapes], "fallbacks": fallbacks,
-                   "compiles": compiles[0] if compiles else 0}
+        ops[op] = _time_op(op, shapes, sync, lambda t: t.to(dev))
+        ops[op]["fallbacks"] = sorted(set(met.executed_fallback_ops()))
     return {"version": f"torch_xla {torch_xla.__version__} on torch {torch.__version__}",
             "ops": ops}
 
