@@ -466,6 +466,10 @@ def test_compiled_mode_cli_defaults_and_report(tmp_path):
     from torch_pjrt.models.__main__ import _default_out
     assert _default_out(["hf"]).endswith("results-hf.jsonl")
     assert _default_out(["hf"], "compile").endswith("results-hf-compile.jsonl")
+    assert _default_out(["hf"], "eager", "defer_and_fuse").endswith(
+        "results-hf-defer_and_fuse.jsonl")
+    assert _default_out(["timm"], "compile", "defer_and_fuse").endswith(
+        "results-timm-compile-defer_and_fuse.jsonl")
     rec = run_case(Case(zoo="hf", name="broken", build=_Broken, inputs=_inputs), "compile")
     rec["eager_mode"] = "strict"
     eager = [{"zoo": "hf", "name": "broken", "status": "pass", "eager_mode": "strict"},

@@ -13,10 +13,15 @@ from . import zoos  # noqa: E402
 DEFAULT_DIR = os.path.join("docs", "models")
 
 
-def _default_out(zoo_list, mode="eager"):
+def _default_out(zoo_list, mode="eager", eager_mode="strict"):
     tag = zoo_list[0] if len(zoo_list) == 1 else "all"
-    # compiled results go to a file of their own: never appended to (or resumed from) eager ones
-    return os.path.join(DEFAULT_DIR, f"results-{tag}{'' if mode == 'eager' else '-' + mode}.jsonl")
+    # each mode's results go to a file of their own, so that --resume and --rerun see only that
+    # mode's records: Strict eager results-<zoo>.jsonl, other eager modes
+    # results-<zoo>-<eager mode>.jsonl, compiled results-<zoo>-compile[-<eager mode>].jsonl
+    parts = [] if mode == "eager" else [mode]
+    if eager_mode != "strict":
+        parts.append(eager_mode)
+    return os.path.join(DEFAULT_DIR, "-".join([f"results-{tag}"] + parts) + ".jsonl")
 
 
 def main(argv=None) -> int:
@@ -63,6 +68,7 @@ def main(argv=None) -> int:
                         "the training step's forward+loss, backward and SGD step compiled; "
                         "records Dynamo's graphs, graph breaks and recompiles (mode 'compile')")
     p.add_argument("--out", help="JSONL file (default docs/models/results-<zoo>.jsonl; "
+                                 "results-<zoo>-<eager mode>.jsonl for another eager mode; "
                                  "with --compile results-<zoo>-compile.jsonl)")
     a = p.parse_args(argv)
     zoo_list = a.zoo or list(zoos.ZOOS)
@@ -72,7 +78,7 @@ def main(argv=None) -> int:
             print(f"{z}/{n}")
         return 0
     mode = "compile" if a.compile else "eager"
-    out = a.out or _default_out(zoo_list, mode)
+    out = a.out or _default_out(zoo_list, mode, a.eager_mode)
     if a.resume or a.rerun:
         from .runner import load_records
         last = {(r["zoo"], r["name"]): r["status"] for r in load_records(out)}

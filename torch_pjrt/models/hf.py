@@ -172,7 +172,6 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
                         "downsample_rate": "1/2"},
     "kosmos-2": {"latent_query_num": 4},  # image tokens per text (64 by default)
     "xlstm": {"embedding_dim": HIDDEN},  # the hidden size under another name
-    "esmc": {"num_key_value_heads": HEADS},  # no grouping: its key norm spans every head
     # widths derived from the default hidden size at construction: attention on the
     # concatenated [hidden, embeddings] (twice the hidden size) and the mamba head size
     "zamba2": {"attention_hidden_size": 2 * HIDDEN, "attention_head_dim": 2 * HIDDEN // HEADS,
@@ -211,9 +210,6 @@ OVERRIDES: Dict[str, Dict[str, Any]] = {
     # its subsampling projection takes subsampling_conv_channels[0] // 4 * [1] features: the
     # 16 mel bins of the synthesized input, after two stride-2 convolutions
     "gemma4_audio": {"subsampling_conv_channels": [16, 8]},
-    # its block attention reshapes keys and values with the query heads' count: no grouping
-    "granite_speech5_encoder": {"num_key_value_heads": HEADS},
-    "granite_speech5_ctc": {"encoder_config.num_key_value_heads": HEADS},
     # the VQ image tokenizer's widths are base_channels times its multipliers (up to 4): a
     # multiple of the 32 groups of its group norms
     "janus": {"vq_config.base_channels": 32},
@@ -303,6 +299,19 @@ INPUT_VARIANTS: Dict[str, dict] = {
 }
 
 # float multipliers of the architecture (EfficientNet's compound scaling): set, not shrunk
+# configs whose attention has no key/value grouping although the config has a kv-heads count:
+# the shrink keeps their kv heads equal to the heads, at whatever depth the config sits
+# (a sub-config of a composite included)
+NO_KV_GROUPING = {
+    "esmc",  # its key norm spans every head
+    # block attention that reshapes keys and values with the query heads' count
+    "granite_speech5_encoder",
+    # values projected to the query heads' count (keys to the kv heads'): eager ran with a
+    # grouped config (no mask: SDPA's enable_gqa), compiled the materialized mask repeats the
+    # values to twice the query heads ("Attempting to broadcast a dimension of length 4")
+    "nemotron3_diarization_audio", "nemotron3_5_transcribe_asr_audio",
+    "nemotron3_5_transcribe_word_timestamp",
+}
 SCALE_FLOAT = {"width_coefficient": 0.5, "depth_coefficient": 0.5}
 
 DROPOUT_WORDS = ("dropout", "drop_prob", "pdrop", "layerdrop", "drop_path", "drop_rate",
@@ -470,6 +479,8 @@ def _shrink_homogeneous(cfg, allowed: Optional[set]) -> None:
         # the mask is materialized, the keys were repeated to twice the query heads and SDPA
         # refused them (the compiled sweep's "Attempting to broadcast" errors).
         if kv_was_heads and "kv_lora_rank" in vars(cfg):
+            cfg.num_key_value_heads = heads
+        if getattr(cfg, "model_type", None) in NO_KV_GROUPING:
             cfg.num_key_value_heads = heads
     # grouped expert routing (DeepSeek-V3 style): the groups must divide the shrunk experts with
     # at least two experts each (a group scores by its best two), and the groups kept per token
