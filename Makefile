@@ -85,11 +85,25 @@ build/obj/%.o: csrc/%.c $(HDR)
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -MMD -MP -c $< -o $@
 
-$(CXX_OBJ_DIR)/%.o: csrc/%.cpp $(HDR)
-	@mkdir -p $(dir $@)
-	$(CXX) $(CXXFLAGS) -MMD -MP -c $< -o $@
+# The precompiled PyTorch headers (csrc/bridge/torch_headers_pch.h), built per torch release with
+# the bridge's own flags, and force-included ahead of every bridge file: a fresh build of the
+# bridge takes about a third of the time (setup's largest part). The header is copied beside its
+# .gch because the compiler finds the .gch next to the header that -include names; if the .gch
+# is unusable (other flags), the copy is read as a plain header and -Winvalid-pch says so.
+PCH_H := $(CXX_OBJ_DIR)/torch_headers_pch.h
+PCH := $(PCH_H).gch
 
--include $(C_OBJS:.o=.d) $(CXX_OBJS:.o=.d)
+$(PCH): csrc/bridge/torch_headers_pch.h $(HDR)
+	@mkdir -p $(dir $@)
+	cp $< $(PCH_H)
+	$(CXX) $(CXXFLAGS) -MMD -MP -MF $(PCH).d -MT $@ -x c++-header $(PCH_H) -o $@.tmp
+	mv -f $@.tmp $@
+
+$(CXX_OBJ_DIR)/%.o: csrc/%.cpp $(HDR) $(PCH)
+	@mkdir -p $(dir $@)
+	$(CXX) $(CXXFLAGS) -include $(PCH_H) -Winvalid-pch -MMD -MP -c $< -o $@
+
+-include $(C_OBJS:.o=.d) $(CXX_OBJS:.o=.d) $(PCH).d
 
 # Link to a temporary name and rename: a process that has the old library mapped keeps it.
 $(EXT_SO): $(C_OBJS) $(CXX_OBJS) $(TORCH_STAMP)

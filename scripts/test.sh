@@ -31,7 +31,6 @@ VPY=$VENV/bin/python
   --constraint <("$VPY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
 "$VPY" -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-test-nodeps.txt
 make -j2 PYTHON="$VPY" ctest
-make -j2 PYTHON="$VPY" ctest-asan
 # `--long`: only the tests marked `long` (the slowest multi-process, cache and model-zoo runs,
 # outside CI's 20-minute budget, and the TorchTitan run, which needs torchtitan installed aside:
 # docs/distributed.md); otherwise everything else. Other arguments go to pytest.
@@ -54,14 +53,29 @@ if [ "${1:-}" = "--upstream" ]; then
   exec "$VPY" -m torch_pjrt.testing.upstream --suite docs --markdown docs/upstream-tests.md \
     --json build/upstream-docs.json "$@"
 fi
-# The serving tests first; all three runs always happen, and the script fails when any failed.
+# Every run below always happens, and the script fails when any failed.
+# First three runs side by side, each mostly on one core (together about 5 minutes here instead
+# of about 9 one after the other), each writing its own log, shown when all three are done:
+# - the C tests under AddressSanitizer (an instrumented build, then the tests in turn);
+# - the serving tests (one process: its module-scoped vLLM engines are built once);
+# - PyTorch's own tests, CI's subset (docs/upstream-tests.md): fails when a file's count of tpu
+#   tests passing (of those passing on CPU) drops below tests/upstream_baseline.json, or a file
+#   crashes or hangs (its per-test watchdog, 300 s, is far above any test's time under load).
 status=0
-"$VPY" -m pytest -q "${SERVING_TESTS[@]}" -m "not long" "$@" || status=$?
+LOGS=$(mktemp -d)
+trap 'rm -rf "$LOGS"' EXIT
+declare -A PIDS
+make -j2 PYTHON="$VPY" ctest-asan > "$LOGS/ctest-asan" 2>&1 & PIDS[ctest-asan]=$!
+"$VPY" -m pytest -q "${SERVING_TESTS[@]}" -m "not long" "$@" > "$LOGS/serving" 2>&1 &
+PIDS[serving]=$!
+"$VPY" -m torch_pjrt.testing.upstream --suite ci --check-against tests/upstream_baseline.json \
+  --markdown build/upstream-ci.md > "$LOGS/upstream" 2>&1 & PIDS[upstream]=$!
+for name in ctest-asan serving upstream; do
+  rc=0; wait "${PIDS[$name]}" || rc=$?
+  echo "== $name (exit $rc)"; cat "$LOGS/$name"
+  [ "$rc" = 0 ] || status=$rc
+done
+# Then the Python suite on the worker pool.
 "$VPY" -m pytest -q tests -m "not long" --ignore-glob='tests/test_serving_vllm*.py' \
   "${WORKERS[@]}" "$@" || status=$?
-# PyTorch's own tests, CI's subset (docs/upstream-tests.md): fails when a file's count of tpu
-# tests passing (of those passing on CPU) drops below tests/upstream_baseline.json, or a file
-# crashes or hangs.
-"$VPY" -m torch_pjrt.testing.upstream --suite ci --check-against tests/upstream_baseline.json \
-  --markdown build/upstream-ci.md || status=$?
 exit "$status"
