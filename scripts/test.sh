@@ -5,6 +5,8 @@
 # the venv scripts/setup.sh keeps for it (.venv-torchRELEASE); by default torch 2.13.0 in .venv.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+# elapsed() prints how long the script has run (CI's 35-minute budget: which phase costs what)
+elapsed() { echo "[test.sh] $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s"; }
 TORCH=${TORCH_VERSION:-2.13.0}
 if [ "${1:-}" = "--torch" ]; then
   TORCH=${2:?--torch needs a release, e.g. 2.14.1}
@@ -30,12 +32,17 @@ VPY=$VENV/bin/python
 "$VPY" -m pip install --quiet --disable-pip-version-check -r requirements-test.txt \
   --constraint <("$VPY" -c "import torch; print('torch==' + torch.__version__.split('+')[0])")
 "$VPY" -m pip install --quiet --disable-pip-version-check --no-deps -r requirements-test-nodeps.txt
+elapsed "set up"
 make -j2 PYTHON="$VPY" ctest
+elapsed "C tests"
 # `--long`: only the tests marked `long` (the slowest multi-process, cache and model-zoo runs,
 # outside CI's 20-minute budget, and the TorchTitan run, which needs torchtitan installed aside:
 # docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 # The suite runs on PYTEST_WORKERS worker processes (pytest-xdist; default 2, 0 = in this one).
-WORKERS=(-n "${PYTEST_WORKERS:-2}")
+# --dist worksteal: a worker that runs out of tests takes pending ones from the other's queue, so
+# a file of long tests (test_dist_threads, the compile-cache files) queued on one worker near the
+# end does not leave the other core idle.
+WORKERS=(-n "${PYTEST_WORKERS:-2}" --dist worksteal)
 # The serving tests (vLLM engines and `vllm serve` processes; they skip without vLLM) never run
 # in the worker pool: in one process of their own their module-scoped engines are built once,
 # and they do not compete with the rest for the two cores (in the pool they cost about twice
@@ -75,7 +82,9 @@ for name in ctest-asan serving upstream; do
   echo "== $name (exit $rc)"; cat "$LOGS/$name"
   [ "$rc" = 0 ] || status=$rc
 done
+elapsed "ASan C tests, serving tests, upstream subset"
 # Then the Python suite on the worker pool.
 "$VPY" -m pytest -q tests -m "not long" --ignore-glob='tests/test_serving_vllm*.py' \
   "${WORKERS[@]}" "$@" || status=$?
+elapsed "Python suite"
 exit "$status"
