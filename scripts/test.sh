@@ -36,7 +36,7 @@ elapsed "set up"
 make -j2 PYTHON="$VPY" ctest
 elapsed "C tests"
 # `--long`: only the tests marked `long` (the slowest multi-process, cache and model-zoo runs,
-# outside CI's 20-minute budget, and the TorchTitan run, which needs torchtitan installed aside:
+# outside CI's 35-minute budget, and the TorchTitan run, which needs torchtitan installed aside:
 # docs/distributed.md); otherwise everything else. Other arguments go to pytest.
 # The suite runs on PYTEST_WORKERS worker processes (pytest-xdist; default 2, 0 = in this one).
 # --dist worksteal: a worker that runs out of tests takes pending ones from the other's queue, so
