@@ -644,16 +644,20 @@ pj_status_t *pj_cgroup_p2p(pj_cgroup_t *g, int rank, int peer, int tag, uint64_t
       if (!me.matched && (g->broken || g->left[peer] || timed_out)) {
         unlink_p2p(g, &me);
         const char *dir = is_send ? "send to" : "recv from";
-        const char *why = g->broken ? g->broken : g->left[peer] ? g->left_why[peer] : NULL;
-        pj_status_t *st =
-            why || g->left[peer]
-                ? pj_status_new(PJ_ERR_RUNTIME, "%s (%s rank %d, tag %d, gave up)",
-                                why ? why : "the peer left the group", dir, peer, tag)
-                : pj_status_new(PJ_ERR_RUNTIME,
-                                "rank %d timed out after %.3f s in a %s rank %d (tag %d): "
-                                "the matching %s never came",
-                                rank, (double)g->timeout_ms / 1000, dir, peer, tag,
-                                is_send ? "recv" : "send");
+        pj_status_t *st;
+        if (g->broken) /* the group's first failure says why */
+          st = pj_status_new(PJ_ERR_RUNTIME, "%s (%s rank %d, tag %d, gave up)", g->broken, dir,
+                             peer, tag);
+        else if (g->left[peer]) /* the peer's leave reason, when it gave one */
+          st = pj_status_new(PJ_ERR_RUNTIME, "%s (%s rank %d, tag %d, gave up)",
+                             g->left_why[peer] ? g->left_why[peer] : "the peer left the group",
+                             dir, peer, tag);
+        else
+          st = pj_status_new(PJ_ERR_RUNTIME,
+                             "rank %d timed out after %.3f s in a %s rank %d (tag %d): "
+                             "the matching %s never came",
+                             rank, (double)g->timeout_ms / 1000, dir, peer, tag,
+                             is_send ? "recv" : "send");
         pthread_mutex_unlock(&g->mu);
         return st;
       }
