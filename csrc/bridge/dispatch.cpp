@@ -219,20 +219,24 @@ void restride(std::vector<c10::IValue>& meta, size_t r, at::MemoryFormat mf) {
     meta[r] = at::empty(m.sizes(), m.options().memory_format(mf));
 }
 
+// The argument the schema names `name`, or nullptr when the call has none by that name.
+const c10::IValue* named_arg(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
+                             const char* name) {
+  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++)
+    if (schema.arguments()[i].name() == name) return &args[i];
+  return nullptr;
+}
+
 const at::Tensor* named_tensor(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
                                const char* name) {
-  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++)
-    if (schema.arguments()[i].name() == name && args[i].isTensor())
-      return &args[i].toTensor();
-  return nullptr;
+  const c10::IValue* v = named_arg(schema, args, name);
+  return v && v->isTensor() ? &v->toTensor() : nullptr;
 }
 
 std::vector<int64_t> named_ints(const c10::FunctionSchema& schema, const torch::jit::Stack& args,
                                 const char* name) {
-  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++)
-    if (schema.arguments()[i].name() == name && args[i].isIntList())
-      return args[i].toIntVector();
-  return {};
+  const c10::IValue* v = named_arg(schema, args, name);
+  return v && v->isIntList() ? v->toIntVector() : std::vector<int64_t>{};
 }
 
 // Whether CPU runs a 3-d convolution in oneDNN (which keeps channels-last; CPU's own 3-d kernel
@@ -249,14 +253,10 @@ bool cpu_conv3d_in_onednn(const c10::FunctionSchema& schema, const torch::jit::S
   const auto stride = named_ints(schema, args, "stride");
   const auto dilation = named_ints(schema, args, "dilation");
   const auto output_padding = named_ints(schema, args, "output_padding");
-  const c10::IValue* transposed = nullptr;
-  int64_t groups = 1;
-  for (size_t i = 0; i < schema.arguments().size() && i < args.size(); i++) {
-    const std::string& n = schema.arguments()[i].name();
-    if (n == "transposed" && args[i].isBool()) transposed = &args[i];
-    if (n == "groups" && args[i].isInt()) groups = args[i].toInt();
-  }
-  if (transposed && transposed->toBool())
+  const c10::IValue* transposed = named_arg(schema, args, "transposed");
+  const c10::IValue* groups_arg = named_arg(schema, args, "groups");
+  const int64_t groups = groups_arg && groups_arg->isInt() ? groups_arg->toInt() : 1;
+  if (transposed && transposed->isBool() && transposed->toBool())
     for (size_t i = 0; i < output_padding.size() && i < stride.size(); i++)
       if (output_padding[i] >= stride[i]) return false;
   if (dt == at::kBFloat16 || dt == at::kHalf) return cpu_onednn_takes(dt);
