@@ -82,9 +82,8 @@
 
 #include "pjrt_c_api.h"
 extern "C" {
-#include "torch_pjrt/bucket.h"
 #include "torch_pjrt/host_pool.h"
-#include "torch_pjrt/metrics.h"
+#include "torch_pjrt/staged_transfer.h"
 #include "torch_pjrt/transfer.h"
 
 // The lock graph/call.c holds around every program run: it reads slot storages' buffers and
@@ -160,143 +159,20 @@ class Block {
 std::atomic<int64_t> g_uploads{0}, g_zero_copy_uploads{0}, g_downloads{0}, g_collectives{0};
 
 // ---------------------------------------------------------------------------------------------
-// PJRT transfers into and out of host blocks (the runtime's own transfer.c copies are blocking
-// and allocate their host memory; these use pooled blocks and report completion by events).
+// PJRT transfers into and out of host blocks: the runtime's (torch_pjrt/staged_transfer.h),
+// counted here for _dist_stats.
 // ---------------------------------------------------------------------------------------------
 
-struct Pjrt {
-  pj_runtime_t* rt;
-  const PJRT_Api* api;
-};
-
-Pjrt pjrt() {
-  pj_runtime_t* rt = runtime();
-  return {rt, pj_runtime_api(rt)};
-}
-
-void destroy_event(const Pjrt& p, PJRT_Event* ev) {
-  PJRT_Event_Destroy_Args d{};
-  d.struct_size = PJRT_Event_Destroy_Args_STRUCT_SIZE;
-  d.event = ev;
-  pj_status_free(pj_runtime_take_error(p.rt, p.api->PJRT_Event_Destroy(&d), "destroy event"));
-}
-
-// Waits for and destroys ev; returns its error (owned), or NULL.
-pj_status_t* await_event(const Pjrt& p, PJRT_Event* ev, const char* what) {
-  PJRT_Event_Await_Args a{};
-  a.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE;
-  a.event = ev;
-  pj_status_t* st = pj_runtime_take_error(p.rt, p.api->PJRT_Event_Await(&a), what);
-  destroy_event(p, ev);
-  return st;
-}
-
-// Events whose ready callback has run, destroyed later on one of our threads (destroying an
-// event inside its own callback is not promised to be safe by the C API).
-std::mutex g_reap_mu;
-std::vector<PJRT_Event*> g_reap;
-
-void reap_events(const Pjrt& p) {
-  std::vector<PJRT_Event*> list;
-  {
-    std::lock_guard<std::mutex> g(g_reap_mu);
-    list.swap(g_reap);
-  }
-  for (PJRT_Event* ev : list) destroy_event(p, ev);
-}
-
-struct HostRelease {
-  void* p;
-  size_t cap;
-  PJRT_Event* ev;
-};
-
-void on_host_buffer_done(PJRT_Error* err, void* arg) {
-  auto* r = static_cast<HostRelease*>(arg);
-  if (err) {
-    // The error belongs to the callback. The runtime is up (it fired this event).
-    pj_runtime_t* rt = nullptr;
-    pj_status_t* st = pj_runtime_get(&rt);
-    if (!st) pj_status_free(pj_runtime_take_error(rt, err, "host buffer release"));
-    pj_status_free(st);
-  }
-  pj_host_pool_give(r->p, r->cap);
-  {
-    std::lock_guard<std::mutex> g(g_reap_mu);
-    g_reap.push_back(r->ev);
-  }
-  delete r;
-}
-
-// A 1-D buffer of n elements of type dt on `device` holding the block's first bytes. The block
-// passes to the runtime. kImmutableZeroCopy lets a plugin whose device memory is host memory
-// (the CPU plugin) make the block itself the buffer: no copy. Other plugins copy. Either way
-// PJRT's done_with_host_buffer event says when the block is free again (once copied, or once
-// the aliasing buffer is freed), and its callback returns the block to the pool; until then
-// nothing writes the block (the runtime promises not to for this semantics, and we do not).
+// A 1-D buffer of n elements of type dt on `device` holding the block's first bytes; the block
+// passes to the runtime, which returns it to the pool once PJRT is done with it.
 PJRT_Buffer* upload(int device, Block block, pj_dtype_t dt, int64_t n) {
-  Pjrt p = pjrt();
-  reap_events(p);
-  PJRT_Client_BufferFromHostBuffer_Args a{};
-  a.struct_size = PJRT_Client_BufferFromHostBuffer_Args_STRUCT_SIZE;
-  a.client = pj_runtime_client(p.rt);
-  a.data = block.data();
-  a.type = static_cast<PJRT_Buffer_Type>(pj_dtype_info(dt)->pjrt_type);
-  a.dims = &n;
-  a.num_dims = 1;
-  a.host_buffer_semantics = PJRT_HostBufferSemantics_kImmutableZeroCopy;
-  a.device = pj_runtime_device(p.rt, device);
-  TORCH_CHECK(a.device, "tpu_dist: invalid device index ", device);
-  check(pj_runtime_take_error(p.rt, p.api->PJRT_Client_BufferFromHostBuffer(&a),
-                              "tpu_dist host-to-device copy"));
-  const size_t nbytes = static_cast<size_t>(n) * pj_dtype_info(dt)->itemsize;
+  PJRT_Buffer* buf = nullptr;
+  bool zero_copy = false;
+  check(pj_staged_upload(device, block.data(), block.capacity(), dt, n, &buf, &zero_copy));
+  block.release();  // the runtime's now (on failure above, the destructor gave it back)
   g_uploads++;
-  pj_metric_add(PJ_METRIC_H2D_TRANSFERS, 1);
-  pj_metric_add(PJ_METRIC_H2D_BYTES, static_cast<int64_t>(nbytes));
-  bool aliased = true;  // unless the plugin says otherwise
-  if (p.api->PJRT_Buffer_UnsafePointer) {  // did the plugin make the block the buffer?
-    PJRT_Buffer_UnsafePointer_Args u{};
-    u.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
-    u.buffer = a.buffer;
-    PJRT_Error* e = p.api->PJRT_Buffer_UnsafePointer(&u);
-    if (e) {
-      pj_status_free(pj_runtime_take_error(p.rt, e, "unsafe pointer"));
-    } else {
-      aliased = u.buffer_pointer == reinterpret_cast<uintptr_t>(block.data());
-      if (aliased) g_zero_copy_uploads++;  // for _dist_stats: confirmed aliases only
-    }
-  }
-  if (!a.done_with_host_buffer) {
-    // No event to say when the block is free: a copy is done with it now; an aliased block is
-    // never reused (leaked) rather than risk writing into a live buffer.
-    if (aliased) block.release();
-    return a.buffer;
-  }
-  auto* r = new HostRelease{block.data(), block.capacity(), a.done_with_host_buffer};
-  block.release();
-  PJRT_Event_OnReady_Args o{};
-  o.struct_size = PJRT_Event_OnReady_Args_STRUCT_SIZE;
-  o.event = r->ev;
-  o.callback = &on_host_buffer_done;
-  o.user_arg = r;
-  PJRT_Error* e = p.api->PJRT_Event_OnReady(&o);
-  if (e) {
-    // No callback will come: wait here instead (the block is in use until the event fires).
-    pj_status_free(pj_runtime_take_error(p.rt, e, "host buffer event"));
-    pj_status_free(await_event(p, r->ev, "host-to-device copy"));
-    pj_host_pool_give(r->p, r->cap);
-    delete r;
-  }
-  return a.buffer;
-}
-
-void destroy_buffer(PJRT_Buffer* buf) {
-  if (!buf) return;
-  Pjrt p = pjrt();
-  PJRT_Buffer_Destroy_Args d{};
-  d.struct_size = PJRT_Buffer_Destroy_Args_STRUCT_SIZE;
-  d.buffer = buf;
-  pj_status_free(pj_runtime_take_error(p.rt, p.api->PJRT_Buffer_Destroy(&d), "destroy buffer"));
+  if (zero_copy) g_zero_copy_uploads++;  // confirmed aliases only
+  return buf;
 }
 
 // RAII for pj_run_lock.
@@ -308,63 +184,22 @@ class RunLock {
   RunLock& operator=(const RunLock&) = delete;
 };
 
-// Starts copying storage s's whole buffer (nbytes) into dst and returns the event that fires
-// when the bytes are on the host. Bytes are bytes: the buffer may hold another element type of
-// the same storage than the tensor being staged (view_as_real of a complex tensor, a byte view);
-// a never-written storage is first materialized, as zeros of type `dt`. The caller holds
-// pj_run_lock: a program run on another thread could otherwise replace (and destroy) the buffer
-// between the lookup and the enqueue. Once enqueued, the copy is safe from that: a destroyed
-// buffer's memory "will be freed when all async operations using the buffer have completed"
-// (PJRT_Buffer_Delete).
-PJRT_Event* start_download_locked(const Pjrt& p, pj_storage_t* s, pj_dtype_t dt, void* dst,
-                                  size_t nbytes) {
-  TORCH_CHECK(s->nbytes == nbytes, "tpu_dist: storage of ", s->nbytes, " bytes, expected ",
-              nbytes);
-  check(pj_storage_readable(s));  // undefined contents (a failed recorded op) raise, not read
-  if (!s->buf) check(pj_storage_materialize(s, dt));
-  check(pj_bucket_trim_locked(s));  // a padded buffer (bucket.h) is read exactly
-  PJRT_Buffer_ToHostBuffer_Args a{};
-  a.struct_size = PJRT_Buffer_ToHostBuffer_Args_STRUCT_SIZE;
-  a.src = s->buf;
-  a.dst = dst;
-  a.dst_size = nbytes;
-  check(pj_runtime_take_error(p.rt, p.api->PJRT_Buffer_ToHostBuffer(&a),
-                              "tpu_dist device-to-host copy"));
+// Starts copying storage s's whole buffer into dst; the event fires when the bytes are on the
+// host. The caller holds pj_run_lock (pj_staged_download_start_locked says why).
+PJRT_Event* start_download_locked(pj_storage_t* s, pj_dtype_t dt, void* dst, size_t nbytes) {
+  PJRT_Event* ev = nullptr;
+  check(pj_staged_download_start_locked(s, dt, dst, nbytes, &ev));
   g_downloads++;
-  pj_metric_add(PJ_METRIC_D2H_TRANSFERS, 1);
-  pj_metric_add(PJ_METRIC_D2H_BYTES, static_cast<int64_t>(nbytes));
-  return a.event;
+  return ev;
 }
 
-// Where device memory is host memory (the CPU plugin) and the storage's buffer is already
-// computed, copies its bytes into dst right here, under pj_run_lock like a download's start:
-// small copies (and those of synchronous calls, whose caller waits anyway) cost less than the
-// hand-off to PJRT's copy threads and back. Returns false when it cannot (the caller then
-// starts an asynchronous download).
+// Copies up to this many bytes of a computed buffer on the calling thread where the plugin
+// allows it (pj_staged_copy_ready_locked), instead of handing them to PJRT's copy threads.
 constexpr size_t kCopyHereBytes = size_t(1) << 20;
 
-bool host_addressable(const Pjrt& p) {
-  static const bool yes = std::strcmp(pj_runtime_platform_name(p.rt), "cpu") == 0;
-  return yes;
-}
-
-bool copy_ready_buffer_locked(const Pjrt& p, pj_storage_t* s, void* dst, size_t nbytes) {
-  if (!s->buf || s->failed || s->nbytes != nbytes || !host_addressable(p) ||
-      !p.api->PJRT_Buffer_UnsafePointer)
-    return false;
-  if (!pj_buffer_is_ready(s->buf)) return false;
-  PJRT_Buffer_UnsafePointer_Args u{};
-  u.struct_size = PJRT_Buffer_UnsafePointer_Args_STRUCT_SIZE;
-  u.buffer = s->buf;
-  PJRT_Error* e = p.api->PJRT_Buffer_UnsafePointer(&u);
-  if (e) {
-    pj_status_free(pj_runtime_take_error(p.rt, e, "unsafe pointer"));
-    return false;
-  }
-  std::memcpy(dst, reinterpret_cast<const void*>(u.buffer_pointer), nbytes);
+bool copy_ready_buffer_locked(pj_storage_t* s, void* dst, size_t nbytes) {
+  if (!pj_staged_copy_ready_locked(s, dst, nbytes)) return false;
   g_downloads++;
-  pj_metric_add(PJ_METRIC_D2H_TRANSFERS, 1);
-  pj_metric_add(PJ_METRIC_D2H_BYTES, static_cast<int64_t>(nbytes));
   return true;
 }
 
@@ -1504,8 +1339,7 @@ class StagedBackend final : public c10d::Backend {
   // slots (all in flight at once). On failure the copies already started are awaited (they
   // write into the blocks) before the error is rethrown.
   void start_downloads(Job& job) {
-    Pjrt p = pjrt();
-    reap_events(p);
+    pj_staged_reap();
     for (auto& s : job.slots) {
       if (!is_tpu(s.user)) continue;
       s.block = Block(static_cast<size_t>(s.user.numel()) * s.user.element_size());
@@ -1521,9 +1355,9 @@ class StagedBackend final : public c10d::Backend {
         try {
           pj_storage_t* st = storage_of(s.src);
           const bool here = nbytes <= kCopyHereBytes || !job.async_op;
-          if (!(here && copy_ready_buffer_locked(p, st, s.block.data(), nbytes)))
+          if (!(here && copy_ready_buffer_locked(st, s.block.data(), nbytes)))
             job.downloads.push_back(start_download_locked(
-                p, st, to_pj_dtype(s.src.scalar_type()), s.block.data(), nbytes));
+                st, to_pj_dtype(s.src.scalar_type()), s.block.data(), nbytes));
         } catch (...) {
           error = std::current_exception();
           break;
@@ -1540,9 +1374,8 @@ class StagedBackend final : public c10d::Backend {
   std::exception_ptr await_downloads(Job& job) {
     std::exception_ptr error;
     if (job.downloads.empty()) return error;
-    Pjrt p = pjrt();
     for (PJRT_Event* ev : job.downloads) {
-      pj_status_t* st = await_event(p, ev, "tpu_dist device-to-host copy");
+      pj_status_t* st = pj_staged_await(ev, "tpu_dist device-to-host copy");
       if (st && !error) {
         try {
           check(st);
@@ -1851,7 +1684,6 @@ class StagedBackend final : public c10d::Backend {
         const int64_t n = static_cast<int64_t>(st->nbytes / pj_dtype_info(dt)->itemsize);
         installs.push_back({st, upload(s.user.device().index(), std::move(s.block), dt, n), dt});
       }
-      Pjrt p = pjrt();
       RunLock lock;
       // View outputs, grouped by storage: the storage's current bytes with the views' values
       // written over them (each view in its own dtype), as one new buffer. Under the lock, so
@@ -1867,8 +1699,8 @@ class StagedBackend final : public c10d::Backend {
                     " bytes is not a whole number of its elements");
         Block image(st->nbytes);
         if (st->buf || st->failed) {
-          check(await_event(p, start_download_locked(p, st, dt, image.data(), st->nbytes),
-                            "tpu_dist device-to-host copy"));
+          check(pj_staged_await(start_download_locked(st, dt, image.data(), st->nbytes),
+                                "tpu_dist device-to-host copy"));
         } else {
           std::memset(image.data(), 0, st->nbytes);
         }
@@ -1886,7 +1718,7 @@ class StagedBackend final : public c10d::Backend {
       }
       for (const auto& in : installs) pj_storage_swap(in.storage, in.buf, in.dt);
     } catch (...) {
-      for (const auto& in : installs) destroy_buffer(in.buf);
+      for (const auto& in : installs) pj_buffer_destroy(in.buf);
       throw;
     }
   }
