@@ -298,7 +298,6 @@ INPUT_VARIANTS: Dict[str, dict] = {
     "vibevoice_acoustic_tokenizer_decoder": {"main_shape": (HIDDEN, 4)},
 }
 
-# float multipliers of the architecture (EfficientNet's compound scaling): set, not shrunk
 # configs whose attention has no key/value grouping although the config has a kv-heads count:
 # the shrink keeps their kv heads equal to the heads, at whatever depth the config sits
 # (a sub-config of a composite included)
@@ -312,6 +311,7 @@ NO_KV_GROUPING = {
     "nemotron3_diarization_audio", "nemotron3_5_transcribe_asr_audio",
     "nemotron3_5_transcribe_word_timestamp",
 }
+# float multipliers of the architecture (EfficientNet's compound scaling): set, not shrunk
 SCALE_FLOAT = {"width_coefficient": 0.5, "depth_coefficient": 0.5}
 
 DROPOUT_WORDS = ("dropout", "drop_prob", "pdrop", "layerdrop", "drop_path", "drop_rate",
