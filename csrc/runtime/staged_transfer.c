@@ -86,9 +86,9 @@ pj_status_t *pj_staged_upload(int device, void *block, size_t cap, pj_dtype_t dt
   if (nbytes > cap)
     return pj_status_new(PJ_ERR_RUNTIME,
                          "tpu_dist: %zu bytes to upload from a block of %zu", nbytes, cap);
+  PJ_API_SLOT(from_host, api, PJRT_Client_BufferFromHostBuffer);
   release_t *r = malloc(sizeof *r); /* before the upload: nothing to undo if it fails */
   if (!r) return pj_status_new(PJ_ERR_OOM, "out of host memory starting an upload");
-  PJ_API_SLOT(from_host, api, PJRT_Client_BufferFromHostBuffer);
   /* kImmutableZeroCopy lets a plugin whose device memory is host memory (the CPU plugin) make
    * the block itself the buffer: no copy. Other plugins copy. Either way done_with_host_buffer
    * says when the block is free again; until then nothing writes it (the runtime promises not
