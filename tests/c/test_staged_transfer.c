@@ -30,6 +30,24 @@ static int cached_reaches(size_t want) {
   return 0;
 }
 
+/* A download of storage s into dst, started under pj_run_lock as the transport does, and
+ * awaited; its error, or NULL. */
+static pj_status_t *download(pj_storage_t *s, void *dst, size_t nbytes) {
+  struct PJRT_Event *ev = NULL;
+  pthread_mutex_lock(&pj_run_lock);
+  pj_status_t *st = pj_staged_download_start_locked(s, PJ_F32, dst, nbytes, &ev);
+  pthread_mutex_unlock(&pj_run_lock);
+  return st ? st : pj_staged_await(ev, "test download");
+}
+
+/* The on-thread copy, under pj_run_lock as the transport calls it. */
+static bool copy_here(pj_storage_t *s, void *dst, size_t nbytes) {
+  pthread_mutex_lock(&pj_run_lock);
+  const bool done = pj_staged_copy_ready_locked(s, dst, nbytes);
+  pthread_mutex_unlock(&pj_run_lock);
+  return done;
+}
+
 int main(void) {
   CTEST_REQUIRE_PLUGIN();
   const int64_t n = 1000;
@@ -73,36 +91,22 @@ int main(void) {
   for (int64_t i = 0; i < n; i++) src[i] = (float)(3 * i - 7);
   pj_storage_t *s = ctest_f32_storage(src, n);
   OK(pj_buffer_await(s->buf));
-  struct PJRT_Event *ev = NULL;
   memset(dst, 0, sizeof dst);
-  pthread_mutex_lock(&pj_run_lock);
-  st = pj_staged_download_start_locked(s, PJ_F32, dst, sizeof dst, &ev);
-  pthread_mutex_unlock(&pj_run_lock);
-  OK(st);
-  OK(pj_staged_await(ev, "test download"));
+  OK(download(s, dst, sizeof dst));
   EXPECT(memcmp(src, dst, sizeof dst) == 0);
   memset(dst, 0, sizeof dst);
-  pthread_mutex_lock(&pj_run_lock);
-  const bool here = pj_staged_copy_ready_locked(s, dst, sizeof dst);
-  pthread_mutex_unlock(&pj_run_lock);
-  EXPECT(here); /* the CPU plugin's memory is host memory */
+  EXPECT(copy_here(s, dst, sizeof dst)); /* the CPU plugin's memory is host memory */
   EXPECT(memcmp(src, dst, sizeof dst) == 0);
   /* the wrong size: an error, nothing started */
-  pthread_mutex_lock(&pj_run_lock);
-  st = pj_staged_download_start_locked(s, PJ_F32, dst, sizeof dst - 4, &ev);
-  const bool here_wrong = pj_staged_copy_ready_locked(s, dst, sizeof dst - 4);
-  pthread_mutex_unlock(&pj_run_lock);
-  EXPECT(st != NULL && !here_wrong);
+  st = download(s, dst, sizeof dst - 4);
+  EXPECT(st != NULL && !copy_here(s, dst, sizeof dst - 4));
   pj_status_free(st);
   /* a failed storage (a recorded op that failed): its error, never its bytes */
   pj_status_t *why = pj_status_new(PJ_ERR_RUNTIME, "an earlier op failed");
   pj_storage_set_failed(s, why, "test op");
   pj_status_free(why);
-  pthread_mutex_lock(&pj_run_lock);
-  st = pj_staged_download_start_locked(s, PJ_F32, dst, sizeof dst, &ev);
-  const bool here_failed = pj_staged_copy_ready_locked(s, dst, sizeof dst);
-  pthread_mutex_unlock(&pj_run_lock);
-  EXPECT(st != NULL && !here_failed);
+  st = download(s, dst, sizeof dst);
+  EXPECT(st != NULL && !copy_here(s, dst, sizeof dst));
   pj_status_free(st);
   pj_storage_release(s);
 
@@ -110,11 +114,7 @@ int main(void) {
   pj_storage_t *fresh;
   OK(pj_storage_new(0, sizeof dst, &fresh));
   memset(dst, 0xff, sizeof dst);
-  pthread_mutex_lock(&pj_run_lock);
-  st = pj_staged_download_start_locked(fresh, PJ_F32, dst, sizeof dst, &ev);
-  pthread_mutex_unlock(&pj_run_lock);
-  OK(st);
-  OK(pj_staged_await(ev, "test download"));
+  OK(download(fresh, dst, sizeof dst));
   for (int64_t i = 0; i < n; i++) EXPECT(dst[i] == 0.0f);
   pj_storage_release(fresh);
   CTEST_DONE();
