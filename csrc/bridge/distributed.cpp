@@ -1375,7 +1375,7 @@ class StagedBackend final : public c10d::Backend {
     std::exception_ptr error;
     if (job.downloads.empty()) return error;
     for (PJRT_Event* ev : job.downloads) {
-      pj_status_t* st = pj_staged_await(ev, "tpu_dist device-to-host copy");
+      pj_status_t* st = pj_event_await(ev, "tpu_dist device-to-host copy");
       if (st && !error) {
         try {
           check(st);
@@ -1699,7 +1699,7 @@ class StagedBackend final : public c10d::Backend {
                     " bytes is not a whole number of its elements");
         Block image(st->nbytes);
         if (st->buf || st->failed) {
-          check(pj_staged_await(start_download_locked(st, dt, image.data(), st->nbytes),
+          check(pj_event_await(start_download_locked(st, dt, image.data(), st->nbytes),
                                 "tpu_dist device-to-host copy"));
         } else {
           std::memset(image.data(), 0, st->nbytes);

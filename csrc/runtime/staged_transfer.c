@@ -30,15 +30,6 @@ static void destroy_event(const pj_runtime_t *rt, PJRT_Event *ev) {
                                        "destroy event"));
 }
 
-pj_status_t *pj_staged_await(PJRT_Event *ev, const char *what) {
-  pj_runtime_t *rt;
-  PJ_TRY(pj_runtime_get(&rt));
-  PJRT_Event_Await_Args a = {.struct_size = PJRT_Event_Await_Args_STRUCT_SIZE, .event = ev};
-  pj_status_t *st = pj_runtime_take_error(rt, pj_runtime_api(rt)->PJRT_Event_Await(&a), what);
-  destroy_event(rt, ev);
-  return st;
-}
-
 void pj_staged_reap(void) {
   pthread_mutex_lock(&g_reap_mu);
   release_t *list = g_reap;
@@ -140,7 +131,7 @@ pj_status_t *pj_staged_upload(int device, void *block, size_t cap, pj_dtype_t dt
   if (e) {
     /* No callback will come: wait here instead (the block is in use until the event fires). */
     pj_status_free(e);
-    pj_status_free(pj_staged_await(r->ev, "host-to-device copy"));
+    pj_status_free(pj_event_await(r->ev, "host-to-device copy"));
     pj_host_pool_give(block, cap);
     free(r);
   }

@@ -20,6 +20,13 @@ static pj_status_t *await_event(const pj_runtime_t *rt, PJRT_Event *ev, const ch
   return st;
 }
 
+pj_status_t *pj_event_await(PJRT_Event *ev, const char *what) {
+  if (!ev) return NULL;
+  pj_runtime_t *rt;
+  PJ_TRY(pj_runtime_get(&rt));
+  return await_event(rt, ev, what);
+}
+
 /* The index of the device holding `buf`, -1 when it cannot be told. */
 static int buffer_device(const pj_runtime_t *rt, PJRT_Buffer *buf) {
   const PJRT_Api *api = pj_runtime_api(rt);

@@ -37,7 +37,7 @@ static pj_status_t *download(pj_storage_t *s, void *dst, size_t nbytes) {
   pthread_mutex_lock(&pj_run_lock);
   pj_status_t *st = pj_staged_download_start_locked(s, PJ_F32, dst, nbytes, &ev);
   pthread_mutex_unlock(&pj_run_lock);
-  return st ? st : pj_staged_await(ev, "test download");
+  return st ? st : pj_event_await(ev, "test download");
 }
 
 /* The on-thread copy, under pj_run_lock as the transport calls it. */

@@ -33,7 +33,8 @@ pj_status_t *pj_staged_upload(int device, void *block, size_t cap, pj_dtype_t dt
                               struct PJRT_Buffer **out, bool *zero_copy);
 
 /* Starts copying storage s's whole buffer (nbytes, which must be s's size) into dst and returns
- * in *ev the event that fires when the bytes are on the host (await it with pj_staged_await).
+ * in *ev the event that fires when the bytes are on the host (await it with pj_event_await,
+ * transfer.h).
  * Bytes are bytes: the buffer may hold another element type than `dt`; a never-written storage
  * is first materialized as zeros of type dt, and a padded one trimmed (bucket.h). The caller
  * holds pj_run_lock: a program run on another thread could otherwise replace (and destroy) the
@@ -46,9 +47,6 @@ pj_status_t *pj_staged_download_start_locked(pj_storage_t *s, pj_dtype_t dt, voi
  * start): small copies cost less than the hand-off to PJRT's copy threads and back. Returns
  * false when it cannot; the caller then starts a download. */
 bool pj_staged_copy_ready_locked(pj_storage_t *s, void *dst, size_t nbytes);
-
-/* Waits for and destroys ev; returns its error (`what` names the operation), or NULL. */
-pj_status_t *pj_staged_await(struct PJRT_Event *ev, const char *what);
 
 /* Destroys the events of finished uploads (called by pj_staged_upload; callers that wait on
  * downloads call it too, so that events do not pile up between uploads). */

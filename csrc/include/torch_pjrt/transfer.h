@@ -27,6 +27,10 @@ pj_status_t *pj_transfer_to_host(struct PJRT_Buffer *buf, void *dst, size_t nbyt
  * destroyed at once: PJRT keeps it alive until the copy has read it. */
 pj_status_t *pj_transfer_between_devices(struct PJRT_Buffer *src, pj_dtype_t dt, int64_t numel,
                                          int device, struct PJRT_Buffer **out);
+/* Waits for and destroys a PJRT event (NULL: nothing to wait for); returns the event's error
+ * (`what` names the operation), or NULL. */
+struct PJRT_Event;
+pj_status_t *pj_event_await(struct PJRT_Event *ev, const char *what);
 /* Waits until the buffer's contents are computed; surfaces any device error. */
 pj_status_t *pj_buffer_await(struct PJRT_Buffer *buf);
 /* Non-blocking: 1 if ready, 0 if still pending. */
