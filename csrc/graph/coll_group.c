@@ -239,15 +239,6 @@ static const char *call_name(const pj_cgroup_call_t *c) {
   return c->name ? c->name : pj_coll_kind_name(c->kind);
 }
 
-static bool is_reduction(pj_coll_kind_t k) {
-  return k == PJ_COLL_ALL_REDUCE || k == PJ_COLL_REDUCE || k == PJ_COLL_REDUCE_SCATTER;
-}
-
-static bool has_root(pj_coll_kind_t k) {
-  return k == PJ_COLL_BROADCAST || k == PJ_COLL_REDUCE || k == PJ_COLL_GATHER ||
-         k == PJ_COLL_SCATTER;
-}
-
 static bool same_shape(const pj_coll_view_t *a, const pj_coll_view_t *b) {
   if (a->rank != b->rank) return false;
   for (int i = 0; i < a->rank; i++)
@@ -267,8 +258,8 @@ static bool same_call(const pj_cgroup_call_t *a, const pj_cgroup_call_t *b) {
   if (a->kind != b->kind || strcmp(call_name(a), call_name(b)) != 0) return false;
   if (a->kind == PJ_COLL_BARRIER) return true;
   if (a->dtype != b->dtype || a->ninputs != b->ninputs || a->list_out != b->list_out) return false;
-  if (is_reduction(a->kind) && a->op != b->op) return false;
-  if (has_root(a->kind) && a->root != b->root) return false;
+  if (pj_coll_is_reduction(a->kind) && a->op != b->op) return false;
+  if (pj_coll_has_root(a->kind) && a->root != b->root) return false;
   if ((a->in_splits == NULL) != (b->in_splits == NULL)) return false;
   for (int i = 0; i < a->ninputs; i++) {
     const pj_coll_view_t *x = &a->inputs[i], *y = &b->inputs[i];
@@ -292,8 +283,8 @@ static void describe(pj_sb_t *sb, const pj_cgroup_call_t *c, int n) {
       for (int i = 0; i < c->inputs[0].rank; i++)
         pj_sb_printf(sb, "%s%lld", i ? ", " : "", (long long)c->inputs[0].sizes[i]);
     pj_sb_puts(sb, "]");
-    if (is_reduction(c->kind)) pj_sb_printf(sb, ", %s", pj_reduce_op_name(c->op));
-    if (has_root(c->kind)) pj_sb_printf(sb, ", root %d", c->root);
+    if (pj_coll_is_reduction(c->kind)) pj_sb_printf(sb, ", %s", pj_reduce_op_name(c->op));
+    if (pj_coll_has_root(c->kind)) pj_sb_printf(sb, ", root %d", c->root);
     if (c->list_out) pj_sb_puts(sb, ", list");
     if (c->in_splits) {
       pj_sb_puts(sb, ", splits [");

@@ -31,7 +31,8 @@ typedef struct {
   X(paged_attention)   \
   X(kernel)            \
   X(fft)               \
-  X(scaled_mm)
+  X(scaled_mm)       \
+  X(collective)
 
 #define PJ_DECLARE_FAMILY(f) extern const pj_lowering_entry_t pj_lowerings_##f[];
 PJ_FAMILIES(PJ_DECLARE_FAMILY)

@@ -134,6 +134,21 @@ int64_t pj_coll_out_rows(const pj_coll_desc_t *d, int r);
 /* Arguments per replica: the input storages, then PREMUL_SUM's 0-d float64 factor. */
 int pj_coll_num_args(const pj_coll_desc_t *d);
 
+/* Kinds that take a ReduceOp; kinds that have a root. */
+bool pj_coll_is_reduction(pj_coll_kind_t k);
+bool pj_coll_has_root(pj_coll_kind_t k);
+/* Groups of a (checked) description, and the replica number of rank j of group k. */
+int pj_coll_ngroups(const pj_coll_desc_t *d);
+int pj_coll_member(const pj_coll_desc_t *d, int k, int j);
+
+/* Emits the collective into a program being built: in[0..ninputs) are the inputs as values of
+ * d->dtype shaped like their views (already read), factor PREMUL_SUM's 0-d float64 value (else
+ * unused). Writes the pj_coll_num_outputs(d) results, of d->dtype and pj_coll_output_type's
+ * shapes, into res. The program must be compiled for d->nreplicas replicas. A malformed
+ * description is returned as a status; builder errors are recorded in h. */
+pj_status_t *pj_coll_emit(pj_hlo_t *h, const pj_coll_desc_t *d, const pj_val_t *in,
+                          pj_val_t factor, pj_val_t *res);
+
 /* The cache key of a description (everything that shapes its program, plus the runtime's
  * identity); malloc'd, the caller frees it. Built before any program text. */
 pj_status_t *pj_coll_key(const pj_coll_desc_t *d, unsigned char **key, size_t *len);

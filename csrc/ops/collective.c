@@ -1,4 +1,7 @@
-/* Collectives as StableHLO programs (collective.h).
+/* Collectives as StableHLO (collective.h): descriptions, their checks and shapes, and the ops
+ * that express each collective inside a program (pj_coll_emit). Whole programs and running them
+ * are graph/collective_run.c's; a collective inside a captured graph is the lowering at the end.
+ *
  *
  * Each collective is built from the five the CPU plugin compiles (all_reduce, all_gather,
  * reduce_scatter, all_to_all, collective_permute; syntax in runtime/multi_exec.c):
@@ -17,19 +20,12 @@
  * MIN are and), and no plugin needs pred collectives. */
 #include "torch_pjrt/collective.h"
 
-#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "../hlo/strbuf.h"
-#include "call_internal.h"
-#include "torch_pjrt/exec.h"
-#include "torch_pjrt/multi_exec.h"
-#include "torch_pjrt/runtime.h"
-#include "torch_pjrt/stream.h"
-#include "torch_pjrt/transfer.h"
-#include "view_io.h"
+#include "table.h"
 
 /* ---- ReduceOps: one row each ---- */
 
@@ -75,11 +71,11 @@ const char *pj_reduce_op_name(pj_reduce_op_t op) {
   return (unsigned)op < PJ_REDUCE_NUM_OPS ? kReduce[op].name : "ReduceOp.UNUSED";
 }
 
-static bool is_reduction(pj_coll_kind_t k) {
+bool pj_coll_is_reduction(pj_coll_kind_t k) {
   return k == PJ_COLL_ALL_REDUCE || k == PJ_COLL_REDUCE || k == PJ_COLL_REDUCE_SCATTER;
 }
 
-static bool has_root(pj_coll_kind_t k) {
+bool pj_coll_has_root(pj_coll_kind_t k) {
   return k == PJ_COLL_BROADCAST || k == PJ_COLL_REDUCE || k == PJ_COLL_GATHER ||
          k == PJ_COLL_SCATTER;
 }
@@ -121,18 +117,17 @@ static bool same_shape(const pj_coll_view_t *a, const pj_coll_view_t *b) {
   return true;
 }
 
-static int ngroups(const pj_coll_desc_t *d) { return d->nreplicas / d->group_size; }
+int pj_coll_ngroups(const pj_coll_desc_t *d) { return d->nreplicas / d->group_size; }
 
-/* Replica number of rank g in group k. */
-static int member(const pj_coll_desc_t *d, int k, int g) {
+int pj_coll_member(const pj_coll_desc_t *d, int k, int g) {
   return d->groups ? d->groups[k * d->group_size + g] : k * d->group_size + g;
 }
 
 /* The group and rank of every replica (the description was checked). */
 static void locate(const pj_coll_desc_t *d, int *group_of, int *rank_of) {
-  for (int k = 0; k < ngroups(d); k++)
+  for (int k = 0; k < pj_coll_ngroups(d); k++)
     for (int g = 0; g < d->group_size; g++) {
-      const int r = member(d, k, g);
+      const int r = pj_coll_member(d, k, g);
       group_of[r] = k;
       rank_of[r] = g;
     }
@@ -208,7 +203,7 @@ static pj_status_t *check_splits(const pj_coll_desc_t *d) {
     pj_status_t *st = NULL;
     for (int r = 0; r < R && !st; r++)
       for (int g = 0; g < G && !st; g++) {
-        const int src = member(d, group_of[r], g);
+        const int src = pj_coll_member(d, group_of[r], g);
         if (d->out_splits[r * G + g] != d->in_splits[src * G + rank_of[r]])
           st = pj_status_new(PJ_ERR_VALUE,
                              "all_to_all: replica %d expects %lld rows from rank %d, which "
@@ -238,16 +233,16 @@ pj_status_t *pj_coll_check(const pj_coll_desc_t *d) {
   /* Groups partition the replicas: a replica in no group would run the program without a
    * partner, one in two groups would be two ranks at once. */
   unsigned char seen[PJ_COLL_MAX_REPLICAS] = {0};
-  for (int k = 0; k < ngroups(d); k++)
+  for (int k = 0; k < pj_coll_ngroups(d); k++)
     for (int g = 0; g < d->group_size; g++) {
-      const int r = member(d, k, g);
+      const int r = pj_coll_member(d, k, g);
       if (r < 0 || r >= d->nreplicas)
         return pj_status_new(PJ_ERR_VALUE, "%s: group %d names replica %d of %d", what, k, r,
                              d->nreplicas);
       if (seen[r]++)
         return pj_status_new(PJ_ERR_VALUE, "%s: replica %d is in two groups", what, r);
     }
-  if (has_root(d->kind) && (d->root < 0 || d->root >= d->group_size))
+  if (pj_coll_has_root(d->kind) && (d->root < 0 || d->root >= d->group_size))
     return pj_status_new(PJ_ERR_VALUE, "%s: invalid root rank: %d (group size %d)", what,
                          d->root, d->group_size);
   const int want_inputs = d->kind == PJ_COLL_BARRIER ? 0 : 1;
@@ -264,7 +259,7 @@ pj_status_t *pj_coll_check(const pj_coll_desc_t *d) {
   }
   if (d->list_out && d->kind != PJ_COLL_ALL_GATHER && d->kind != PJ_COLL_GATHER)
     return pj_status_new(PJ_ERR_VALUE, "%s has no list of outputs", what);
-  if (is_reduction(d->kind)) {
+  if (pj_coll_is_reduction(d->kind)) {
     if ((unsigned)d->op >= PJ_REDUCE_NUM_OPS)
       return pj_status_new(PJ_ERR_VALUE, "%s: invalid reduce op %d", what, (int)d->op);
     char msg[200];
@@ -311,14 +306,14 @@ int pj_coll_num_outputs(const pj_coll_desc_t *d) {
 }
 
 int pj_coll_num_args(const pj_coll_desc_t *d) {
-  return d->ninputs + (is_reduction(d->kind) && d->op == PJ_REDUCE_PREMUL_SUM);
+  return d->ninputs + (pj_coll_is_reduction(d->kind) && d->op == PJ_REDUCE_PREMUL_SUM);
 }
 
 /* The largest number of rows any replica receives in an uneven all_to_all. */
 static int64_t recv_rows(const pj_coll_desc_t *d, int r, const int *group_of, const int *rank_of) {
   int64_t n = 0;
   for (int g = 0; g < d->group_size; g++)
-    n += d->in_splits[member(d, group_of[r], g) * d->group_size + rank_of[r]];
+    n += d->in_splits[pj_coll_member(d, group_of[r], g) * d->group_size + rank_of[r]];
   return n;
 }
 
@@ -373,48 +368,6 @@ pj_status_t *pj_coll_output_type(const pj_coll_desc_t *d, int k, pj_type_t *out)
       break;
   }
   *out = t;
-  return NULL;
-}
-
-/* ---- the key ---- */
-
-pj_status_t *pj_coll_key(const pj_coll_desc_t *d, unsigned char **key, size_t *len) {
-  PJ_TRY(pj_coll_check(d));
-  pj_runtime_t *rt;
-  PJ_TRY(pj_runtime_get(&rt));
-  pj_keybuf_t k = {0};
-  pj_key_str(&k, pj_runtime_key_identity(rt));
-  pj_key_str(&k, "pj_coll");
-  const int64_t head[] = {d->kind,       is_reduction(d->kind) ? (int64_t)d->op : -1,
-                          d->dtype,      d->ninputs,
-                          d->list_out,   d->nreplicas,
-                          d->group_size, has_root(d->kind) ? d->root : -1,
-                          d->npairs,     d->in_splits != NULL,
-                          d->flat_out};
-  for (size_t i = 0; i < sizeof head / sizeof *head; i++) pj_key_int(&k, head[i]);
-  for (int i = 0; i < d->ninputs; i++) {
-    const pj_coll_view_t *v = &d->inputs[i];
-    pj_key_int(&k, v->rank);
-    pj_key_int(&k, v->offset);
-    pj_key_int(&k, v->numel);
-    for (int j = 0; j < v->rank; j++) {
-      pj_key_int(&k, v->sizes[j]);
-      pj_key_int(&k, v->strides[j]);
-    }
-  }
-  /* Groups as replica lists (NULL and the identity listing are one program). */
-  for (int g = 0; g < ngroups(d); g++)
-    for (int j = 0; j < d->group_size; j++) pj_key_int(&k, member(d, g, j));
-  /* out_splits is only checked: equal in_splits make equal programs. */
-  if (d->in_splits)
-    for (int i = 0; i < d->nreplicas * d->group_size; i++) pj_key_int(&k, d->in_splits[i]);
-  for (int i = 0; i < 2 * d->npairs; i++) pj_key_int(&k, d->pairs[i]);
-  if (k.failed) {
-    free(k.p);
-    return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
-  }
-  *key = k.p;
-  *len = k.len;
   return NULL;
 }
 
@@ -636,7 +589,7 @@ static pj_val_t all_to_all_uneven(bld_t *b, pj_val_t x, pj_type_t out) {
       const int64_t s = d->in_splits[r * G + g];
       for (int64_t k = 0; k < M; k++) send[(r * G + g) * M + k] = k < s ? off + k : rows;
       off += s;
-      const int64_t got = d->in_splits[member(d, b->group_of[r], g) * G + b->rank_of[r]];
+      const int64_t got = d->in_splits[pj_coll_member(d, b->group_of[r], g) * G + b->rank_of[r]];
       for (int64_t k = 0; k < got; k++) recv[r * maxrecv + j++] = g * M + k;
     }
     for (; j < maxrecv; j++) recv[r * maxrecv + j] = G * M;
@@ -670,28 +623,13 @@ static pj_val_t all_to_all_uneven(bld_t *b, pj_val_t x, pj_type_t out) {
   return pj_reshape(h, y, out.rank, out.dims);
 }
 
-static pj_val_t read_input(bld_t *b, pj_val_t storage, const pj_coll_view_t *v) {
-  pj_tensor_desc_t td;
-  memset(&td, 0, sizeof td);
-  td.dtype = b->d->dtype;
-  td.rank = v->rank;
-  for (int j = 0; j < v->rank; j++) {
-    td.sizes[j] = v->sizes[j];
-    td.strides[j] = v->strides[j];
-  }
-  td.offset = v->offset;
-  td.slot = 0;
-  pj_val_t x = pj_view_read(b->h, storage, &td);
-  return pj_convert(b->h, x, wire(b->d->dtype));
-}
-
 /* The program's results in the wire dtype; n receives their count. */
 static void emit(bld_t *b, const pj_val_t *in, pj_val_t factor, pj_val_t *res) {
   pj_hlo_t *h = b->h;
   const pj_coll_desc_t *d = b->d;
   const int G = d->group_size;
   char msg[200];
-  const char *comb = is_reduction(d->kind) ? combiner(d->op, d->dtype, msg, sizeof msg) : NULL;
+  const char *comb = pj_coll_is_reduction(d->kind) ? combiner(d->op, d->dtype, msg, sizeof msg) : NULL;
   pj_type_t out;
   pj_status_t *st = pj_coll_output_type(d, 0, &out);
   if (st) { /* checked by the caller */
@@ -775,140 +713,66 @@ static void emit(bld_t *b, const pj_val_t *in, pj_val_t factor, pj_val_t *res) {
   }
 }
 
-pj_status_t *pj_coll_build(const pj_coll_desc_t *d, char **text, size_t *len) {
+pj_status_t *pj_coll_emit(pj_hlo_t *h, const pj_coll_desc_t *d, const pj_val_t *in,
+                          pj_val_t factor, pj_val_t *res) {
   PJ_TRY(pj_coll_check(d));
-  bld_t b = {.d = d};
+  bld_t b = {.h = h, .d = d};
   locate(d, b.group_of, b.rank_of);
   pj_sb_t sb = {0};
   pj_sb_puts(&sb, "replica_groups = dense<[");
-  for (int k = 0; k < ngroups(d); k++) {
+  for (int k = 0; k < pj_coll_ngroups(d); k++) {
     pj_sb_puts(&sb, k ? ", [" : "[");
-    for (int g = 0; g < d->group_size; g++) pj_sb_printf(&sb, "%s%d", g ? ", " : "", member(d, k, g));
+    for (int g = 0; g < d->group_size; g++)
+      pj_sb_printf(&sb, "%s%d", g ? ", " : "", pj_coll_member(d, k, g));
     pj_sb_puts(&sb, "]");
   }
-  pj_sb_printf(&sb, "]> : tensor<%dx%dxi64>", ngroups(d), d->group_size);
+  pj_sb_printf(&sb, "]> : tensor<%dx%dxi64>", pj_coll_ngroups(d), d->group_size);
   b.groups_attr = pj_sb_take(&sb, NULL);
-  b.h = pj_hlo_new();
-  if (!b.groups_attr || !b.h) {
-    free(b.groups_attr);
-    pj_hlo_free(b.h);
-    return pj_status_new(PJ_ERR_OOM, "out of host memory building a program");
-  }
-  pj_val_t in[PJ_COLL_MAX_REPLICAS], params[PJ_COLL_MAX_REPLICAS];
-  for (int i = 0; i < d->ninputs; i++)
-    params[i] = pj_hlo_param(b.h, pj_type(d->dtype, 1, &d->inputs[i].numel));
-  pj_val_t factor = {.id = -1};
-  if (pj_coll_num_args(d) > d->ninputs) factor = pj_hlo_param(b.h, pj_type_scalar(PJ_F64));
-  for (int i = 0; i < d->ninputs; i++) in[i] = read_input(&b, params[i], &d->inputs[i]);
-  const int nout = pj_coll_num_outputs(d);
-  pj_val_t res[PJ_COLL_MAX_REPLICAS];
-  emit(&b, in, factor, res);
+  if (!b.groups_attr) return pj_status_new(PJ_ERR_OOM, "out of host memory building a program");
+  pj_val_t wired[PJ_COLL_MAX_REPLICAS];
+  for (int i = 0; i < d->ninputs; i++) wired[i] = pj_convert(h, in[i], wire(d->dtype));
+  emit(&b, wired, factor, res);
   /* Bool went over the wire as 0/1 bytes. */
   if (d->dtype == PJ_BOOL && d->kind != PJ_COLL_BARRIER)
-    for (int k = 0; k < nout; k++)
-      res[k] = pj_compare(b.h, "NE", res[k], pj_full(b.h, res[k].t, 0));
-  if (d->flat_out)
-    for (int k = 0; k < nout; k++) res[k] = flatten(b.h, res[k]);
-  pj_status_t *st = pj_hlo_finish(b.h, res, nout, NULL, text, len);
-  pj_hlo_free(b.h);
+    for (int k = 0; k < pj_coll_num_outputs(d); k++)
+      res[k] = pj_compare(h, "NE", res[k], pj_full(h, res[k].t, 0));
   free(b.groups_attr);
-  if (st) return pj_status_wrap(st, "building %s", pj_coll_kind_name(d->kind));
   return NULL;
 }
 
-/* ---- running ---- */
+/* ---- a collective inside a captured graph ---- */
 
-/* One collective program in flight at a time, process-wide. XLA's CPU runtime runs each
- * replica of a collective program on a thread of its own and meets them in a rendezvous that
- * aborts the process when a replica has not arrived after 40 seconds ("Termination timeout
- * for `all reduce ...`: Expected 2 threads to join the rendezvous, but only 1 of them arrived
- * on time"). Two collective programs in flight over the same devices could each hold one
- * replica running and waiting while its partner waited behind the other program: DDP with
- * several gradient buckets on 2 rank threads aborted that way about once in 15 runs. So a
- * launch first waits until the previous collective program (and what its devices ran before
- * it) has completed. Compute still overlaps a collective in flight; collectives follow each
- * other. order_mu is never held with pj_run_lock taken first. */
-static pthread_mutex_t order_mu = PTHREAD_MUTEX_INITIALIZER;
-static pj_marker_t *in_flight[PJ_COLL_MAX_REPLICAS];
-static int n_in_flight;
-
-/* Waits for the collective in flight (order_mu held). */
-static pj_status_t *wait_in_flight(void) {
-  pj_status_t *st = NULL;
-  for (int i = 0; i < n_in_flight; i++) {
-    pj_status_t *w = pj_marker_wait(in_flight[i]);
-    if (!st) st = w;
-    else pj_status_free(w);
-    pj_marker_free(in_flight[i]);
-  }
-  n_in_flight = 0;
-  return st;
-}
-
-/* Remembers what the launched collective's devices have in flight (order_mu held). */
-static void note_in_flight(const int *devs, int R) {
-  for (int r = 0; r < R; r++) {
-    pj_marker_t *m = NULL;
-    pj_status_t *st = pj_marker_record(devs[r], &m);
-    if (st) pj_status_free(st); /* no marker: nothing to wait for on that device */
-    else in_flight[n_in_flight++] = m;
-  }
-}
-
-pj_status_t *pj_coll_run(const pj_coll_desc_t *d, const int *devices,
-                         struct PJRT_Buffer *const *inputs, const double *factors,
-                         struct PJRT_Buffer **outs, pj_marker_t **done) {
-  unsigned char *key = NULL;
-  size_t keylen = 0;
-  PJ_TRY(pj_coll_key(d, &key, &keylen));
-  const int R = d->nreplicas, nin = d->ninputs, nargs = pj_coll_num_args(d);
-  const int nout = pj_coll_num_outputs(d);
-  if (nargs > nin && !factors) {
-    free(key);
-    return pj_status_new(PJ_ERR_VALUE, "%s: PREMUL_SUM without factors",
-                         pj_coll_kind_name(d->kind));
-  }
-  int devs[PJ_COLL_MAX_REPLICAS];
-  for (int r = 0; r < R; r++) devs[r] = devices ? devices[r] : r;
-  /* Per replica: its inputs, then its factor uploaded for this call (PJRT keeps an argument
-   * alive until the launched execution is done with it, so it is destroyed right after). */
-  struct PJRT_Buffer *argv[PJ_COLL_MAX_REPLICAS * (PJ_COLL_MAX_REPLICAS + 1)];
-  struct PJRT_Buffer *const *args[PJ_COLL_MAX_REPLICAS];
-  struct PJRT_Buffer **outv[PJ_COLL_MAX_REPLICAS];
-  struct PJRT_Buffer *fbuf[PJ_COLL_MAX_REPLICAS] = {0};
-  pj_status_t *st = NULL;
-  for (int r = 0; r < R && !st; r++) {
-    for (int i = 0; i < nin; i++) argv[r * nargs + i] = inputs[r * nin + i];
-    if (nargs > nin) {
-      st = pj_transfer_to_device(devs[r], &factors[r], PJ_F64, NULL, 0, &fbuf[r]);
-      argv[r * nargs + nin] = fbuf[r];
-    }
-    args[r] = &argv[r * nargs];
-    outv[r] = &outs[r * nout];
-  }
-  if (!st) {
-    pthread_mutex_lock(&order_mu);
-    /* a failure of the previous collective was its callers' to see; this one still runs */
-    pj_status_t *prev = wait_in_flight();
-    if (prev) pj_status_free(prev);
-    pthread_mutex_lock(&pj_run_lock);
-    const pj_placement_t pl = {R, devs};
-    pj_program_t *p = pj_cache_lookup_placed(&pl, key, keylen);
-    if (!p) { /* the text only on a miss: the key was enough to find a compiled one */
-      char *text = NULL;
-      size_t len = 0;
-      st = pj_coll_build(d, &text, &len);
-      if (!st) st = pj_program_for_placement(key, keylen, text, len, R, devs, &p);
-      free(text);
-    }
-    if (!st) st = pj_program_execute_multi(p, args, (size_t)nargs, NULL, outv, done);
-    pthread_mutex_unlock(&pj_run_lock);
-    if (!st) note_in_flight(devs, R);
-    pthread_mutex_unlock(&order_mu);
-  }
-  for (int r = 0; r < R; r++)
-    if (fbuf[r]) pj_buffer_destroy(fbuf[r]);
-  free(key);
-  if (st) return pj_status_wrap(st, "%s", pj_coll_kind_name(d->kind));
+/* _pj_collective(Tensor self, int kind, int reduce_op, int group_size) -> Tensor: one
+ * collective (all_reduce, all_gather into one tensor, reduce_scatter of one tensor) over all
+ * group_size replicas of the program, in one group, as the c10d functional collectives that
+ * torch.compile puts into graphs. Only a program compiled for that many replicas can hold it:
+ * the bridge records it into a rank thread's capture (defer.h, pj_capture_record_collective),
+ * whose plan then runs as one SPMD program over the group's devices (capture.c). */
+static pj_status_t *lower_collective(pj_lower_t *L) {
+  const pj_tensor_desc_t *td = pj_tensor_desc(L, "self");
+  if (!td) return pj_status_new(PJ_ERR_VALUE, "_pj_collective: no input");
+  const pj_coll_view_t view = {td->rank, td->sizes, td->strides, 0, 0};
+  const int n = (int)pj_int(L, "group_size", 1);
+  const pj_coll_desc_t d = {.kind = (pj_coll_kind_t)pj_int(L, "kind", PJ_COLL_ALL_REDUCE),
+                            .op = (pj_reduce_op_t)pj_int(L, "reduce_op", PJ_REDUCE_SUM),
+                            .dtype = td->dtype,
+                            .ninputs = 1,
+                            .inputs = &view,
+                            .nreplicas = n,
+                            .group_size = n};
+  if (d.kind != PJ_COLL_ALL_REDUCE && d.kind != PJ_COLL_ALL_GATHER &&
+      d.kind != PJ_COLL_REDUCE_SCATTER)
+    return pj_status_new(PJ_ERR_VALUE, "_pj_collective: %s is not recorded into graphs",
+                         pj_coll_kind_name(d.kind));
+  if (d.op == PJ_REDUCE_PREMUL_SUM)
+    return pj_status_new(PJ_ERR_VALUE, "_pj_collective: PREMUL_SUM needs a factor");
+  pj_val_t x = pj_tensor(L, "self"), res[1];
+  PJ_TRY(pj_coll_emit(L->h, &d, &x, (pj_val_t){.id = -1}, res));
+  pj_set_result(L, 0, res[0]);
   return NULL;
 }
+
+const pj_lowering_entry_t pj_lowerings_collective[] = {
+    {"_pj_collective", lower_collective, PJ_SHAPE_EXACT},
+    {NULL, NULL, PJ_SHAPE_EXACT},
+};
