@@ -157,6 +157,18 @@ void append(std::string& sig, const T& v) {
 // strides, offset, storage size and which earlier argument shares its storage; per other
 // argument its type and value. nullopt when the call cannot use a plan (a tensor on another
 // device, an argument of another type).
+bool is_device_mesh(py::handle obj) {
+  static PyObject* mesh_type = [] {
+    try {
+      py::object t = py::module_::import("torch.distributed.device_mesh").attr("DeviceMesh");
+      return t.release().ptr();
+    } catch (const py::error_already_set&) {
+      return static_cast<PyObject*>(nullptr);  // torch without distributed: no meshes
+    }
+  }();
+  return mesh_type && PyObject_IsInstance(obj.ptr(), mesh_type) == 1;
+}
+
 std::optional<std::string> signature(const py::tuple& args) {
   std::string sig;
   sig.reserve(args.size() * 64);
@@ -216,6 +228,16 @@ std::optional<std::string> signature(const py::tuple& args) {
       sig.push_back('V');
       append(sig, static_cast<int16_t>(d.type()));
       append(sig, static_cast<int16_t>(d.index()));
+    } else if (is_device_mesh(args[i])) {
+      // A DeviceMesh (the group argument of the functional collectives tensor parallelism
+      // puts into graphs) stands for its dimensions' process groups, by name: a graph
+      // captured with it runs its collectives over those groups (native_dist.cpp).
+      py::object names = py::getattr(args[i], "_dim_group_names", py::none());
+      if (names.is_none()) return std::nullopt;
+      std::string key = py::str(py::tuple(names));
+      sig.push_back('M');
+      append(sig, static_cast<int64_t>(key.size()));
+      sig.append(key);
     } else {
       return std::nullopt;  // SymInts and other objects: not specialized here
     }
@@ -378,7 +400,14 @@ void bind_capture(pybind11::module_& m) {
         "Starts recording every lowered op into one graph (see capture.h): every thread's, or "
         "with thread_only the calling thread's alone.");
   m.def("_capture_active", [] { return pj_capture_active(); });
-  m.def("_capture_abort", [] { check(pj_capture_abort()); },
+  m.def("_capture_abort", [] {
+    pj_status_t* st;
+    {
+      py::gil_scoped_release nogil;  // what was recorded may hold collectives (as above)
+      st = pj_capture_abort();
+    }
+    check(st);
+  },
         "Ends a capture without a plan; what was recorded runs.");
   // Ends the capture through `end` (pj_capture_end or pj_capture_end_unrun): a _Plan or None.
   using EndFn = pj_status_t* (*)(pj_storage_t* const*, int, pj_storage_t* const*, int,
@@ -388,8 +417,15 @@ void bind_capture(pybind11::module_& m) {
     auto in = storages(inputs, "input");
     auto out = storages(outputs, "output");
     pj_plan_t* plan = nullptr;
-    check(end(in.data(), static_cast<int>(in.size()), out.data(), static_cast<int>(out.size()),
-              &plan));
+    pj_status_t* st;
+    {
+      // a graph holding collectives runs through its group's rendezvous: the other ranks may
+      // need the GIL to get there
+      py::gil_scoped_release nogil;
+      st = end(in.data(), static_cast<int>(in.size()), out.data(), static_cast<int>(out.size()),
+               &plan);
+    }
+    check(st);
     if (!plan) return py::none();
     return py::cast(std::make_shared<Plan>(plan));
   };

@@ -34,6 +34,9 @@
 
 #include <c10/core/InferenceMode.h>
 #include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/GroupRegistry.hpp>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <torch/library.h>
 #include <torch/csrc/distributed/c10d/Types.hpp>
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
@@ -52,6 +55,7 @@
 
 extern "C" {
 #include "torch_pjrt/bucket.h"
+#include "torch_pjrt/capture.h"
 #include "torch_pjrt/coll_group.h"
 #include "torch_pjrt/transfer.h"
 extern pthread_mutex_t pj_run_lock;  // graph/call_internal.h: program runs read storages under it
@@ -286,6 +290,8 @@ class NativeBackend final : public c10d::Backend {
   uint64_t getSequenceNumberForGroup() override { return seq_.load(); }
   void shutdown() override { stop(false); }
   void abort() override { stop(true); }
+  // the in-process group (functional collectives recorded into a capture run through it)
+  pj_cgroup_t* group() const { return group_->g; }
 
   // ----- collectives -----
 
@@ -1026,6 +1032,126 @@ std::vector<at::Tensor> local_collective(const std::string& kind,
     results.push_back(w.view(out_sizes));
   }
   return results;
+}
+
+// ---------------------------------------------------------------------------------------------
+// Functional collectives inside a compiled graph's capture.
+// ---------------------------------------------------------------------------------------------
+//
+// torch.compile puts c10d's functional collectives (_c10d_functional.all_reduce,
+// all_gather_into_tensor, reduce_scatter_tensor: what tensor parallelism and compiled FSDP2
+// emit) into graphs. While a rank thread captures such a graph (compile/graph_runner.py) over a
+// native group, each is recorded into the capture as a _pj_collective op
+// (csrc/ops/collective.c), so the whole graph becomes one SPMD program over the group's devices
+// (capture.h, pj_capture_record_collective): the collective runs inside the program, between
+// the graph's other ops, and the ranks' program keys are compared before it runs. Everywhere
+// else (no capture, a staged group, a capture holding another group's collective, a call the
+// description refuses) the op goes on to c10d's own kernel below autograd, as before.
+// Registered at AutogradPrivateUse1, the key a tpu tensor reaches first: c10d's kernel is a
+// CompositeExplicitAutograd one, which a backend key's kernel would replace with no way back.
+
+// The native backend of a functional collective's group argument (a name or a ProcessGroup),
+// or nullptr.
+NativeBackend* native_backend_of(const c10::IValue& group) {
+  try {
+    c10::intrusive_ptr<c10d::ProcessGroup> pg;
+    if (group.isString()) pg = c10d::resolve_process_group(group.toStringRef());
+    else if (group.isCustomClass()) pg = group.toCustomClass<c10d::ProcessGroup>();
+    if (!pg) return nullptr;
+    return dynamic_cast<NativeBackend*>(pg->getBackend(c10::DeviceType::PrivateUse1).get());
+  } catch (const std::exception&) {
+    return nullptr;  // no such group or no tpu backend: c10d's kernel says what is wrong
+  }
+}
+
+bool reduce_op_of(const std::string& name, pj_reduce_op_t* op) {
+  static const std::pair<const char*, pj_reduce_op_t> kOps[] = {
+      {"sum", PJ_REDUCE_SUM},   {"avg", PJ_REDUCE_AVG}, {"product", PJ_REDUCE_PRODUCT},
+      {"min", PJ_REDUCE_MIN},   {"max", PJ_REDUCE_MAX}, {"band", PJ_REDUCE_BAND},
+      {"bor", PJ_REDUCE_BOR},   {"bxor", PJ_REDUCE_BXOR}};
+  for (const auto& [n, o] : kOps)
+    if (name == n) {
+      *op = o;
+      return true;
+    }
+  return false;  // premul_sum (needs a factor) and unknown names: c10d's kernel
+}
+
+// Records the collective into this thread's capture; false when it cannot go there.
+bool record_functional(const std::string& which, torch::jit::Stack* stack) {
+  if (!pj_capture_active()) return false;
+  const auto& args = *stack;
+  const size_t n = args.size();
+  const at::Tensor input = args[0].toTensor();
+  NativeBackend* b = native_backend_of(args[n - 1]);
+  if (!b || !storage_of(input) || input.dim() == 0) return false;
+  const int size = b->getSize();
+  pj_coll_kind_t kind = PJ_COLL_ALL_REDUCE;
+  pj_reduce_op_t op = PJ_REDUCE_SUM;
+  std::vector<int64_t> out_shape = input.sizes().vec();
+  if (which == "all_reduce") {
+    if (!reduce_op_of(args[1].toStringRef(), &op)) return false;
+  } else if (which == "all_gather_into_tensor") {
+    if (args[1].toInt() != size) return false;
+    kind = PJ_COLL_ALL_GATHER;
+    out_shape[0] *= size;
+  } else {  // reduce_scatter_tensor
+    if (!reduce_op_of(args[1].toStringRef(), &op) || args[2].toInt() != size ||
+        out_shape[0] % size != 0)
+      return false;
+    kind = PJ_COLL_REDUCE_SCATTER;
+    out_shape[0] /= size;
+  }
+  pj_dtype_t dt;
+  if (!pj_dtype_of(input.scalar_type(), &dt)) return false;
+  // what the program could not do (a ReduceOp the dtype refuses) stays c10d's to report
+  const std::vector<int64_t> strides = input.strides().vec();
+  const pj_coll_view_t view = {static_cast<int>(input.dim()), input.sizes().data(),
+                               strides.data(), 0, input.numel()};
+  pj_coll_desc_t d{};
+  d.kind = kind;
+  d.op = op;
+  d.dtype = dt;
+  d.ninputs = 1;
+  d.inputs = &view;
+  d.nreplicas = d.group_size = size;
+  if (pj_status_t* st = pj_coll_check(&d)) {
+    pj_status_free(st);
+    return false;
+  }
+  at::Tensor out = at::empty(out_shape, input.options());
+  CallBuilder cb("_pj_collective", "", input.device().index());
+  cb.add_tensor("self", input);
+  cb.add_int("kind", kind);
+  cb.add_int("reduce_op", op);
+  cb.add_int("group_size", size);
+  cb.add_out(out);
+  bool recorded = false;
+  check(pj_capture_record_collective(&cb.call(), b->group(), b->getRank(), &recorded));
+  if (!recorded) return false;
+  stack->clear();
+  stack->push_back(std::move(out));
+  return true;
+}
+
+template <const char* Which>
+void functional_collective(const c10::OperatorHandle& op, c10::DispatchKeySet ks,
+                           torch::jit::Stack* stack) {
+  if (!record_functional(Which, stack))
+    op.redispatchBoxed(ks & c10::after_autograd_keyset, stack);
+}
+
+constexpr char kAllReduce[] = "all_reduce";
+constexpr char kAllGather[] = "all_gather_into_tensor";
+constexpr char kReduceScatter[] = "reduce_scatter_tensor";
+
+TORCH_LIBRARY_IMPL(_c10d_functional, AutogradPrivateUse1, m) {
+  m.impl("all_reduce",
+         torch::CppFunction::makeFromBoxedFunction<&functional_collective<kAllReduce>>());
+  m.impl("all_gather_into_tensor",
+         torch::CppFunction::makeFromBoxedFunction<&functional_collective<kAllGather>>());
+  m.impl("reduce_scatter_tensor",
+         torch::CppFunction::makeFromBoxedFunction<&functional_collective<kReduceScatter>>());
 }
 
 }  // namespace

@@ -409,7 +409,7 @@ done:
 /* ---- execution ---- */
 
 /* Uploads a scalar as a 0-d buffer of its dtype. */
-static pj_status_t *scalar_buffer(int device, const pj_scalar_t *s, struct PJRT_Buffer **out) {
+pj_status_t *pj_scalar_buffer(int device, const pj_scalar_t *s, struct PJRT_Buffer **out) {
   unsigned char bytes[16] = {0};
   switch (s->dtype) {
     case PJ_F64: memcpy(bytes, &s->f, 8); break;
@@ -470,7 +470,7 @@ static pj_status_t *cached_scalar_buffer(int device, const pj_scalar_t *s,
     return NULL;
   }
   struct PJRT_Buffer *buf;
-  PJ_TRY(scalar_buffer(device, s, &buf));
+  PJ_TRY(pj_scalar_buffer(device, s, &buf));
   if (scalar_cache[slot].used && scalar_cache[slot].epoch == scalar_epoch) {
     *owned = true; /* the slot serves another scalar of this call */
     *out = buf;

@@ -67,6 +67,9 @@ pj_status_t *pj_call_run_as_recorded(pj_call_t *c);
 bool pj_defer_each_pending(void);
 /* Serializes program execution and the scalar-buffer cache. */
 extern pthread_mutex_t pj_run_lock;
+/* A scalar argument uploaded as a new 0-d buffer of its dtype on `device` (the caller owns it;
+ * no lock needed). */
+pj_status_t *pj_scalar_buffer(int device, const pj_scalar_t *s, struct PJRT_Buffer **out);
 
 /* Finds the program for a key: memory cache, then the disk cache, then build(ctx, &text, &len)
  * and compile (stored in both caches). `what` names it in errors (NULL: the caller does). */

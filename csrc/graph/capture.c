@@ -9,6 +9,8 @@
 #include <string.h>
 
 #include "recorder.h"
+#include "torch_pjrt/coll_group.h"
+#include "torch_pjrt/transfer.h"
 #include "torch_pjrt/bucket.h"
 #include "torch_pjrt/defer.h"
 #include "torch_pjrt/metrics.h"
@@ -210,6 +212,13 @@ static pj_status_t *plan_new(graph_t *g, const pj_draw_t *draws, int ndraws,
     p->bind[i].use = pj_graph_scalar_is_constant(&p->scalars[i]) ? PJ_SCALAR_CONSTANT
                                                                  : PJ_SCALAR_ARGUMENT;
   if (!*why) st = bind_draws(p, g, draws, ndraws, why);
+  /* A program over a group's devices gets no device's index-check state (one per device):
+   * such a graph runs op by op instead, its checks in place. */
+  if (!st && !*why && g->cgroup) {
+    pj_check_site_t *sites = NULL;
+    if (pj_graph_sites(g, &sites) > 0) *why = "index checks in a graph with collectives";
+    free(sites);
+  }
   if (st || *why) goto fail;
   if (p->rng_args) {
     p->args[p->nargs++] = (pj_scalar_t){.dtype = PJ_I64, .i = (int64_t)draws[0].seed};
@@ -239,6 +248,64 @@ fail:
 static int compare_ptr(const void *a, const void *b) {
   uintptr_t x = (uintptr_t) * (pj_storage_t *const *)a, y = (uintptr_t) * (pj_storage_t *const *)b;
   return (x > y) - (x < y);
+}
+
+/* Runs a plan whose graph holds collectives (graph_t.cgroup): one program over the group's
+ * devices, launched by the last rank to arrive with every rank's arguments (coll_group.h's
+ * program round; the ranks' program keys are compared first). This rank's arguments are its
+ * parameters' buffers, then its scalar arguments uploaded to its device; its results come back
+ * on its device and are installed as plan_run installs them. The caller validated the
+ * storages; args are this run's scalar arguments. */
+static pj_status_t *plan_run_spmd(pj_plan_t *p, pj_storage_t *const *inputs,
+                                  pj_storage_t *const *outputs, const pj_scalar_t *args) {
+  const graph_t *g = &p->g;
+  const int nargs = p->nparams + p->nargs;
+  struct PJRT_Buffer **argv = calloc((size_t)nargs + 1, sizeof *argv);
+  struct PJRT_Buffer **outs = calloc((size_t)p->nresults + 1, sizeof *outs);
+  bool *donate = calloc((size_t)nargs + 1, sizeof(bool));
+  pj_status_t *st = NULL;
+  if (!argv || !outs || !donate) {
+    st = pj_status_new(PJ_ERR_OOM, "out of host memory running a compiled graph");
+    goto done;
+  }
+  pthread_mutex_lock(&pj_run_lock);
+  for (int i = 0, n = 0; i < g->nst && !st; i++) {
+    if (!is_param(p, i)) continue;
+    pj_storage_t *s = storage_for(p, i, inputs, outputs);
+    st = pj_bucket_input_locked(s, g->st[i].dtype,
+                                (size_t)g->st[i].numel * pj_dtype_info(g->st[i].dtype)->itemsize);
+    donate[n] = p->live[i];
+    argv[n++] = s->buf;
+  }
+  pthread_mutex_unlock(&pj_run_lock);
+  /* Nothing else of this rank runs meanwhile: it is this thread's graph, and the thread waits
+   * in the round below. */
+  for (int k = 0; k < p->nargs && !st; k++)
+    st = pj_scalar_buffer(g->device, &args[k], &argv[p->nparams + k]);
+  if (st) goto done;
+  pj_graph_build_t build = {g, p->live, p->zeros, p->scalars, p->bind, false};
+  const pj_cgroup_program_t prog = {.key = p->key, .keylen = p->keylen, .keyhash = p->keyhash,
+                                    .nops = g->nops, .build = pj_graph_build,
+                                    .build_ctx = &build, .nargs = nargs, .args = argv,
+                                    .donate = donate, .nouts = p->nresults, .outs = outs};
+  const pj_cgroup_call_t call = {.program = &prog};
+  pj_cgroup_result_t res;
+  st = pj_cgroup_collective(g->cgroup, g->crank, &call, &res);
+  if (st) goto done;
+  if (res.done) pj_marker_free(res.done); /* the results carry their own readiness */
+  pthread_mutex_lock(&pj_run_lock);
+  for (int i = 0, o = 0; i < g->nst; i++)
+    if (p->live[i]) pj_storage_swap(storage_for(p, i, inputs, outputs), outs[o++], g->st[i].dtype);
+  pthread_mutex_unlock(&pj_run_lock);
+  pj_metric_add(PJ_METRIC_PLAN_RUNS, 1);
+done:
+  /* scalar buffers made for this run (PJRT keeps them alive while the execution needs them) */
+  for (int k = 0; argv && k < p->nargs; k++)
+    if (argv[p->nparams + k]) pj_buffer_destroy(argv[p->nparams + k]);
+  free(argv);
+  free(outs);
+  free(donate);
+  return st;
 }
 
 /* Runs the plan; the caller checked the argument counts, flushed the recorder and gave rng
@@ -287,6 +354,10 @@ static pj_status_t *plan_run(pj_plan_t *p, pj_storage_t *const *inputs,
       st = pj_status_new(PJ_ERR_RUNTIME, "compiled graph: inputs %d and %d were one storage at "
                          "capture and are two now", p->same_as[k], k);
   if (st) goto done;
+  if (g->cgroup) {
+    st = plan_run_spmd(p, inputs, outputs, args);
+    goto done;
+  }
   pthread_mutex_lock(&pj_run_lock);
   pj_program_t *prog = NULL;
   pj_graph_build_t build = {g, p->live, p->zeros, p->scalars, p->bind, false};
@@ -364,8 +435,10 @@ pj_status_t *pj_plan_capture(graph_t *g, const pj_draw_t *draws, int ndraws,
   const pj_plan_rng_t captured = {ndraws ? draws[0].seed : 0, ndraws ? draws[0].offset : 0};
   st = plan_run(p, inputs, outputs, &captured);
   const bool failed = st != NULL;
-  /* the fused program failed (e.g. it did not compile): run the ops on their own */
-  if (failed) st = pj_graph_run_each(&p->g, st);
+  /* the fused program failed (e.g. it did not compile): run the ops on their own; not a
+   * program over a group's devices, whose failure (a rendezvous error, ranks that captured
+   * different graphs) op by op would only meet again in mismatched rounds */
+  if (failed && !p->g.cgroup) st = pj_graph_run_each(&p->g, st);
   /* Every result is installed: the capture's storages are no longer pending, and the plan
    * keeps only its constants. */
   for (int i = 0; i < p->g.nst; i++) {

@@ -22,6 +22,8 @@
 #include <time.h>
 
 #include "../hlo/strbuf.h"
+#include "call_internal.h"
+#include "torch_pjrt/bucket.h"
 #include "torch_pjrt/transfer.h"
 
 #define MAXR PJ_COLL_MAX_REPLICAS
@@ -236,6 +238,7 @@ static bool wait_until(pj_cgroup_t *g, const struct timespec *deadline) {
 /* ---- fingerprints ---- */
 
 static const char *call_name(const pj_cgroup_call_t *c) {
+  if (c->program) return "a compiled graph";
   return c->name ? c->name : pj_coll_kind_name(c->kind);
 }
 
@@ -255,6 +258,11 @@ static bool same_view(const pj_coll_view_t *a, const pj_coll_view_t *b) {
 
 /* What must agree between two ranks' calls (the view's layout may differ: see views_differ). */
 static bool same_call(const pj_cgroup_call_t *a, const pj_cgroup_call_t *b) {
+  if (a->program || b->program) {
+    const pj_cgroup_program_t *x = a->program, *y = b->program;
+    return x && y && x->keyhash == y->keyhash && x->keylen == y->keylen &&
+           x->nargs == y->nargs && x->nouts == y->nouts && !memcmp(x->key, y->key, x->keylen);
+  }
   if (a->kind != b->kind || strcmp(call_name(a), call_name(b)) != 0) return false;
   if (a->kind == PJ_COLL_BARRIER) return true;
   if (a->dtype != b->dtype || a->ninputs != b->ninputs || a->list_out != b->list_out) return false;
@@ -275,6 +283,11 @@ static bool same_call(const pj_cgroup_call_t *a, const pj_cgroup_call_t *b) {
 }
 
 static void describe(pj_sb_t *sb, const pj_cgroup_call_t *c, int n) {
+  if (c->program) {
+    pj_sb_printf(sb, "a compiled graph of %d ops (program key %016llx)", c->program->nops,
+                 (unsigned long long)c->program->keyhash);
+    return;
+  }
   pj_sb_printf(sb, "%s(", call_name(c));
   if (c->kind != PJ_COLL_BARRIER) {
     if (c->ninputs > 1) pj_sb_printf(sb, "%d x ", c->ninputs);
@@ -322,9 +335,26 @@ static pj_status_t *verify(const pj_cgroup_t *g, const round_t *R) {
 
 /* ---- running a round (the last arriver, outside the lock) ---- */
 
+/* A program round: every rank's arguments, one launch, each rank's results into its own outs. */
+static void run_program_round(pj_cgroup_t *g, round_t *R) {
+  const pj_cgroup_program_t *p0 = R->calls[0]->program;
+  struct PJRT_Buffer *const *args[MAXR];
+  struct PJRT_Buffer **outs[MAXR];
+  for (int r = 0; r < g->n; r++) {
+    args[r] = R->calls[r]->program->args;
+    outs[r] = R->calls[r]->program->outs;
+  }
+  R->error = pj_coll_launch(p0->key, p0->keylen, p0->build, p0->build_ctx, g->n, g->devices,
+                            args, (size_t)p0->nargs, p0->donate, outs, R->done);
+}
+
 static void run_round(pj_cgroup_t *g, round_t *R) {
   const int n = g->n;
   const pj_cgroup_call_t *c0 = R->calls[0];
+  if (c0->program) {
+    run_program_round(g, R);
+    return;
+  }
   if (c0->in_splits && c0->ninputs == 1 && c0->inputs[0].rank > 0) {
     int64_t most = 0;
     bool differ = false;
@@ -404,6 +434,14 @@ static void run_round(pj_cgroup_t *g, round_t *R) {
 static pj_status_t *check_call(const pj_cgroup_t *g, int rank, const pj_cgroup_call_t *c) {
   if (rank < 0 || rank >= g->n)
     return pj_status_new(PJ_ERR_VALUE, "rank %d is not in a group of %d", rank, g->n);
+  if (c->program) {
+    const pj_cgroup_program_t *p = c->program;
+    if (p->nargs < 0 || p->nouts < 0 || (p->nargs && !p->args) || (p->nouts && !p->outs) ||
+        !p->key || !p->build)
+      return pj_status_new(PJ_ERR_VALUE, "a compiled graph's round without its key, build, "
+                           "arguments or outputs");
+    return NULL;
+  }
   if ((unsigned)c->kind >= PJ_COLL_NUM_KINDS)
     return pj_status_new(PJ_ERR_VALUE, "unknown collective kind %d", (int)c->kind);
   if (c->ninputs < 0 || c->ninputs > MAXR || (c->ninputs && (!c->inputs || !c->buffers)))
@@ -517,6 +555,55 @@ pj_status_t *pj_cgroup_collective(pj_cgroup_t *g, int rank, const pj_cgroup_call
   }
   pthread_mutex_unlock(&g->mu);
   return st;
+}
+
+/* ---- a recorded collective run on its own ---- */
+
+static const pj_arg_t *call_arg(const pj_call_t *c, const char *name) {
+  for (int i = 0; i < c->nargs; i++)
+    if (!strcmp(c->args[i].name, name)) return &c->args[i];
+  return NULL;
+}
+
+pj_status_t *pj_cgroup_run_call(pj_cgroup_t *g, int rank, const pj_call_t *c) {
+  const pj_arg_t *self = call_arg(c, "self"), *kind = call_arg(c, "kind"),
+                 *op = call_arg(c, "reduce_op");
+  if (!self || self->kind != PJ_ARG_TENSOR || !kind || !op || c->nout != 1)
+    return pj_status_new(PJ_ERR_RUNTIME, "internal: a recorded collective without its arguments");
+  const pj_tensor_desc_t *in = &c->tensors[self->first], *out = &c->outs[0];
+  pj_storage_t *src = c->slots[in->slot].storage, *dst = c->slots[out->slot].storage;
+  const pj_dtype_t dt = in->dtype;
+  const size_t item = pj_dtype_info(dt)->itemsize;
+  pj_coll_view_t view = {in->rank, in->sizes, in->strides, in->offset, 0};
+  pj_cgroup_call_t call = {.kind = (pj_coll_kind_t)kind->i, .op = (pj_reduce_op_t)op->i,
+                           .dtype = dt, .ninputs = 1, .inputs = &view};
+  struct PJRT_Buffer *buf = NULL;
+  pthread_mutex_lock(&pj_run_lock); /* no program replaces the buffer between our read and the group's */
+  pj_status_t *st = pj_storage_readable(src);
+  if (!st && !src->buf) st = pj_storage_materialize(src, dt);
+  if (!st) st = pj_bucket_trim_locked(src);
+  if (!st) {
+    buf = src->buf;
+    view.numel = (int64_t)(src->nbytes / item);
+  }
+  pthread_mutex_unlock(&pj_run_lock);
+  PJ_TRY(st);
+  call.buffers = &buf;
+  pj_cgroup_result_t res;
+  PJ_TRY(pj_cgroup_collective(g, rank, &call, &res));
+  if (res.views_differ || res.noutputs != 1 ||
+      (size_t)res.out_numel * item != dst->nbytes) {
+    for (int k = 0; k < res.noutputs; k++) pj_buffer_destroy(res.outs[k]);
+    if (res.done) pj_marker_free(res.done);
+    return pj_status_new(PJ_ERR_RUNTIME, "%s of a compiled graph run op by op: the ranks' "
+                         "inputs differ in layout, or the result does not fill its storage",
+                         pj_coll_kind_name(call.kind));
+  }
+  pthread_mutex_lock(&pj_run_lock);
+  pj_storage_swap(dst, res.outs[0], out->dtype);
+  pthread_mutex_unlock(&pj_run_lock);
+  pj_marker_free(res.done); /* the buffer carries its own readiness */
+  return NULL;
 }
 
 /* ---- point-to-point ---- */

@@ -133,6 +133,37 @@ static void note_in_flight(const int *devs, int R) {
   }
 }
 
+pj_status_t *pj_coll_launch(const void *key, size_t keylen,
+                            pj_status_t *(*build)(void *ctx, char **text, size_t *len), void *ctx,
+                            int ndev, const int *devices, struct PJRT_Buffer *const *const *args,
+                            size_t nargs, const bool *donate, struct PJRT_Buffer **const *outs,
+                            pj_marker_t **done) {
+  pj_status_t *st = NULL;
+  pthread_mutex_lock(&order_mu);
+  /* a failure of the previous collective was its callers' to see; this one still runs */
+  pj_status_t *prev = wait_in_flight();
+  if (prev) pj_status_free(prev);
+  pthread_mutex_lock(&pj_run_lock);
+  const pj_placement_t pl = {ndev, devices};
+  pj_program_t *p = pj_cache_lookup_placed(&pl, key, keylen);
+  if (!p) { /* the text only on a miss: the key was enough to find a compiled one */
+    char *text = NULL;
+    size_t len = 0;
+    st = build(ctx, &text, &len);
+    if (!st) st = pj_program_for_placement(key, keylen, text, len, ndev, devices, &p);
+    free(text);
+  }
+  if (!st) st = pj_program_execute_multi(p, args, nargs, donate, outs, done);
+  pthread_mutex_unlock(&pj_run_lock);
+  if (!st) note_in_flight(devices, ndev);
+  pthread_mutex_unlock(&order_mu);
+  return st;
+}
+
+static pj_status_t *build_desc(void *ctx, char **text, size_t *len) {
+  return pj_coll_build(ctx, text, len);
+}
+
 pj_status_t *pj_coll_run(const pj_coll_desc_t *d, const int *devices,
                          struct PJRT_Buffer *const *inputs, const double *factors,
                          struct PJRT_Buffer **outs, pj_marker_t **done) {
@@ -164,26 +195,9 @@ pj_status_t *pj_coll_run(const pj_coll_desc_t *d, const int *devices,
     args[r] = &argv[r * nargs];
     outv[r] = &outs[r * nout];
   }
-  if (!st) {
-    pthread_mutex_lock(&order_mu);
-    /* a failure of the previous collective was its callers' to see; this one still runs */
-    pj_status_t *prev = wait_in_flight();
-    if (prev) pj_status_free(prev);
-    pthread_mutex_lock(&pj_run_lock);
-    const pj_placement_t pl = {R, devs};
-    pj_program_t *p = pj_cache_lookup_placed(&pl, key, keylen);
-    if (!p) { /* the text only on a miss: the key was enough to find a compiled one */
-      char *text = NULL;
-      size_t len = 0;
-      st = pj_coll_build(d, &text, &len);
-      if (!st) st = pj_program_for_placement(key, keylen, text, len, R, devs, &p);
-      free(text);
-    }
-    if (!st) st = pj_program_execute_multi(p, args, (size_t)nargs, NULL, outv, done);
-    pthread_mutex_unlock(&pj_run_lock);
-    if (!st) note_in_flight(devs, R);
-    pthread_mutex_unlock(&order_mu);
-  }
+  if (!st)
+    st = pj_coll_launch(key, keylen, build_desc, (void *)d, R, devs, args, (size_t)nargs, NULL,
+                        outv, done);
   for (int r = 0; r < R; r++)
     if (fbuf[r]) pj_buffer_destroy(fbuf[r]);
   free(key);

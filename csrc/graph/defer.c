@@ -9,6 +9,7 @@
 #include <string.h>
 
 #include "recorder.h"
+#include "torch_pjrt/coll_group.h"
 #include "../ops/lower.h"
 #include "torch_pjrt/bucket.h"
 #include "torch_pjrt/capture.h"
@@ -152,6 +153,7 @@ void pj_graph_clear(graph_t *g) {
   free(g->ops);
   free(g->st);
   free(g->index);
+  if (g->cgroup) pj_cgroup_release(g->cgroup);
   memset(g, 0, sizeof *g);
 }
 
@@ -431,7 +433,8 @@ pj_status_t *pj_graph_run_each(const graph_t *g, pj_status_t *why) {
       c->display = op->site;
       c->where = op->site + strlen(op->site) + 1;
     }
-    st = pj_call_run_as_recorded(c);
+    st = op->collective ? pj_cgroup_run_call(g->cgroup, g->crank, c)
+                        : pj_call_run_as_recorded(c);
     if (st) break;
   }
   if (st && !c) fail_writes_from(g, 0, st, NULL);
@@ -490,8 +493,15 @@ static pj_status_t *flush_graph(void) {
     pj_graph_clear(&g);
     return NULL;
   }
-  if (g.each) { /* Strict ops behind background compiles: one by one, as Strict runs them */
+  /* Strict ops behind background compiles: one by one, as Strict runs them; a broken rank
+   * capture's collectives: one by one too, each collective its group's (no single-device
+   * program can hold one) */
+  if (g.each || g.cgroup) {
+    /* A collective waits for the other ranks, which may need mu to get there (to record, to
+     * begin or end their captures): the detached graph runs without it. */
+    if (g.cgroup) pthread_mutex_unlock(&mu);
     pj_status_t *st = pj_graph_run_each(&g, NULL);
+    if (g.cgroup) pthread_mutex_lock(&mu);
     pj_graph_clear(&g);
     return st;
   }
@@ -688,11 +698,14 @@ pj_status_t *pj_call_defer(pj_call_t *c) {
                          c->nslots, writes, c->scalars, c->nscalars, site_of(c), false);
 }
 
-pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
-                             int device, const pj_slot_t *slots, int nslots, const bool *writes,
-                             const pj_scalar_t *scalars, int nscalars, char *site, bool each) {
+/* pj_defer_record, or with cgroup a collective into the calling thread's own capture (see
+ * pj_capture_record_collective: *recorded false, nothing kept, when it cannot go there). */
+static pj_status_t *record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
+                           int device, const pj_slot_t *slots, int nslots, const bool *writes,
+                           const pj_scalar_t *scalars, int nscalars, char *site, bool each,
+                           pj_cgroup_t *cgroup, int crank, bool *recorded) {
   dop_t op = {.key = key, .keylen = keylen, .hash = hash, .hash2 = hash2, .nslots = nslots,
-              .nscalars = nscalars, .site = site};
+              .nscalars = nscalars, .site = site, .collective = cgroup != NULL};
   op.gslot = malloc(sizeof(int) * (size_t)(nslots + 1));
   op.scalars = malloc(sizeof(pj_scalar_t) * (size_t)(nscalars + 1));
   if (!op.gslot || !op.scalars) {
@@ -706,6 +719,22 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
   pj_status_t *st = NULL;
   pthread_mutex_lock(&mu);
   const bool cap = cur_capture() != NULL;
+  if (cgroup) {
+    /* only into this thread's own capture, unbroken, whose collectives are all this group's */
+    capture_state_t *c = cur_capture();
+    const bool ok = c && c == tl_capture && !c->broken &&
+                    (!G.cgroup || (G.cgroup == cgroup && G.crank == crank)) &&
+                    (G.nops == 0 || G.device == device);
+    if (!ok) {
+      pthread_mutex_unlock(&mu);
+      free(op.key);
+      free(op.gslot);
+      free(op.scalars);
+      free(op.site);
+      *recorded = false;
+      return NULL;
+    }
+  }
   /* the loop detector learns fused graphs only; a Strict queue is cut at the size bound */
   bool cut = !cap && !each && detector_step(op.hash);
   const bool full = !cap && G.nops >= max_ops;
@@ -762,11 +791,41 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
     }
   G.device = device;
   G.each = each;
+  if (cgroup && !G.cgroup) {
+    pj_cgroup_retain(cgroup);
+    G.cgroup = cgroup;
+    G.crank = crank;
+  }
+  if (recorded) *recorded = true;
   G.ops[G.nops++] = op;
   if (!cap) publish_shared_counts();
   if (!each) pj_metric_add(PJ_METRIC_DEFER_OPS, 1);
   pthread_mutex_unlock(&mu);
   return NULL;
+}
+
+pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, uint64_t hash2,
+                             int device, const pj_slot_t *slots, int nslots, const bool *writes,
+                             const pj_scalar_t *scalars, int nscalars, char *site, bool each) {
+  return record(key, keylen, hash, hash2, device, slots, nslots, writes, scalars, nscalars, site,
+                each, NULL, 0, NULL);
+}
+
+pj_status_t *pj_capture_record_collective(pj_call_t *c, pj_cgroup_t *g, int rank,
+                                          bool *recorded) {
+  *recorded = false;
+  if (!g || strcmp(c->op, "_pj_collective") != 0 || c->nout != 1)
+    return pj_status_new(PJ_ERR_VALUE, "pj_capture_record_collective: not a _pj_collective call");
+  pj_keybuf_t k = {0};
+  if (!pj_call_key(c, "", &k)) {
+    free(k.p);
+    return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
+  }
+  bool writes[PJ_CALL_MAX_SLOTS];
+  for (int s = 0; s < c->nslots; s++) writes[s] = pj_call_writes_slot(c, s);
+  return record(k.p, k.len, pj_hash_bytes(k.p, k.len, 0), pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2),
+                c->device, c->slots, c->nslots, writes, c->scalars, c->nscalars, NULL, false, g,
+                rank, recorded);
 }
 
 /* A flush during a capture the calling thread records into: the capture breaks, its graph

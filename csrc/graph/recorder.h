@@ -23,6 +23,8 @@ typedef struct {
   /* index-check site (index_checks.h): "op\0where" of a call that named its source line, else
    * NULL. Not part of the key. */
   char *site;
+  /* a _pj_collective call (csrc/ops/collective.c) over the graph's cgroup */
+  bool collective;
 } dop_t;
 
 
@@ -48,6 +50,12 @@ typedef struct {
   /* Strict ops recorded while their programs compile in the background (compile_async.h):
    * the flush runs them one by one, each its own program, never fused. */
   bool each;
+  /* A rank thread's capture that recorded collectives (pj_capture_record_collective): the
+   * in-process group they run over (a reference held) and this thread's rank in it. A plan of
+   * this graph is one program over the group's devices (capture.c); run op by op, each
+   * collective is the group's own (pj_cgroup_run_call). NULL in every other graph. */
+  struct pj_cgroup *cgroup;
+  int crank;
 } graph_t;
 
 /* Releases everything the graph holds (storages it still references are released and marked
@@ -108,7 +116,7 @@ bool pj_graph_key(const graph_t *g, const bool *live, const bool *zeros,
                   const pj_scalar_t *scalar_values, const pj_scalar_bind_t *bind, int nscalars,
                   const char *identity, pj_keybuf_t *k);
 
-/* Runs the graph's ops one by one, each as its own program (what Strict would have done), after
+/* Runs the graph's ops one by one, each as its own program (a collective as its group's) (what Strict would have done), after
  * its fused program could not be built or compiled (`why`, consumed): every op before a
  * failing one takes effect and the error names the op that failed. The graph must already be
  * detached from the recorder, so pj_call_run's own flush finds nothing to do. */

@@ -751,7 +751,13 @@ pj_status_t *pj_coll_emit(pj_hlo_t *h, const pj_coll_desc_t *d, const pj_val_t *
 static pj_status_t *lower_collective(pj_lower_t *L) {
   const pj_tensor_desc_t *td = pj_tensor_desc(L, "self");
   if (!td) return pj_status_new(PJ_ERR_VALUE, "_pj_collective: no input");
-  const pj_coll_view_t view = {td->rank, td->sizes, td->strides, 0, 0};
+  /* the input arrives materialized (lower.h): a contiguous value of the view's shape */
+  int64_t strides[PJ_MAX_RANK], numel = 1;
+  for (int i = td->rank - 1; i >= 0; i--) {
+    strides[i] = numel;
+    numel *= td->sizes[i];
+  }
+  const pj_coll_view_t view = {td->rank, td->sizes, strides, 0, numel};
   const int n = (int)pj_int(L, "group_size", 1);
   const pj_coll_desc_t d = {.kind = (pj_coll_kind_t)pj_int(L, "kind", PJ_COLL_ALL_REDUCE),
                             .op = (pj_reduce_op_t)pj_int(L, "reduce_op", PJ_REDUCE_SUM),

@@ -272,7 +272,10 @@ class GraphRunner(OutputCode):
         reps = []
         for o in outs:
             if not isinstance(o, torch.Tensor):
-                if o is not None and not isinstance(o, (bool, int, float)):
+                # numbers, and an input object handed back (a DeviceMesh a forward returns for
+                # its backward: the signature keys plans on its groups)
+                if (o is not None and not isinstance(o, (bool, int, float))
+                        and not any(o is a for a in args)):
                     return None, None
                 layout.append(("value", o, None))
                 continue

@@ -66,6 +66,17 @@ bool pj_capture_active(void);
  * Kept, in order, when a capture is in progress; ignored otherwise. Out of host memory, the
  * capture is broken (it then runs as defer_and_fuse would), so there is nothing to report. */
 void pj_capture_note_draw(int generator, uint64_t seed, uint64_t offset, uint64_t increment);
+/* Records a collective into the calling thread's own capture (pj_capture_begin_thread), where
+ * it becomes part of the captured graph's program: c is a _pj_collective call
+ * (csrc/ops/collective.c) over the whole group g, of which the thread is rank `rank`. A plan of
+ * that graph is then one SPMD program over g's devices, run through g's rendezvous with every
+ * rank's arguments (pj_plan_run; the ranks must have captured the same program, else each
+ * gets an error naming every rank's). Sets *recorded false and records nothing (the caller
+ * then runs the collective on its own) when the thread has no capture of its own, its capture
+ * is broken, or it already holds a collective of another group. */
+struct pj_cgroup;
+pj_status_t *pj_capture_record_collective(pj_call_t *c, struct pj_cgroup *g, int rank,
+                                          bool *recorded);
 /* Ends a capture without a plan: what was recorded runs as defer_and_fuse would run it (used
  * when the captured code raised). */
 pj_status_t *pj_capture_abort(void);

@@ -31,6 +31,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 
+#include "torch_pjrt/call.h"
 #include "torch_pjrt/collective.h"
 #include "torch_pjrt/status.h"
 #include "torch_pjrt/stream.h"
@@ -40,6 +41,27 @@ extern "C" {
 struct PJRT_Buffer;
 
 typedef struct pj_cgroup pj_cgroup_t;
+
+/* One rank's side of a program round: a whole compiled graph that holds collectives (a plan
+ * captured in a rank thread, capture.h), run as ONE program over every rank's device. Every
+ * rank must bring the same program (the same key: the fingerprint compares it, so ranks that
+ * captured different graphs get an error naming each rank's, never a hang); the last arriver
+ * compiles it for the group's devices (cached under key and placement) on a miss, with `build`
+ * on its own description, and launches it with every rank's arguments. Each rank's result
+ * buffers are written into its own `outs` (nouts of them, on its device), which it then owns. */
+typedef struct {
+  const void *key;
+  size_t keylen;
+  uint64_t keyhash;
+  int nops; /* for messages */
+  pj_status_t *(*build)(void *ctx, char **text, size_t *len);
+  void *build_ctx;
+  int nargs;
+  struct PJRT_Buffer *const *args; /* this rank's arguments, on its device */
+  const bool *donate;              /* per argument (the same on every rank) */
+  int nouts;
+  struct PJRT_Buffer **outs;       /* receives this rank's results */
+} pj_cgroup_program_t;
 
 /* One rank's side of a collective. The group reads it only while the call is inside
  * pj_cgroup_collective (the caller blocks there, so its arrays stay alive). Kinds and forms as
@@ -58,6 +80,8 @@ typedef struct {
   double factor;             /* PREMUL_SUM: this rank's factor */
   const char *name;          /* the caller's name of the call ("all_gather_into_tensor") for
                                 fingerprints and messages; NULL: the kind's name */
+  /* Non-NULL: a program round (above); the collective fields are then unused. */
+  const pj_cgroup_program_t *program;
 } pj_cgroup_call_t;
 
 /* What a rank gets back. On success the caller owns outs[0..noutputs) (1-D buffers on its
@@ -103,6 +127,12 @@ void pj_cgroup_leave(pj_cgroup_t *g, int rank, const char *why);
  * (all PJ_ERR_RUNTIME). */
 pj_status_t *pj_cgroup_collective(pj_cgroup_t *g, int rank, const pj_cgroup_call_t *call,
                                   pj_cgroup_result_t *res);
+
+/* A recorded _pj_collective call (csrc/ops/collective.c) run on its own as the group's
+ * collective: what a graph holding one does when it runs op by op instead of as a plan (a
+ * broken capture, defer.c). Its input must be readable; its destination is a whole contiguous
+ * storage, which receives the result. Waits for the peers as pj_cgroup_collective does. */
+pj_status_t *pj_cgroup_run_call(pj_cgroup_t *g, int rank, const pj_call_t *c);
 
 /* Point-to-point: the ticket (the call's place on its channel (src, dst, tag)) is taken at the
  * call, in call order; the transfer itself (pj_cgroup_p2p, blocking until the partner arrives

@@ -165,6 +165,18 @@ pj_status_t *pj_coll_run(const pj_coll_desc_t *d, const int *devices,
                          struct PJRT_Buffer *const *inputs, const double *factors,
                          struct PJRT_Buffer **outs, pj_marker_t **done);
 
+/* Launches a program over ndev devices (replica r on runtime device devices[r]) in the order
+ * every collective program keeps (one in flight at a time, process-wide: see
+ * graph/collective_run.c): found under key and the placement in the memory or persistent
+ * cache, else built by build(ctx) and compiled; args, nargs, donate, outs and done as in
+ * pj_program_execute_multi. pj_coll_run and the in-process group's program rounds
+ * (coll_group.h) launch through it. */
+pj_status_t *pj_coll_launch(const void *key, size_t keylen,
+                            pj_status_t *(*build)(void *ctx, char **text, size_t *len), void *ctx,
+                            int ndev, const int *devices, struct PJRT_Buffer *const *const *args,
+                            size_t nargs, const bool *donate, struct PJRT_Buffer **const *outs,
+                            pj_marker_t **done);
+
 /* Names for messages: "all_reduce", "ReduceOp.SUM". */
 const char *pj_coll_kind_name(pj_coll_kind_t k);
 const char *pj_reduce_op_name(pj_reduce_op_t op);
