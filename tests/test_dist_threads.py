@@ -482,10 +482,13 @@ def case_fsdp2_compiled() -> None:
 
 def case_tp_compiled() -> None:
     """Tensor parallelism (column-wise then row-wise Linear) under torch.compile: the graphs
-    hold DTensor's functional collectives (_c10d_functional.all_reduce and wait_tensor), which
-    run as the group's collectives between the graph's ops (materialized: the graph runs
-    through the recorder, not as one captured program); every parameter's full gradient
-    equals the single-device gradient on CPU, over three steps."""
+    hold DTensor's functional collectives (_c10d_functional.all_reduce and wait_tensor). On the
+    native transport each graph is captured with its collectives inside, one SPMD program over
+    the group's devices run through the group's rendezvous: after the first step every call is
+    one program run (graph_runs), nothing goes through the recorder (defer_ops) and no
+    collective runs on its own. On the staged transport the collectives run through Gloo
+    between the graph's pieces (the graph runs through the recorder). Every parameter's full
+    gradient equals the single-device gradient on CPU, over three steps."""
     import torch
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.tensor.parallel import (ColwiseParallel, RowwiseParallel,
@@ -499,18 +502,64 @@ def case_tp_compiled() -> None:
         parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         step = torch.compile(model, backend="tpu")
         x, y = _batch()
-        for _ in range(3):
+        for i in range(3):
+            if i == 1:  # after the first step: graphs captured (or found uncapturable)
+                before = torch.tpu.metrics()
             model.zero_grad()
             torch.nn.functional.mse_loss(step(x.to("tpu")), y.to("tpu")).backward()
+        after = torch.tpu.metrics()
         _check_transport()
-        return {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}
+        grads = {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}
+        return grads, {k: after[k] - before[k] for k in ("graph_runs", "defer_ops")}
 
     from torch._dynamo.utils import counters
 
     results = run_threads(fn, 2)
-    _expect_grads(results, _cpu_grads())
+    _expect_grads([g for g, _ in results], _cpu_grads())
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], counters
+    # metrics are process-wide: both ranks' two steps, a forward and a backward graph each
+    delta = results[0][1]
+    if os.environ["EXPECT_TRANSPORT"] == "native":
+        assert delta["graph_runs"] >= 8 and delta["defer_ops"] == 0, delta
+    else:
+        assert delta["defer_ops"] > 0, delta
     print("tp_compiled OK")
+
+
+def case_spmd_mismatch() -> None:
+    """Two ranks compile different graphs around a functional all_reduce (native transport):
+    each graph is captured as a program over the group's devices, and before it runs the ranks'
+    programs are compared: both ranks raise an error naming each rank's compiled graph, within
+    the timeout, instead of running mismatched programs or hanging."""
+    import torch
+    import torch.distributed as dist
+    import torch.distributed._functional_collectives as funcol
+
+    from torch_pjrt.distributed import run_threads
+
+    def fn(rank):
+        _check_transport()
+        group = dist.group.WORLD
+
+        def f0(x):
+            return funcol.all_reduce(x * 2, "sum", group)
+
+        def f1(x):
+            return funcol.all_reduce(x + 1, "sum", group) - 3
+
+        f = torch.compile(f0 if rank == 0 else f1, backend="tpu", fullgraph=True)
+        start = time.monotonic()
+        try:
+            f(torch.ones(4, device="tpu")).cpu()
+        except Exception as e:  # noqa: BLE001 (the message is checked)
+            return str(e), time.monotonic() - start
+        return "nothing raised", 0.0
+
+    for rank, (msg, took) in enumerate(run_threads(fn, 2, timeout=20)):
+        assert "rank 0 called a compiled graph of" in msg, msg
+        assert "rank 1 called a compiled graph of" in msg, msg
+        assert took < 10, took
+    print("spmd_mismatch OK")
 
 
 def case_pipelining() -> None:
@@ -1030,6 +1079,10 @@ def test_backward_runs_on_the_rank_thread():
 
 def test_native_mismatch_names_both_calls():
     _run_case("native_mismatch")
+
+
+def test_spmd_graphs_that_differ_name_both_ranks():
+    _run_case("spmd_mismatch")
 
 
 def test_native_forced_without_threads_refused():

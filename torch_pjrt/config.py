@@ -41,7 +41,9 @@ PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt o
 ``TORCH_PJRT_CPU_FALLBACK`` (csrc/bridge/dispatch.cpp), ``TORCH_PJRT_DUMP_ON_ERROR``
 (csrc/graph/call.c), ``TORCH_PJRT_CHECK_BOUNDS`` (csrc/runtime/index_checks.c),
 ``TORCH_PJRT_SMALL_GEMM`` (csrc/runtime/ffi_kernels.c), ``TORCH_PJRT_GEMM_THREADS``
-(csrc/runtime/small_gemm.c) and ``TORCH_PJRT_COMPILE_THREADS`` (csrc/graph/compile_async.c); the C runtime reads ``TORCH_PJRT_PLUGIN`` itself only when Python configured
+(csrc/runtime/small_gemm.c), ``TORCH_PJRT_COMPILE_THREADS`` (csrc/graph/compile_async.c) and
+``TORCH_PJRT_FUSE_COLLECTIVES`` (csrc/bridge/native_dist.cpp: ``0`` keeps a compiled graph's
+functional collectives out of its program on native groups, each then its own program); the C runtime reads ``TORCH_PJRT_PLUGIN`` itself only when Python configured
 no plugin (a path), e.g. in C tests.
 
 The values are read when :func:`load` is called (once, at registration), so a process sees

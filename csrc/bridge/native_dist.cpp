@@ -1045,7 +1045,7 @@ std::vector<at::Tensor> local_collective(const std::string& kind,
 // (csrc/ops/collective.c), so the whole graph becomes one SPMD program over the group's devices
 // (capture.h, pj_capture_record_collective): the collective runs inside the program, between
 // the graph's other ops, and the ranks' program keys are compared before it runs. Everywhere
-// else (no capture, a staged group, a capture holding another group's collective, a call the
+// else (TORCH_PJRT_FUSE_COLLECTIVES=0, no capture, a staged group, a capture holding another group's collective, a call the
 // description refuses) the op goes on to c10d's own kernel below autograd, as before.
 // Registered at AutogradPrivateUse1, the key a tpu tensor reaches first: c10d's kernel is a
 // CompositeExplicitAutograd one, which a backend key's kernel would replace with no way back.
@@ -1079,7 +1079,13 @@ bool reduce_op_of(const std::string& name, pj_reduce_op_t* op) {
 
 // Records the collective into this thread's capture; false when it cannot go there.
 bool record_functional(const std::string& which, torch::jit::Stack* stack) {
-  if (!pj_capture_active()) return false;
+  // TORCH_PJRT_FUSE_COLLECTIVES=0: every functional collective its own program (read once;
+  // benchmarks/bench_spmd_graphs.py compares both)
+  static const bool fuse = [] {
+    const char* v = std::getenv("TORCH_PJRT_FUSE_COLLECTIVES");
+    return !v || std::string(v) != "0";
+  }();
+  if (!fuse || !pj_capture_active()) return false;
   const auto& args = *stack;
   const size_t n = args.size();
   const at::Tensor input = args[0].toTensor();
