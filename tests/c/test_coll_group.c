@@ -2,7 +2,11 @@
  * devices: all_reduce and all_gather against host sums, a mismatch reported to every rank
  * naming each rank's call (and the group usable afterwards), differing views reported as such,
  * a rank that never comes (timeouts on the others, then a broken group), a shutdown waking
- * waiters, a rank leaving without breaking the others' send/recv, and send/recv (data, and a size mismatch on both sides). Needs TORCH_PJRT_PLUGIN. */
+ * waiters, a rank leaving without breaking the others' send/recv, and send/recv (data, and a size mismatch on both sides).
+ * Program rounds (a whole compiled graph run as one program over the ranks' devices) with 2
+ * rank threads: the summed result on each rank, ranks bringing different programs (or a
+ * program against an ordinary collective) reported to both naming each rank's call, and a
+ * failing build reaching both. Needs TORCH_PJRT_PLUGIN. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -346,6 +350,233 @@ static void test_errors(void) {
   pj_cgroup_release(g);
 }
 
+/* ---- program rounds ---- */
+
+#define PN 4 /* elements of a program round's argument */
+
+/* The program the ranks bring: an all_reduce (sum) of their tensor<4xf32> over both replicas. */
+static const char kProgSum2[] =
+    "func.func @main(%x: tensor<4xf32>) -> tensor<4xf32> {\n"
+    "  %0 = \"stablehlo.all_reduce\"(%x) ({\n"
+    "  ^bb0(%a: tensor<f32>, %b: tensor<f32>):\n"
+    "    %s = stablehlo.add %a, %b : tensor<f32>\n"
+    "    stablehlo.return %s : tensor<f32>\n"
+    "  }) {replica_groups = dense<[[0, 1]]> : tensor<1x2xi64>} : (tensor<4xf32>) -> "
+    "tensor<4xf32>\n"
+    "  return %0 : tensor<4xf32>\n"
+    "}\n";
+
+static int prog_builds; /* calls of build_text (atomic) */
+
+/* ctx: the text, or NULL for a build that fails. */
+static pj_status_t *build_text(void *ctx, char **text, size_t *len) {
+  __atomic_add_fetch(&prog_builds, 1, __ATOMIC_RELAXED);
+  if (!ctx) return pj_status_new(PJ_ERR_RUNTIME, "this test's build fails on purpose");
+  *text = strdup(ctx);
+  if (!*text) return pj_status_new(PJ_ERR_OOM, "out of host memory");
+  *len = strlen(*text);
+  return NULL;
+}
+
+typedef struct {
+  pj_cgroup_t *g;
+  int rank;
+  const char *key; /* NULL: an ordinary all_reduce of the same tensor instead of a program */
+  uint64_t keyhash;
+  const char *text; /* what build returns; NULL: build fails */
+  /* results */
+  pj_status_t *st;
+  bool got_out;  /* outs[0] was handed out */
+  bool got_done; /* a marker came back */
+  float out[PN];
+} prog_job_t;
+
+static float prog_value(int rank, int64_t k) { return (float)(rank + 1 + 10 * k); }
+
+static void *prog_rank_main(void *arg) {
+  prog_job_t *j = arg;
+  float host[PN];
+  int64_t n = PN;
+  for (int64_t k = 0; k < n; k++) host[k] = prog_value(j->rank, k);
+  struct PJRT_Buffer *buf;
+  OK(pj_transfer_to_device(j->rank, host, PJ_F32, &n, 1, &buf));
+  const bool donate[1] = {false};
+  struct PJRT_Buffer *outs[1] = {NULL};
+  const pj_cgroup_program_t p = {.key = j->key, .keylen = j->key ? strlen(j->key) : 0,
+                                 .keyhash = j->keyhash, .nops = 1, .build = build_text,
+                                 .build_ctx = (void *)j->text, .nargs = 1, .args = &buf,
+                                 .donate = donate, .nouts = 1, .outs = outs};
+  const int64_t stride = 1;
+  const pj_coll_view_t v = {1, &n, &stride, 0, n};
+  pj_cgroup_call_t c = {.kind = PJ_COLL_ALL_REDUCE, .op = PJ_REDUCE_SUM, .dtype = PJ_F32,
+                        .ninputs = 1, .inputs = &v, .buffers = &buf};
+  if (j->key) c.program = &p;
+  pj_cgroup_result_t res;
+  j->st = pj_cgroup_collective(j->g, j->rank, &c, &res);
+  if (!j->key && !j->st && res.noutputs == 1) outs[0] = res.outs[0]; /* the collective's */
+  j->got_out = outs[0] != NULL;
+  j->got_done = !j->st && res.done != NULL;
+  if (j->got_done) {
+    OK(pj_marker_wait(res.done));
+    pj_marker_free(res.done);
+  }
+  if (outs[0]) {
+    if (!j->st) OK(pj_transfer_to_host(outs[0], j->out, sizeof j->out));
+    pj_buffer_destroy(outs[0]);
+  }
+  pj_buffer_destroy(buf);
+  return NULL;
+}
+
+/* One round of both ranks: jobs[r].g, key, keyhash and text set by the caller. */
+static void prog_run(prog_job_t *jobs) {
+  pthread_t t[2];
+  for (int r = 0; r < 2; r++) {
+    jobs[r].rank = r;
+    jobs[r].st = NULL;
+    jobs[r].got_out = jobs[r].got_done = false;
+    pthread_create(&t[r], NULL, prog_rank_main, &jobs[r]);
+  }
+  for (int r = 0; r < 2; r++) pthread_join(t[r], NULL);
+}
+
+static void prog_prepare(prog_job_t *jobs, pj_cgroup_t *g, const char *key, uint64_t keyhash) {
+  memset(jobs, 0, sizeof(prog_job_t) * 2);
+  for (int r = 0; r < 2; r++) {
+    jobs[r].g = g;
+    jobs[r].key = key;
+    jobs[r].keyhash = keyhash;
+    jobs[r].text = kProgSum2;
+  }
+}
+
+/* Both ranks ran it: each holds the sum of both ranks' inputs on its own device. */
+static void expect_summed(const prog_job_t *jobs) {
+  for (int r = 0; r < 2; r++) {
+    EXPECT(!jobs[r].st && jobs[r].got_out && jobs[r].got_done);
+    if (jobs[r].st) printf("program round, rank %d: %s\n", r, pj_status_message(jobs[r].st));
+    for (int64_t k = 0; k < PN && jobs[r].got_out && !jobs[r].st; k++)
+      EXPECT(jobs[r].out[k] == prog_value(0, k) + prog_value(1, k));
+  }
+}
+
+static void prog_free_statuses(prog_job_t *jobs) {
+  for (int r = 0; r < 2; r++) {
+    pj_status_free(jobs[r].st);
+    jobs[r].st = NULL;
+  }
+}
+
+static pj_cgroup_t *new_pair_group(void) {
+  pj_cgroup_t *g;
+  const int devs[2] = {0, 1};
+  OK(pj_cgroup_new(2, devs, 20000, &g));
+  return g;
+}
+
+static void test_program_round(void) {
+  pj_cgroup_t *g = new_pair_group();
+  prog_job_t jobs[2];
+  const int builds = __atomic_load_n(&prog_builds, __ATOMIC_RELAXED);
+  /* three rounds: both slots, and the compiled program found by key after the first */
+  for (int round = 0; round < 3; round++) {
+    prog_prepare(jobs, g, "test-program-allreduce", 0xc0ffee01u);
+    prog_run(jobs);
+    expect_summed(jobs);
+    prog_free_statuses(jobs);
+  }
+  EXPECT(__atomic_load_n(&prog_builds, __ATOMIC_RELAXED) == builds + 1);
+  /* an ordinary collective after program rounds, in the same group */
+  prog_prepare(jobs, g, NULL, 0);
+  prog_run(jobs);
+  expect_summed(jobs);
+  prog_free_statuses(jobs);
+  pj_cgroup_release(g);
+}
+
+/* Every rank gets the error naming both ranks' calls; nothing built, run or handed out. */
+static void expect_differ(const prog_job_t *jobs, const char *rank0, const char *rank1) {
+  for (int r = 0; r < 2; r++) {
+    EXPECT(jobs[r].st && pj_status_code(jobs[r].st) == PJ_ERR_RUNTIME);
+    EXPECT(contains(jobs[r].st, "called different collectives"));
+    EXPECT(contains(jobs[r].st, rank0));
+    EXPECT(contains(jobs[r].st, rank1));
+    EXPECT(!jobs[r].got_out && !jobs[r].got_done);
+  }
+  if (jobs[0].st) printf("program mismatch message: %s\n", pj_status_message(jobs[0].st));
+}
+
+static void test_program_round_mismatch(void) {
+  pj_cgroup_t *g = new_pair_group();
+  prog_job_t jobs[2];
+  const int builds = __atomic_load_n(&prog_builds, __ATOMIC_RELAXED);
+  /* another key (and hash) on rank 1 */
+  prog_prepare(jobs, g, "test-program-allreduce", 0xc0ffee01u);
+  jobs[1].key = "test-program-other";
+  jobs[1].keyhash = 0xc0ffee02u;
+  prog_run(jobs);
+  expect_differ(jobs, "rank 0 called a compiled graph of 1 ops (program key 00000000c0ffee01)",
+                "rank 1 called a compiled graph of 1 ops (program key 00000000c0ffee02)");
+  prog_free_statuses(jobs);
+  /* the same hash and length, other bytes: the key itself is compared */
+  prog_prepare(jobs, g, "test-program-allreduce", 0xc0ffee01u);
+  jobs[1].key = "test-program-allreducf";
+  prog_run(jobs);
+  expect_differ(jobs, "rank 0 called a compiled graph of 1 ops",
+                "rank 1 called a compiled graph of 1 ops");
+  prog_free_statuses(jobs);
+  EXPECT(__atomic_load_n(&prog_builds, __ATOMIC_RELAXED) == builds);
+  /* both ranks failed at the same call: the group goes on */
+  prog_prepare(jobs, g, "test-program-allreduce", 0xc0ffee01u);
+  prog_run(jobs);
+  expect_summed(jobs);
+  prog_free_statuses(jobs);
+  pj_cgroup_release(g);
+}
+
+static void test_program_round_vs_collective(void) {
+  pj_cgroup_t *g = new_pair_group();
+  prog_job_t jobs[2];
+  /* rank 0 a program, rank 1 an ordinary all_reduce; then the other way round */
+  for (int prog_rank = 0; prog_rank < 2; prog_rank++) {
+    prog_prepare(jobs, g, "test-program-allreduce", 0xc0ffee01u);
+    jobs[1 - prog_rank].key = NULL;
+    prog_run(jobs);
+    char prog_call[128], coll_call[128];
+    snprintf(prog_call, sizeof prog_call,
+             "rank %d called a compiled graph of 1 ops (program key 00000000c0ffee01)", prog_rank);
+    snprintf(coll_call, sizeof coll_call, "rank %d called all_reduce(float32[4], ReduceOp.SUM)",
+             1 - prog_rank);
+    expect_differ(jobs, prog_call, coll_call);
+    prog_free_statuses(jobs);
+  }
+  prog_prepare(jobs, g, "test-program-allreduce", 0xc0ffee01u);
+  prog_run(jobs);
+  expect_summed(jobs);
+  prog_free_statuses(jobs);
+  pj_cgroup_release(g);
+}
+
+/* The last arriver's build fails (a key never compiled): both ranks get its error, the group
+ * goes on. */
+static void test_program_round_build_error(void) {
+  pj_cgroup_t *g = new_pair_group();
+  prog_job_t jobs[2];
+  prog_prepare(jobs, g, "test-program-build-fails", 0xbadu);
+  jobs[0].text = jobs[1].text = NULL;
+  prog_run(jobs);
+  for (int r = 0; r < 2; r++) {
+    EXPECT(contains(jobs[r].st, "this test's build fails on purpose"));
+    EXPECT(!jobs[r].got_out && !jobs[r].got_done);
+  }
+  prog_free_statuses(jobs);
+  prog_prepare(jobs, g, "test-program-allreduce", 0xc0ffee01u);
+  prog_run(jobs);
+  expect_summed(jobs);
+  prog_free_statuses(jobs);
+  pj_cgroup_release(g);
+}
+
 int main(void) {
   if (!getenv("TORCH_PJRT_PLUGIN")) {
     fprintf(stderr, "TORCH_PJRT_PLUGIN must name the CPU plugin .so (make ctest sets it)\n");
@@ -363,6 +594,10 @@ int main(void) {
   test_shutdown_wakes();
   test_leave_keeps_others();
   test_errors();
+  test_program_round();
+  test_program_round_mismatch();
+  test_program_round_vs_collective();
+  test_program_round_build_error();
   OK(pj_stream_synchronize(-1));
   CTEST_DONE();
 }
