@@ -62,6 +62,7 @@ def child() -> None:
         times = []
         for i in range(STEPS + WARMUP):
             if i == WARMUP:
+                torch.distributed.barrier()  # both ranks' windows hold the same steps
                 before = torch.tpu.metrics()
             t0 = time.perf_counter()
             opt.zero_grad()
@@ -71,6 +72,7 @@ def child() -> None:
             loss.item()
             if i >= WARMUP:
                 times.append(time.perf_counter() - t0)
+        torch.distributed.barrier()
         after = torch.tpu.metrics()
         # process-wide counters: both ranks' steps
         per = {k: (after[k] - before[k]) / (2 * STEPS) for k in ("executions", "graph_runs")}

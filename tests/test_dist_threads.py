@@ -503,10 +503,12 @@ def case_tp_compiled() -> None:
         step = torch.compile(model, backend="tpu")
         x, y = _batch()
         for i in range(3):
-            if i == 1:  # after the first step: graphs captured (or found uncapturable)
+            if i == 1:  # both ranks past their first step: graphs captured (or not)
+                torch.distributed.barrier()
                 before = torch.tpu.metrics()
             model.zero_grad()
             torch.nn.functional.mse_loss(step(x.to("tpu")), y.to("tpu")).backward()
+        torch.distributed.barrier()
         after = torch.tpu.metrics()
         _check_transport()
         grads = {name: p.grad.full_tensor().cpu() for name, p in model.named_parameters()}
@@ -517,10 +519,11 @@ def case_tp_compiled() -> None:
     results = run_threads(fn, 2)
     _expect_grads([g for g, _ in results], _cpu_grads())
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], counters
-    # metrics are process-wide: both ranks' two steps, a forward and a backward graph each
+    # metrics are process-wide: the window holds this rank's two steps, a forward and a
+    # backward graph each, and what the other rank ran meanwhile
     delta = results[0][1]
     if os.environ["EXPECT_TRANSPORT"] == "native":
-        assert delta["graph_runs"] >= 8 and delta["defer_ops"] == 0, delta
+        assert delta["graph_runs"] >= 4 and delta["defer_ops"] == 0, delta
     else:
         assert delta["defer_ops"] > 0, delta
     print("tp_compiled OK")
