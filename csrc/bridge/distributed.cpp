@@ -55,6 +55,7 @@
 // this rank has started a collective or a send/recv may leave the ranks out of step: the
 // backend is then marked broken and every later call raises at once, naming the first failure.
 #include "bridge.h"
+#include "future_work.h"
 #include "call_builder.h"
 #include "eager_mode.h"
 
@@ -293,43 +294,11 @@ struct Job {
   bool any_pending = false;  // a recv from any source whose header has not arrived yet
 };
 
-// A Work finished by one of our threads. Completion, waiting with or without a timeout and the
-// error are Work's own (finish() under its mutex). The future exists only once asked for
-// (getFuture: DDP does at once, a plain wait() never does) and is settled, with the output
-// tensors or the error, after the Work finished: on a runner thread when it was asked for
-// before (its callbacks, DDP comm hooks or torch.futures then(), run there and may call and wait
-// for further collectives, which the collective thread must stay free to run), else by
-// getFuture itself.
-class StagedWork : public c10d::Work {
+// The staged transport's Work: a FutureWork (future_work.h) that also knows the source of a
+// recv from any source.
+class StagedWork : public FutureWork {
  public:
-  StagedWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
-      : Work(rank, op), outputs_(std::move(outputs)) {}
-
-  std::vector<at::Tensor> result() override { return outputs_; }
-
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    bool finished = false;
-    c10::intrusive_ptr<c10::ivalue::Future> f;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      if (!future_) {
-        std::vector<c10::Device> devices;
-        for (const auto& t : outputs_)
-          if (is_tpu(t)) devices.push_back(t.device());
-        future_ = c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()), devices);
-      }
-      f = future_;
-      finished = completed_;
-    }
-    if (finished) settle_future();
-    return f;
-  }
-
-  bool future_requested() {
-    std::lock_guard<std::mutex> g(mutex_);
-    return static_cast<bool>(future_);
-  }
+  using FutureWork::FutureWork;
 
   int sourceRank() const override {
     std::lock_guard<std::mutex> g(mutex_);
@@ -348,34 +317,7 @@ class StagedWork : public c10d::Work {
 
   void fail(std::exception_ptr e) { finish(e); }
 
-  // After succeed() or fail(); once, whoever calls first (getFuture or a runner).
-  void settle_future() {
-    c10::intrusive_ptr<c10::ivalue::Future> f;
-    std::exception_ptr e;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      if (!future_ || settled_ || !completed_) return;
-      settled_ = true;
-      f = future_;
-      e = exception_;
-    }
-    if (e) {
-      f->setErrorIfNeeded(e);
-      return;
-    }
-    try {
-      f->markCompleted(c10::IValue(outputs_));
-    } catch (...) {
-      // markCompleted only fails on a device mismatch, which the future's device list rules
-      // out; a future that cannot complete must still not leave waiters hanging.
-      if (!f->completed()) f->setErrorIfNeeded(std::current_exception());
-    }
-  }
-
  private:
-  std::vector<at::Tensor> outputs_;
-  c10::intrusive_ptr<c10::ivalue::Future> future_;  // under mutex_; made by getFuture
-  bool settled_ = false;
   int source_rank_ = -1;
 };
 

@@ -29,6 +29,7 @@
 // ranks that did not come, and the group is broken from then on; abort() or destroy of any
 // rank's group wakes every waiter of that group with an error.
 #include "bridge.h"
+#include "future_work.h"
 #include "call_builder.h"
 #include "eager_mode.h"
 
@@ -160,37 +161,15 @@ void install(const at::Tensor& t, PJRT_Buffer* buf, int64_t n) {
 // Work: completes on the program's completion on this rank's device (its markers).
 // ---------------------------------------------------------------------------------------------
 
-class NativeWork : public c10d::Work {
+class NativeWork : public FutureWork {
  public:
-  NativeWork(int rank, c10d::OpType op, std::vector<at::Tensor> outputs)
-      : Work(rank, op), outputs_(std::move(outputs)) {}
+  using FutureWork::FutureWork;
   ~NativeWork() override {
     for (pj_marker_t* m : markers_) pj_marker_free(m);
   }
 
   void add_marker(pj_marker_t* m) {
     if (m) markers_.push_back(m);
-  }
-
-  std::vector<at::Tensor> result() override { return outputs_; }
-
-  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override {
-    c10::intrusive_ptr<c10::ivalue::Future> f;
-    bool finished = false;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      if (!future_) {
-        std::vector<c10::Device> devices;
-        for (const auto& t : outputs_)
-          if (is_tpu(t)) devices.push_back(t.device());
-        future_ = c10::make_intrusive<c10::ivalue::Future>(
-            c10::ListType::create(c10::TensorType::get()), devices);
-      }
-      f = future_;
-      finished = completed_;
-    }
-    if (finished) settle_future();
-    return f;
   }
 
   // On the completer thread (or a p2p thread): waits for the markers, then finishes.
@@ -211,32 +190,8 @@ class NativeWork : public c10d::Work {
     settle_future();
   }
 
-  void settle_future() {
-    c10::intrusive_ptr<c10::ivalue::Future> f;
-    std::exception_ptr e;
-    {
-      std::lock_guard<std::mutex> g(mutex_);
-      if (!future_ || settled_ || !completed_) return;
-      settled_ = true;
-      f = future_;
-      e = exception_;
-    }
-    if (e) {
-      f->setErrorIfNeeded(e);
-      return;
-    }
-    try {
-      f->markCompleted(c10::IValue(outputs_));
-    } catch (...) {
-      if (!f->completed()) f->setErrorIfNeeded(std::current_exception());
-    }
-  }
-
  private:
-  std::vector<at::Tensor> outputs_;
   std::vector<pj_marker_t*> markers_;  // owned; written before the Work is handed out
-  c10::intrusive_ptr<c10::ivalue::Future> future_;
-  bool settled_ = false;
 };
 
 // What one rank asks of the group for one program.
