@@ -480,7 +480,7 @@ def case_fsdp2_compiled() -> None:
     print("fsdp2_compiled OK")
 
 
-def case_tp_compiled() -> None:
+def case_tp_compiled(world: str = "2") -> None:
     """Tensor parallelism (column-wise then row-wise Linear) under torch.compile: the graphs
     hold DTensor's functional collectives (_c10d_functional.all_reduce and wait_tensor). On the
     native transport each graph is captured with its collectives inside, one SPMD program over
@@ -496,14 +496,19 @@ def case_tp_compiled() -> None:
 
     from torch_pjrt.distributed import run_threads
 
+    n = int(world)
+
     def fn(rank):
-        mesh = init_device_mesh("tpu", (2,))
+        # 4 ranks: the "tp" dimension of a 2x2 mesh, two sub-groups each running its own
+        # programs over its two devices
+        mesh = (init_device_mesh("tpu", (2,)) if n == 2 else
+                init_device_mesh("tpu", (2, 2), mesh_dim_names=("dp", "tp"))["tp"])
         model = _tiny_model().to("tpu")
         parallelize_module(model, mesh, {"0": ColwiseParallel(), "2": RowwiseParallel()})
         step = torch.compile(model, backend="tpu")
         x, y = _batch()
         for i in range(3):
-            if i == 1:  # both ranks past their first step: graphs captured (or not)
+            if i == 1:  # every rank past its first step: graphs captured (or not)
                 torch.distributed.barrier()
                 before = torch.tpu.metrics()
             model.zero_grad()
@@ -516,7 +521,7 @@ def case_tp_compiled() -> None:
 
     from torch._dynamo.utils import counters
 
-    results = run_threads(fn, 2)
+    results = run_threads(fn, n)
     _expect_grads([g for g, _ in results], _cpu_grads())
     assert counters["stats"]["unique_graphs"] >= 1 and not counters["graph_break"], counters
     # metrics are process-wide: the window holds this rank's two steps, a forward and a
@@ -1052,6 +1057,12 @@ def test_fsdp2_compiled_blocks_gradients_match_cpu(transport):
 @pytest.mark.parametrize("transport", TRANSPORTS)
 def test_tensor_parallel_compiled_gradients_match_cpu(transport):
     _run_case("tp_compiled", transport=transport)
+
+
+def test_tensor_parallel_compiled_on_mesh_subgroups():
+    """The "tp" dimension of a 2x2 mesh on 4 native rank threads: each sub-group's graphs are
+    SPMD programs over its own two devices."""
+    _run_case("tp_compiled", "4")
 
 
 @pytest.mark.parametrize("world", [2, 4])
