@@ -2,7 +2,6 @@
  * that express each collective inside a program (pj_coll_emit). Whole programs and running them
  * are graph/collective_run.c's; a collective inside a captured graph is the lowering at the end.
  *
- *
  * Each collective is built from the five the CPU plugin compiles (all_reduce, all_gather,
  * reduce_scatter, all_to_all, collective_permute; syntax in runtime/multi_exec.c):
  *  - broadcast = all_gather, then the root's slice: selecting moves bits, so every value
