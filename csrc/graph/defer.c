@@ -683,19 +683,12 @@ static bool detector_step(uint64_t h) {
 
 /* ---- public API ---- */
 
+static pj_status_t *record_call(pj_call_t *c, bool with_site, pj_cgroup_t *cgroup, int crank,
+                                bool *recorded);
+
 pj_status_t *pj_call_defer(pj_call_t *c) {
   if (!pj_lowering_find(c->op)) return pj_status_new(PJ_ERR_UNIMPLEMENTED, "no lowering for aten::%s", c->op);
-  pj_keybuf_t k = {0};
-  if (!pj_call_key(c, "", &k)) {
-    free(k.p);
-    return pj_status_new(PJ_ERR_OOM, "out of host memory building a cache key");
-  }
-  bool writes[PJ_CALL_MAX_SLOTS];
-  for (int s = 0; s < c->nslots; s++) writes[s] = pj_call_writes_slot(c, s);
-  /* (site_of gives NULL also when out of memory: the error then names no line) */
-  return pj_defer_record(k.p, k.len, pj_hash_bytes(k.p, k.len, 0),
-                         pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2), c->device, c->slots,
-                         c->nslots, writes, c->scalars, c->nscalars, site_of(c), false);
+  return record_call(c, true, NULL, 0, NULL);
 }
 
 /* pj_defer_record, or with cgroup a collective into the calling thread's own capture (see
@@ -811,11 +804,11 @@ pj_status_t *pj_defer_record(unsigned char *key, size_t keylen, uint64_t hash, u
                 each, NULL, 0, NULL);
 }
 
-pj_status_t *pj_capture_record_collective(pj_call_t *c, pj_cgroup_t *g, int rank,
-                                          bool *recorded) {
-  *recorded = false;
-  if (!g || strcmp(c->op, "_pj_collective") != 0 || c->nout != 1)
-    return pj_status_new(PJ_ERR_VALUE, "pj_capture_record_collective: not a _pj_collective call");
+/* Records a full call (pj_call_defer, pj_capture_record_collective): its key and written
+ * slots taken here; with_site, its source line too (site_of gives NULL also when out of
+ * memory: the error then names no line). */
+static pj_status_t *record_call(pj_call_t *c, bool with_site, pj_cgroup_t *cgroup, int crank,
+                                bool *recorded) {
   pj_keybuf_t k = {0};
   if (!pj_call_key(c, "", &k)) {
     free(k.p);
@@ -824,8 +817,16 @@ pj_status_t *pj_capture_record_collective(pj_call_t *c, pj_cgroup_t *g, int rank
   bool writes[PJ_CALL_MAX_SLOTS];
   for (int s = 0; s < c->nslots; s++) writes[s] = pj_call_writes_slot(c, s);
   return record(k.p, k.len, pj_hash_bytes(k.p, k.len, 0), pj_hash_bytes(k.p, k.len, PJ_KEY_SEED2),
-                c->device, c->slots, c->nslots, writes, c->scalars, c->nscalars, NULL, false, g,
-                rank, recorded);
+                c->device, c->slots, c->nslots, writes, c->scalars, c->nscalars,
+                with_site ? site_of(c) : NULL, false, cgroup, crank, recorded);
+}
+
+pj_status_t *pj_capture_record_collective(pj_call_t *c, pj_cgroup_t *g, int rank,
+                                          bool *recorded) {
+  *recorded = false;
+  if (!g || strcmp(c->op, "_pj_collective") != 0 || c->nout != 1)
+    return pj_status_new(PJ_ERR_VALUE, "pj_capture_record_collective: not a _pj_collective call");
+  return record_call(c, false, g, rank, recorded);
 }
 
 /* A flush during a capture the calling thread records into: the capture breaks, its graph
