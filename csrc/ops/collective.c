@@ -466,6 +466,18 @@ static pj_val_t combine_rows(bld_t *b, pj_val_t rows, const char *comb) {
 static pj_val_t all_gather(bld_t *b, pj_val_t x);
 static pj_val_t all_to_all(bld_t *b, pj_val_t x);
 
+/* The reduction region of all_reduce and reduce_scatter: `comb` on two 0-d values of dt
+ * (malloc'd text; NULL when out of memory). */
+static char *combiner_region(pj_hlo_t *h, pj_dtype_t dt, const char *comb) {
+  pj_type_t st = pj_type_scalar(dt), sts[2] = {st, st};
+  pj_val_t a[2];
+  char op[48];
+  snprintf(op, sizeof op, "stablehlo.%s", comb);
+  pj_hlo_region_begin(h, sts, 2, a);
+  pj_val_t r = pj_binary(h, op, a[0], a[1]);
+  return pj_hlo_region_end(h, &r, 1);
+}
+
 static pj_val_t all_reduce(bld_t *b, pj_val_t x, const char *comb) {
   pj_hlo_t *h = b->h;
   if (!is_native(comb)) {
@@ -473,13 +485,8 @@ static pj_val_t all_reduce(bld_t *b, pj_val_t x, const char *comb) {
     pj_val_t g = pj_reshape(h, all_gather(b, pj_reshape(h, x, 1, &n)), 2, rows);
     return pj_reshape(h, combine_rows(b, g, comb), x.t.rank, x.t.dims);
   }
-  pj_type_t st = pj_type_scalar(x.t.dtype), sts[2] = {st, st};
-  pj_val_t a[2], res;
-  char op[48];
-  snprintf(op, sizeof op, "stablehlo.%s", comb);
-  pj_hlo_region_begin(h, sts, 2, a);
-  pj_val_t r = pj_binary(h, op, a[0], a[1]);
-  char *region = pj_hlo_region_end(h, &r, 1);
+  pj_val_t res;
+  char *region = combiner_region(h, x.t.dtype, comb);
   if (!region) return pj_hlo_fail(h, PJ_ERR_OOM, "out of host memory building a program");
   pj_hlo_op_multi(h, "stablehlo.all_reduce", &x, 1, region, b->groups_attr, &x.t, 1, &res);
   free(region);
@@ -493,13 +500,8 @@ static pj_val_t reduce_scatter(bld_t *b, pj_val_t x, const char *comb) {
     const int64_t rows[2] = {b->d->group_size, x.t.dims[0] / b->d->group_size};
     return combine_rows(b, pj_reshape(h, all_to_all(b, x), 2, rows), comb);
   }
-  pj_type_t st = pj_type_scalar(x.t.dtype), sts[2] = {st, st};
-  pj_val_t a[2], res;
-  char op[48];
-  snprintf(op, sizeof op, "stablehlo.%s", comb);
-  pj_hlo_region_begin(h, sts, 2, a);
-  pj_val_t r = pj_binary(h, op, a[0], a[1]);
-  char *region = pj_hlo_region_end(h, &r, 1);
+  pj_val_t res;
+  char *region = combiner_region(h, x.t.dtype, comb);
   pj_sb_t sb = {0};
   pj_sb_printf(&sb, "scatter_dimension = 0 : i64, %s", b->groups_attr);
   char *attrs = pj_sb_take(&sb, NULL);
