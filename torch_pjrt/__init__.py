@@ -137,6 +137,9 @@ def _register() -> None:
         from . import fake_rules  # fake tensors (torch.compile) as wide as the eager kernels
 
         fake_rules.register()
+        from . import flex_attention  # torch.nn.attention.flex_attention on tpu
+
+        flex_attention.install()
         _register_distributed(device)
         from . import inductor_route  # torch.compile(model) with no backend= on tpu graphs
 

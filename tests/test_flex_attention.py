@@ -1,0 +1,161 @@
+"""torch.nn.attention.flex_attention on tpu (torch_pjrt/flex_attention.py), eager and compiled.
+
+References: CPU's own flex_attention for forward values (output and logsumexp); for gradients,
+which CPU's flex_attention does not compute ("does not support backward on CPU"), the same
+attention written densely in float64 on CPU and differentiated by autograd."""
+import math
+
+import pytest
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+B, HQ, L, E = 2, 4, 256, 16
+
+
+def causal(b, h, q, kv):
+    return q >= kv
+
+
+def rows_from_8(b, h, q, kv):  # query rows below 8 see nothing: fully masked rows
+    return (q >= 8) & (q >= kv)
+
+
+def relative_bias(score, b, h, q, kv):
+    return score + (q - kv).float() * 0.01
+
+
+def _inputs(hkv=HQ, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return (torch.randn(B, HQ, L, E, generator=g), torch.randn(B, hkv, L, E, generator=g),
+            torch.randn(B, hkv, L, E, generator=g))
+
+
+def _dense(q, k, v, keep, bias=None, head_bias=None):
+    """float64 attention: scores, the relative bias / a per-head bias table, the mask; rows
+    with nothing kept give zeros; returns (out, natural-log logsumexp)."""
+    q, k, v = q.double(), k.double(), v.double()
+    group = q.size(1) // k.size(1)
+    k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
+    s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
+    idx = torch.arange(L)
+    if bias:
+        s = s + (idx[:, None] - idx[None, :]).double() * 0.01
+    if head_bias is not None:
+        s = s + head_bias.double()[None, :, None, None]
+    s = s.masked_fill(~keep, -math.inf)
+    lse = s.logsumexp(-1)
+    p = torch.exp(s - lse.unsqueeze(-1)).nan_to_num(0.0)
+    return p @ v, lse
+
+
+def _keep(mask_mod):
+    idx = torch.arange(L)
+    return mask_mod(0, 0, idx[:, None], idx[None, :])
+
+
+def _close(a, b, tol=2e-5):
+    torch.testing.assert_close(a.detach().cpu().double(), b.detach().double(), rtol=tol, atol=tol)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("hkv", [HQ, 2])
+def test_flex_attention_values_and_gradients_match(compiled, hkv):
+    q, k, v = _inputs(hkv)
+    gqa = hkv != HQ
+    bm_cpu = create_block_mask(causal, B, HQ, L, L, device="cpu")
+    ref_out, ref_lse = flex_attention(q, k, v, score_mod=relative_bias, block_mask=bm_cpu,
+                                      enable_gqa=gqa, return_lse=True)
+    bm = create_block_mask(causal, B, HQ, L, L, device="tpu")
+    assert bm.kv_num_blocks.device.type == "tpu"
+    qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
+    fn = torch.compile(flex_attention) if compiled else flex_attention  # plain: no backend=
+    torch._dynamo.reset()
+    before = torch.tpu.metrics()
+    out, lse = fn(qt, kt, vt, score_mod=relative_bias, block_mask=bm, enable_gqa=gqa,
+                  return_lse=True)
+    assert out.device.type == "tpu" and out.shape == ref_out.shape and out.dtype == ref_out.dtype
+    _close(out, ref_out)
+    _close(lse, ref_lse)
+    (out * torch.linspace(-1, 1, E, device="tpu")).sum().backward()
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    dense_out, _ = _dense(qd, kd, vd, _keep(causal), bias=True)
+    (dense_out * torch.linspace(-1, 1, E).double()).sum().backward()
+    for t, d in ((qt, qd), (kt, kd), (vt, vd)):
+        assert t.grad.shape == t.shape
+        _close(t.grad, d.grad, tol=5e-5)
+    if compiled:  # forward and backward each one captured program
+        after = torch.tpu.metrics()
+        assert after["graph_runs"] - before["graph_runs"] == 2, (before, after)
+        assert after["graph_captures_broken"] == before["graph_captures_broken"]
+
+
+def test_fully_masked_rows_give_zeros_and_minus_inf_lse():
+    q, k, v = _inputs()
+    bm = create_block_mask(rows_from_8, B, HQ, L, L, device="tpu")
+    qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
+    out, lse = flex_attention(qt, kt, vt, block_mask=bm, return_lse=True)
+    ref_out, ref_lse = flex_attention(q, k, v, block_mask=create_block_mask(
+        rows_from_8, B, HQ, L, L, device="cpu"), return_lse=True)
+    _close(out, ref_out)
+    assert torch.equal(lse[..., :8].cpu(), ref_lse[..., :8]) and bool((ref_lse[..., :8] == -math.inf).all())
+    _close(lse[..., 8:], ref_lse[..., 8:])
+    out.sum().backward()
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    _dense(qd, kd, vd, _keep(rows_from_8))[0].sum().backward()
+    for t, d in ((qt, qd), (kt, kd), (vt, vd)):
+        assert not t.grad.isnan().any()
+        _close(t.grad, d.grad, tol=5e-5)
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+def test_score_mod_buffer_gets_its_gradient(compiled):
+    q, k, v = _inputs()
+    table = torch.randn(HQ, generator=torch.Generator().manual_seed(3))
+    tt = table.to("tpu").requires_grad_()
+
+    def head_bias(score, b, h, q_idx, kv_idx):
+        return score + tt[h]
+
+    qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
+    fn = torch.compile(flex_attention, backend="tpu") if compiled else flex_attention
+    torch._dynamo.reset()
+    out = fn(qt, kt, vt, score_mod=head_bias,
+             block_mask=create_block_mask(causal, B, HQ, L, L, device="tpu"))
+    out.pow(2).sum().backward()
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    td = table.double().requires_grad_()
+    ref, _ = _dense(qd, kd, vd, _keep(causal), head_bias=td)
+    ref.pow(2).sum().backward()
+    _close(out, ref)
+    _close(tt.grad, td.grad, tol=1e-4)
+    _close(qt.grad, qd.grad, tol=5e-5)
+
+
+def test_create_block_mask_on_tpu_equals_cpu():
+    for mask_mod in (causal, rows_from_8):
+        c = create_block_mask(mask_mod, B, HQ, L, L, device="cpu")
+        t = create_block_mask(mask_mod, B, HQ, L, L, device="tpu")
+        for name in ("kv_num_blocks", "kv_indices", "full_kv_num_blocks", "full_kv_indices",
+                     "q_num_blocks", "q_indices"):
+            a, b = getattr(c, name), getattr(t, name)
+            assert b.device.type == "tpu" and torch.equal(a, b.cpu()), name
+
+
+def test_defer_and_fuse_runs_flex_attention_without_a_flush():
+    q, k, v = (t.to("tpu") for t in _inputs())
+    bm = create_block_mask(causal, B, HQ, L, L, device="tpu")
+    torch.tpu.synchronize()
+    with torch.tpu.eager_mode("defer_and_fuse"):
+        before = torch.tpu.metrics()["defer_flushes"]
+        out = flex_attention(q, k, v, score_mod=relative_bias, block_mask=bm)
+        assert torch.tpu.metrics()["defer_flushes"] == before  # recorded, nothing run yet
+        got = out.cpu()
+    ref = flex_attention(*_inputs(), score_mod=relative_bias,
+                         block_mask=create_block_mask(causal, B, HQ, L, L, device="cpu"))
+    _close(got, ref)
+
+
+def test_other_devices_keep_pytorchs_device_check():
+    q, k, v = (t.to("meta") for t in _inputs())
+    with pytest.raises(ValueError, match="only supported on CUDA, CPU"):
+        flex_attention(q, k, v)
