@@ -450,6 +450,48 @@ def test_compiled_mode_wrong_result_is_a_mismatch():
     assert rec["float64_check"].startswith("float64 differs"), rec["float64_check"]
 
 
+class _UnusedHead(_Net):
+    """A second head whose output the loss never reads, computed before a graph break in the
+    graph that also computes what the loss reads (as in siglip2's and sam3's compiled forward): eager autograd
+    leaves its gradients None; the graph's backward (AOTAutograd, on CPU's `aot_eager` as well)
+    returns zeros for them. `tpu_leak` adds the head's output into the first output on tpu only, so that the
+    head then gets a nonzero gradient on tpu alone."""
+
+    def __init__(self, tpu_leak: float = 0.0):
+        super().__init__()
+        self.head = torch.nn.Linear(6, 2)
+        self.tpu_leak = tpu_leak
+
+    def forward(self, x):
+        unused = self.head(x)
+        y = self.lin(x)
+        if x.device.type == "tpu" and self.tpu_leak:
+            y = y + self.tpu_leak * unused.sum()
+        torch._dynamo.graph_break()
+        return torch.tanh(y), unused
+
+
+def _first_output_loss(out):
+    return out[0].sum()
+
+
+def test_compiled_mode_zero_gradient_where_eager_has_none_is_compile_semantics():
+    rec = run_case(Case(zoo="test", name="unused", build=_UnusedHead, inputs=_inputs,
+                        loss=_first_output_loss), "compile")
+    _assert_pass(rec)
+    assert rec["info"]["zero_grad_where_eager_none"] == ["head.weight", "head.bias"], rec
+    # the head's parameters are still compared after the SGD step
+    # two outputs, the loss, the 2 gradients eager has, 4 updated parameters
+    assert rec["compared"] == 2 + 1 + 2 + 4
+
+
+def test_compiled_mode_nonzero_gradient_on_tpu_only_is_a_mismatch():
+    rec = run_case(Case(zoo="test", name="unused", build=lambda: _UnusedHead(tpu_leak=1e-3),
+                        inputs=_inputs, loss=_first_output_loss), "compile")
+    assert rec["status"] == "mismatch", rec
+    assert "grad head.weight" in rec["mismatched_tensors"], rec
+
+
 def test_compiled_mode_error_names_the_cause_and_keeps_dynamo_counts():
     class Boom(_Net):
         def forward(self, x):

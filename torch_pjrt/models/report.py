@@ -301,11 +301,16 @@ def render_compile(recs: List[dict], eager: Dict[tuple, dict], primary: str) -> 
             lines += [f.read().strip(), ""]
     c = Counter(r["status"] for r in recs)
     graphs = [s.get("graphs", 0) for s in stats]
-    lines += ["| models | " + " | ".join(STATUSES) + " | median graphs / model | models with a"
-              " graph break | graph breaks | recompiles |",
-              "| --- |" + " --- |" * (len(STATUSES) + 4),
+    # a training step's graphs: the compiled forward+loss (its backward is that graph's
+    # AOTAutograd backward) and the SGD step, in the models whose step ran compiled
+    step_graphs = [r["compile_phases"].get("train", 0) + r["compile_phases"].get("sgd step", 0)
+                   for r in ran if "train" in (r.get("compile_phases") or {})]
+    lines += ["| models | " + " | ".join(STATUSES) + " | median graphs / model | median graphs"
+              " / training step | models with a graph break | graph breaks | recompiles |",
+              "| --- |" + " --- |" * (len(STATUSES) + 5),
               f"| {len(recs)} | " + " | ".join(str(c[s]) for s in STATUSES)
-              + f" | {_median(graphs):g} | {sum(1 for s in stats if s.get('graph_breaks'))}"
+              + f" | {_median(graphs):g} | {_median(step_graphs):g}"
+              f" | {sum(1 for s in stats if s.get('graph_breaks'))}"
               f" | {sum(s.get('graph_breaks', 0) for s in stats)}"
               f" | {sum(s.get('recompiles', 0) for s in stats)} |", ""]
     breaks_models, breaks_total = Counter(), Counter()
