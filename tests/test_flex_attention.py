@@ -24,6 +24,57 @@ def relative_bias(score, b, h, q, kv):
     return score + (q - kv).float() * 0.01
 
 
+WINDOW = 48
+PREFIX = 40
+_DOC_BOUNDS = (0, 70, 150, 151, 256)  # four documents, one of a single token
+DOC_ID = torch.cat([torch.full((b - a,), i) for i, (a, b) in
+                    enumerate(zip(_DOC_BOUNDS, _DOC_BOUNDS[1:]))])
+
+
+def sliding_window(b, h, q, kv):
+    return (q >= kv) & (q - kv < WINDOW)
+
+
+def prefix_lm(b, h, q, kv):
+    return (kv < PREFIX) | (q >= kv)
+
+
+def _alibi_slope(h):  # 2^(-8 (h + 1) / H), as ALiBi's heads
+    return torch.exp2(-8.0 * (h + 1) / HQ)
+
+
+def alibi(score, b, h, q, kv):
+    return score - _alibi_slope(h) * (q - kv).abs()
+
+
+def _document_mask(doc_id):
+    def document(b, h, q, kv):  # causal within each document; doc_id is a captured tensor
+        return (doc_id[q] == doc_id[kv]) & (q >= kv)
+    return document
+
+
+def _dense_bias(kind, shape):
+    """The score_mod's additive term as a float64 (H, L, L) table, for the dense reference."""
+    idx = torch.arange(L).double()
+    rel = idx[:, None] - idx[None, :]
+    if kind == "relative":
+        return (rel * 0.01).expand(shape)
+    if kind == "alibi":
+        slopes = _alibi_slope(torch.arange(HQ).double())
+        return -slopes[:, None, None] * rel.abs()[None]
+    return torch.zeros(shape, dtype=torch.float64)
+
+
+CASES = {  # name: (mask_mod maker for a device, score_mod, dense bias kind)
+    "causal": (lambda dev: causal, None, None),
+    "causal+relative": (lambda dev: causal, relative_bias, "relative"),
+    "sliding_window": (lambda dev: sliding_window, None, None),
+    "document": (lambda dev: _document_mask(DOC_ID.to(dev)), None, None),
+    "prefix_lm": (lambda dev: prefix_lm, None, None),
+    "causal+alibi": (lambda dev: causal, alibi, "alibi"),
+}
+
+
 def _inputs(hkv=HQ, seed=0):
     g = torch.Generator().manual_seed(seed)
     return (torch.randn(B, HQ, L, E, generator=g), torch.randn(B, hkv, L, E, generator=g),
@@ -31,15 +82,14 @@ def _inputs(hkv=HQ, seed=0):
 
 
 def _dense(q, k, v, keep, bias=None, head_bias=None):
-    """float64 attention: scores, the relative bias / a per-head bias table, the mask; rows
-    with nothing kept give zeros; returns (out, natural-log logsumexp)."""
+    """float64 attention: scores, an additive (H, L, L) bias table / a per-head bias, the
+    mask; rows with nothing kept give zeros; returns (out, natural-log logsumexp)."""
     q, k, v = q.double(), k.double(), v.double()
     group = q.size(1) // k.size(1)
     k, v = k.repeat_interleave(group, dim=1), v.repeat_interleave(group, dim=1)
     s = q @ k.transpose(-1, -2) / math.sqrt(q.size(-1))
-    idx = torch.arange(L)
-    if bias:
-        s = s + (idx[:, None] - idx[None, :]).double() * 0.01
+    if bias is not None:
+        s = s + bias[None]
     if head_bias is not None:
         s = s + head_bias.double()[None, :, None, None]
     s = s.masked_fill(~keep, -math.inf)
@@ -57,28 +107,35 @@ def _close(a, b, tol=2e-5):
     torch.testing.assert_close(a.detach().cpu().double(), b.detach().double(), rtol=tol, atol=tol)
 
 
+# every mask/score_mod with as many kv heads as query heads, two of them with GQA (2 kv heads)
+PARAMS = [(case, HQ) for case in sorted(CASES)] + [("causal+relative", 2), ("document", 2)]
+
+
 @pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("hkv", [HQ, 2])
-def test_flex_attention_values_and_gradients_match(compiled, hkv):
+@pytest.mark.parametrize("case,hkv", PARAMS)
+def test_flex_attention_values_and_gradients_match(case, hkv, compiled):
+    make_mask, score_mod, bias_kind = CASES[case]
     q, k, v = _inputs(hkv)
     gqa = hkv != HQ
-    bm_cpu = create_block_mask(causal, B, HQ, L, L, device="cpu")
-    ref_out, ref_lse = flex_attention(q, k, v, score_mod=relative_bias, block_mask=bm_cpu,
+    bm_cpu = create_block_mask(make_mask("cpu"), B, HQ, L, L, device="cpu")
+    ref_out, ref_lse = flex_attention(q, k, v, score_mod=score_mod, block_mask=bm_cpu,
                                       enable_gqa=gqa, return_lse=True)
-    bm = create_block_mask(causal, B, HQ, L, L, device="tpu")
+    bm = create_block_mask(make_mask("tpu"), B, HQ, L, L, device="tpu")
     assert bm.kv_num_blocks.device.type == "tpu"
     qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
     fn = torch.compile(flex_attention) if compiled else flex_attention  # plain: no backend=
     torch._dynamo.reset()
     before = torch.tpu.metrics()
-    out, lse = fn(qt, kt, vt, score_mod=relative_bias, block_mask=bm, enable_gqa=gqa,
+    out, lse = fn(qt, kt, vt, score_mod=score_mod, block_mask=bm, enable_gqa=gqa,
                   return_lse=True)
     assert out.device.type == "tpu" and out.shape == ref_out.shape and out.dtype == ref_out.dtype
     _close(out, ref_out)
     _close(lse, ref_lse)
     (out * torch.linspace(-1, 1, E, device="tpu")).sum().backward()
     qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
-    dense_out, _ = _dense(qd, kd, vd, _keep(causal), bias=True)
+    bias = _dense_bias(bias_kind, (HQ, L, L)) if bias_kind else None
+    dense_out, _ = _dense(qd, kd, vd, _keep(make_mask("cpu")), bias=bias)
+    _close(dense_out, ref_out)  # the dense reference is the function CPU's flex_attention computes
     (dense_out * torch.linspace(-1, 1, E).double()).sum().backward()
     for t, d in ((qt, qd), (kt, kd), (vt, vd)):
         assert t.grad.shape == t.shape
