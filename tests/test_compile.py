@@ -467,3 +467,62 @@ def test_graph_without_inputs_that_makes_a_tpu_tensor_goes_to_this_backend():
     assert out.device.type == "tpu" and out.cpu().tolist() == [2, 2]
     assert delta(m0, metrics()).get("graph_captures", 0) + delta(m0, metrics()).get(
         "graph_runs", 0) >= 1
+
+
+def _sac_policy_saving_compiled_regions(ctx, func, *args, **kwargs):
+    from torch._higher_order_ops.wrap import inductor_compiled_code
+    from torch.utils.checkpoint import CheckpointPolicy
+
+    return (CheckpointPolicy.MUST_SAVE if func is inductor_compiled_code
+            else CheckpointPolicy.PREFER_RECOMPUTE)
+
+
+def _sac_block_step(dev, wrap):
+    """A block whose forward calls a compiled function inside a selectively checkpointed
+    region (as torchtitan's compiled flex_attention sits inside its SAC'd layers): two
+    training steps, the second replaying the captured plans. Returns (losses, grads)."""
+    import functools
+
+    from torch.utils.checkpoint import checkpoint, create_selective_checkpoint_contexts
+
+    torch.manual_seed(0)
+    lin1, lin2 = torch.nn.Linear(8, 16).to(dev), torch.nn.Linear(16, 4).to(dev)
+    inner = (lambda h: torch.nn.functional.gelu(h) * h.sigmoid())
+    if dev.type == "tpu":  # compiled as torchtitan compiles: no backend=, Inductor options
+        inner = torch.compile(inner, options={"wrap_inductor_compiled_regions": wrap})
+
+    def block(x):
+        return lin2(inner(lin1(x)))
+
+    context = functools.partial(create_selective_checkpoint_contexts,
+                                _sac_policy_saving_compiled_regions)
+    x = torch.randn(5, 8, generator=torch.Generator().manual_seed(1)).to(dev)
+    losses, grads = [], []
+    for _ in range(2):
+        for p in (*lin1.parameters(), *lin2.parameters()):
+            p.grad = None
+        loss = checkpoint(block, x, use_reentrant=False, context_fn=context).pow(2).sum()
+        loss.backward()
+        losses.append(loss.detach().cpu())
+        grads.append([p.grad.cpu() for p in (*lin1.parameters(), *lin2.parameters())])
+    return losses, grads
+
+
+@pytest.mark.parametrize("wrap", [True, False])
+def test_compiled_region_under_selective_checkpointing(wrap):
+    """With `wrap_inductor_compiled_regions` (what torchtitan passes), each compiled graph is
+    one `inductor_compiled_code` op to the checkpoint's dispatch modes, as Inductor's code is
+    (saved by the policy); without it the modes see the graph's own ops, the same ones in the
+    forward and in the recompute. Either way the losses and every gradient equal CPU's eager
+    run, also on the second step (where a plan would replay)."""
+    torch._dynamo.reset()
+    ref_losses, ref_grads = _sac_block_step(torch.device("cpu"), wrap=wrap)
+    before = torch.tpu.metrics()["graph_runs"]
+    losses, grads = _sac_block_step(torch.device("tpu"), wrap=wrap)
+    if wrap:  # the saved region's graph ran as a plan
+        assert torch.tpu.metrics()["graph_runs"] > before
+    for a, b in zip(losses, ref_losses):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+    for step_grads, step_ref in zip(grads, ref_grads):
+        for a, b in zip(step_grads, step_ref):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)

@@ -929,38 +929,15 @@ TITAN_STEPS = 10
 
 
 def _titan_main(args: list[str]) -> None:
-    """Runs torchtitan.train (as torchrun's per-rank script) with two substitutions for what
-    torch 2.13 does not give a PrivateUse1 device named tpu; everything else (the trainer, the
-    llama3 model, its FSDP2 parallelization with bf16 params, selective activation
+    """Runs torchtitan.train (as torchrun's per-rank script) with one substitution for what
+    torch 2.13 lacks; everything else (the trainer, the llama3 model with its compiled
+    FlexAttention, its FSDP2 parallelization with bf16 params, selective activation
     checkpointing, AdamW, the dataloader, the loss) is torchtitan's own code, unchanged.
 
-    1. FlexAttention: torch.nn.attention.flex_attention refuses tensors outside
-       CUDA/CPU/HPU/MPS, and torch.compile(flex_attention) or create_block_mask send device
-       tpu to Inductor's Pallas code generator (which needs JAX). The block mask is made
-       eagerly (create_block_mask runs on tpu) and attention is scaled_dot_product_attention
-       under the dense boolean mask of the same mask_mod (flex_attention.create_mask): the
-       same masked softmax attention.
-    2. torch.distributed.set_timeout, which torchtitan calls after the first step, is newer
-       than torch 2.13: ProcessGroup.set_timeout (every backend of the group) stands in.
+    torch.distributed.set_timeout, which torchtitan calls after the first step, is newer than
+    torch 2.13: ProcessGroup.set_timeout (every backend of the group) stands in.
     """
     import runpy
-
-    from torch.nn.attention.flex_attention import create_block_mask, create_mask
-    from torchtitan.models.common import attention
-
-    attention._compiled_create_block_mask = create_block_mask
-
-    def masked_sdpa(q, k, v, *, score_mod, block_mask, scale, enable_gqa, return_aux,
-                    kernel_options):
-        if score_mod is not None or (return_aux is not None and return_aux.lse):
-            raise NotImplementedError("score_mod and lse have no substitute here")
-        mask = create_mask(block_mask.mask_mod, block_mask.shape[0], 1, q.shape[2], k.shape[2],
-                           device=q.device)
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale,
-                                             enable_gqa=enable_gqa)
-        return out, None
-
-    attention.FlexAttention.compiled_flex_attn = staticmethod(masked_sdpa)
 
     def set_timeout(timeout, group=None):
         import torch.distributed as dist

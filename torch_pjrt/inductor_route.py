@@ -20,7 +20,8 @@ raises PyTorch's own error):
   ``reduce-overhead`` on CUDA; there is no kernel autotuning to run (XLA picks its own fusions),
   so the max-autotune modes add nothing.
 - ``options=``: Inductor's code-generation settings (Triton, C++, Pallas) do not apply to the
-  programs this backend builds and are not consulted for tpu graphs.
+  programs this backend builds and are not consulted for tpu graphs, except
+  ``wrap_inductor_compiled_regions``, which has the same meaning here (``_backend_options``).
 
 ``torch.compile(model, backend="inductor")`` is the same path. ``backend="tpu"`` remains the
 way to pass this backend's own options (compile/backend.py). This module stays outside the
@@ -77,13 +78,28 @@ def install() -> None:
         if graph_on_tpu(model_, inputs_):
             from .compile.backend import tpu_backend
 
-            return tpu_backend(model_, inputs_)
+            return tpu_backend(model_, inputs_, options=_backend_options(self.config))
         return inductor_call(self, model_, inputs_, config_patches=config_patches)
 
     setattr(__call__, _MARK, True)
     __call__.__doc__ = inductor_call.__doc__
     cls.__call__ = __call__
     _serialize_backend_lookup()
+
+
+def _backend_options(inductor_options: dict) -> dict:
+    """The one Inductor option with a meaning for this backend's graphs:
+    ``wrap_inductor_compiled_regions`` (given to torch.compile, or set in Inductor's config),
+    which makes each compiled graph one ``inductor_compiled_code`` op to TorchDispatchModes
+    (selective activation checkpointing needs it; torchtitan sets it when it compiles
+    flex_attention): the backend's ``wrap_compiled_regions``."""
+    wrap = inductor_options.get("wrap_inductor_compiled_regions")
+    if wrap is None:
+        import sys
+
+        config = sys.modules.get("torch._inductor.config")  # imported by torch.compile's path
+        wrap = bool(getattr(config, "wrap_inductor_compiled_regions", False))
+    return {"wrap_compiled_regions": True} if wrap else {}
 
 
 def _serialize_backend_lookup() -> None:

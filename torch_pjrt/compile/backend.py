@@ -49,7 +49,8 @@ import torch
 from . import buckets, precompile
 from .graph_runner import GraphRunner
 
-OPTIONS = {"debug_dir": None, "capture": True, "buckets": None, "aot_cache": True}
+OPTIONS = {"debug_dir": None, "capture": True, "buckets": None, "aot_cache": True,
+           "wrap_compiled_regions": False}
 
 _graph_ids = itertools.count()
 

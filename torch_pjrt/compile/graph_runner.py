@@ -32,12 +32,14 @@ backend="tpu").aot_compile(...)``, ``save_compiled_function`` and, in another pr
 """
 from __future__ import annotations
 
+import functools
 import linecache
 import os
 import re
 
 import torch
 from torch._inductor.output_code import OutputCode
+from torch.utils._python_dispatch import is_in_torch_dispatch_mode
 
 from .. import modes
 from . import attribution
@@ -179,6 +181,17 @@ class GraphRunner(OutputCode):
         # lists); some AOTAutograd paths (a reloaded backward) pass the inputs positionally.
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
+        if is_in_torch_dispatch_mode():
+            if self.opts.get("wrap_compiled_regions"):
+                return _as_compiled_region(self, args)
+            # A mode on the stack (selective activation checkpointing, a FLOP counter, a fake
+            # mode) sees the graph's own ops, the same ones on every call: the graph runs
+            # recorded, op by op into one fused program, never as a plan, whose first call
+            # (the capture) and later ones (a replay) would show the mode different ops
+            return self._run_recorded(args)
+        return self._call(args)
+
+    def _call(self, args):
         if attribution.active is not None:
             # torch.tpu.step_profile(): this call's host time is a profiler range and the
             # programs it issues carry the graph's name on the execution timeline
@@ -302,3 +315,32 @@ class GraphRunner(OutputCode):
                 return None, None  # one storage read as two element types
             layout.append(("out", j, meta))
         return (layout, out_storages, type(outs), device), reps
+
+
+def _as_compiled_region(runner: GraphRunner, args):
+    """The call as one ``inductor_compiled_code`` op (option ``wrap_compiled_regions``, which
+    the no-backend route sets from Inductor's ``wrap_inductor_compiled_regions``): what
+    Inductor does with its own compiled code under a TorchDispatchMode, so that the mode sees
+    the compiled graph as a single op instead of the ops the graph runs (or, replayed as a
+    plan, does not run). Selective activation checkpointing depends on it: it records every op
+    of a checkpointed region in the forward and expects the same ops, in the same order, when
+    the region is recomputed in the backward, where a first-call capture and a later plan
+    replay of the same graph run different ops; with the region one op, its output is saved
+    or recomputed whole (torchtitan saves it, listing ``inductor_compiled_code``)."""
+    from torch._higher_order_ops.wrap import InductorCompiledCallable, inductor_compiled_code
+
+    region = runner.__dict__.get("_region")
+    if region is None:
+        _region_falls_through_autograd()
+        region = runner._region = InductorCompiledCallable(
+            lambda inputs: runner._call(tuple(inputs)), runner.gm, compile_region_name=runner.name)
+    return inductor_compiled_code(region, list(args))
+
+
+@functools.lru_cache(maxsize=1)
+def _region_falls_through_autograd() -> None:
+    # as PyTorch registers for CPU and CUDA: the op is not differentiated itself (the compiled
+    # forward and backward are AOTAutograd's), so autograd passes it through
+    from torch._higher_order_ops.wrap import inductor_compiled_code
+
+    inductor_compiled_code.fallthrough(torch._C.DispatchKey.AutogradPrivateUse1)
