@@ -1009,8 +1009,14 @@ def _titan_env() -> dict:
 
 
 @pytest.mark.long
-def test_torchtitan_llama3_debugmodel_fsdp2_2_ranks():
-    """About 20 s with a warm compile cache, 50 s cold (the test session's fresh cache)."""
+@pytest.mark.parametrize("compiled", [False, True])
+def test_torchtitan_llama3_debugmodel_fsdp2_2_ranks(compiled):
+    """torchtitan's own entry point and llama3 debug config with FSDP2 on 2 ranks, eager and
+    with `--compile.enable`. On torch 2.14.1 nothing is substituted: `python -m
+    torchtitan.train` with its default options (the spmd_types FSDP backend). On 2.13, the
+    `titan` entry of this file (`_titan_main`: a stand-in for torch.distributed.set_timeout)
+    and the partial_dtensor backend (2.13's fully_shard refuses spmd_types' plain
+    parameters). About 20 s with a warm compile cache, 50-100 s cold."""
     import re
     import signal
 
@@ -1023,13 +1029,16 @@ def test_torchtitan_llama3_debugmodel_fsdp2_2_ranks():
     folder = tempfile.mkdtemp(prefix="tpu_dist_titan_")
     data_dir, tok_dir = _titan_assets(folder)
     env = {**_titan_env(), "HF_DATASETS_CACHE": os.path.join(folder, "hf_cache")}
+    unchanged = hasattr(torch.distributed, "set_timeout")  # torch 2.14 and later
+    entry = (["-m", "torchtitan.train"] if unchanged else
+             [os.path.abspath(__file__), "titan", "--parallelism.spmd-backend", "partial_dtensor"])
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2",
-           os.path.abspath(__file__), "titan",
+           *entry,
            "--module", "llama3", "--config", "llama3_debugmodel",
            "--hf-assets-path", tok_dir, "--dataloader.dataset-path", data_dir,
            "--training.steps", str(TITAN_STEPS), "--training.seq-len", "256",
            "--training.local-batch-size", "2", "--parallelism.data-parallel-shard-degree", "2",
-           "--parallelism.spmd-backend", "partial_dtensor",
+           *(["--compile.enable"] if compiled else []),
            "--checkpoint.no-enable", "--validator.no-enable", "--debug.seed", "0",
            "--metrics.disable-color-printing", "--dump-folder", os.path.join(folder, "out")]
     log_path = os.path.join(folder, "titan.log")
