@@ -157,7 +157,12 @@ pj_arg_t& CallBuilder::new_arg(const std::string& name, pj_arg_kind_t kind) {
 
 int CallBuilder::slot_for(const at::Tensor& t, bool reading) {
   pj_storage_t* s = storage_of(t);
-  TORCH_CHECK(s != nullptr, "internal: tensor on ", t.device(), " has no tpu storage");
+  // A tensor whose storage holds no device data: a fake or meta tensor that reached a kernel
+  // (e.g. torch.compile's tracing of code that reads tensor data; CPU fails there too, with
+  // "its data is not allocated yet")
+  TORCH_CHECK(s != nullptr, "aten::", c_->op, ": a tensor on ", t.device(),
+              " has no data on the device (a fake or meta tensor reached the tpu kernel, as "
+              "when torch.compile traces code that reads tensor data)");
   auto it = slots_.find(s);
   int idx;
   if (it != slots_.end()) {
