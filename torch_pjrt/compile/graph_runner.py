@@ -181,7 +181,7 @@ class GraphRunner(OutputCode):
         # lists); some AOTAutograd paths (a reloaded backward) pass the inputs positionally.
         if len(args) == 1 and isinstance(args[0], list):
             args = tuple(args[0])
-        if is_in_torch_dispatch_mode():
+        if is_in_torch_dispatch_mode() and _modes_that_see_ops():
             if self.opts.get("wrap_compiled_regions"):
                 return _as_compiled_region(self, args)
             # A mode on the stack (selective activation checkpointing, a FLOP counter, a fake
@@ -315,6 +315,31 @@ class GraphRunner(OutputCode):
                 return None, None  # one storage read as two element types
             layout.append(("out", j, meta))
         return (layout, out_storages, type(outs), device), reps
+
+
+def _modes_that_see_ops() -> bool:
+    """Whether a TorchDispatchMode that looks at the ops is on the stack: any user mode (SAC's,
+    a FLOP counter, DebugMode) or infra mode (fake, proxy, functional), but not AOTAutograd's
+    own check of custom ops' aliasing, which is on the stack for a compiled function's first
+    call and looks at custom ops only (that call must capture the graph as usual)."""
+    from torch._C import _get_dispatch_mode
+    from torch.utils._python_dispatch import _get_current_dispatch_mode_stack
+
+    check = _aot_custom_op_check()
+    if any(not (check and isinstance(m, check)) for m in _get_current_dispatch_mode_stack()):
+        return True
+    keys = torch._C._TorchDispatchModeKey
+    return any(_get_dispatch_mode(k) is not None for k in (keys.FAKE, keys.PROXY, keys.FUNCTIONAL))
+
+
+@functools.lru_cache(maxsize=1)
+def _aot_custom_op_check():
+    try:
+        from torch._functorch._aot_autograd.runtime_wrappers import (
+            _AnalyzeCustomOpInputOutputMode)
+        return _AnalyzeCustomOpInputOutputMode
+    except ImportError:  # another torch release: no such check to tell apart
+        return None
 
 
 def _as_compiled_region(runner: GraphRunner, args):
