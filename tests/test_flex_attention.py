@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-B, HQ, L, E = 2, 4, 256, 16
+B, HQ, L, E = 2, 4, 512, 16
 
 
 def causal(b, h, q, kv):
@@ -26,7 +26,7 @@ def relative_bias(score, b, h, q, kv):
 
 WINDOW = 48
 PREFIX = 40
-_DOC_BOUNDS = (0, 70, 150, 151, 256)  # four documents, one of a single token
+_DOC_BOUNDS = (0, 70, 150, 151, 400, 512)  # five documents, one of a single token
 DOC_ID = torch.cat([torch.full((b - a,), i) for i, (a, b) in
                     enumerate(zip(_DOC_BOUNDS, _DOC_BOUNDS[1:]))])
 
@@ -199,13 +199,27 @@ def test_create_block_mask_on_tpu_equals_cpu():
 
 
 def test_defer_and_fuse_runs_flex_attention_without_a_flush():
+    """The BlockMask's block lists are read on the host once (which runs what was recorded
+    before); later calls with the same mask (a model's other layers) only record their ops."""
     q, k, v = (t.to("tpu") for t in _inputs())
     bm = create_block_mask(causal, B, HQ, L, L, device="tpu")
-    torch.tpu.synchronize()
+    max_ops = torch.tpu._C._defer_max_ops()
+    torch.tpu._C._defer_set_max_ops(100000)  # one graph for the whole call (not cut at 64 ops)
+    try:
+        _defer_and_fuse_calls(q, k, v, bm)
+    finally:
+        torch.tpu._C._defer_set_max_ops(max_ops)
+
+
+def _defer_and_fuse_calls(q, k, v, bm):
     with torch.tpu.eager_mode("defer_and_fuse"):
-        before = torch.tpu.metrics()["defer_flushes"]
+        flex_attention(q, k, v, block_mask=bm)
+        torch.tpu.synchronize()
+        before = torch.tpu.metrics()
         out = flex_attention(q, k, v, score_mod=relative_bias, block_mask=bm)
-        assert torch.tpu.metrics()["defer_flushes"] == before  # recorded, nothing run yet
+        after = torch.tpu.metrics()
+        assert after["defer_flushes"] == before["defer_flushes"]  # recorded, nothing run yet
+        assert after["transfers_to_host"] == before["transfers_to_host"]
         got = out.cpu()
     ref = flex_attention(*_inputs(), score_mod=relative_bias,
                          block_mask=create_block_mask(causal, B, HQ, L, L, device="cpu"))
@@ -216,3 +230,40 @@ def test_other_devices_keep_pytorchs_device_check():
     q, k, v = (t.to("meta") for t in _inputs())
     with pytest.raises(ValueError, match="only supported on CUDA, CPU"):
         flex_attention(q, k, v)
+
+
+def test_block_sparsity_skips_the_blocks_the_mask_excludes():
+    """The kernels compute, per query block, only the key blocks its BlockMask lists: a causal
+    mask at sequence 2048 (16 blocks of 128) computes 136 of the 256 blocks of scores (53%);
+    a sliding window 2 or 3 blocks per row; no mask, everything (one dense piece)."""
+    from torch_pjrt import flex_attention as fx
+
+    def fraction(mask_mod, n, **kw):
+        bm = create_block_mask(mask_mod, 1, 1, n, n, device="tpu", **kw)
+        plan = fx._sparse_plan(bm.as_tuple(), n, n)
+        if plan is None:
+            return 1.0
+        return sum((q1 - q0) * sum(b - a for a, b in runs) for q0, q1, runs in plan) / (n * n)
+
+    assert fraction(causal, 2048) == 136 / 256
+    assert fraction(sliding_window, 2048) <= 2.0 / 16
+    assert fraction(lambda b, h, q, kv: q >= 0, 2048) == 1.0
+    # a prefix seen by every row, else only the row's own block: the last block's key
+    # ranges are the prefix's block and its own, apart
+    def prefix_or_own_block(b, h, q, kv):
+        return (kv < PREFIX) | (q // 128 == kv // 128)
+
+    bm = create_block_mask(prefix_or_own_block, 1, 1, L, L, device="tpu")
+    assert fx._sparse_plan(bm.as_tuple(), L, L)[-1] == (L - 128, L, [(0, 128), (L - 128, L)])
+    q, k, v = _inputs()
+    ref = flex_attention(q, k, v, block_mask=create_block_mask(prefix_or_own_block, B, HQ, L, L,
+                                                               device="cpu"))
+    qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
+    got = flex_attention(qt, kt, vt, block_mask=create_block_mask(prefix_or_own_block, B, HQ,
+                                                                  L, L, device="tpu"))
+    _close(got, ref)
+    got.pow(2).sum().backward()
+    qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
+    _dense(qd, kd, vd, _keep(prefix_or_own_block))[0].pow(2).sum().backward()
+    for t, d in ((qt, qd), (kt, kd), (vt, vd)):
+        _close(t.grad, d.grad, tol=5e-5)

@@ -28,12 +28,18 @@ left gives zeros, not NaN) and ``@ v``; GQA (``enable_gqa``: each kv head serves
 returns the output in the query's strides, the row logsumexp and the row maximum, both in
 base 2 (-inf for empty rows), as the op's callers expect. The backward differentiates that
 (the score_mod through its joint graph, which also gives the gradients of tensors the
-score_mod captures). Limit: the mask is applied densely, so the block structure of a
-``BlockMask`` is not used to skip work (every score is computed and materialized, B x H x L x S).
+score_mod captures). Both skip the key blocks a ``BlockMask`` excludes (block sparsity,
+below): per query block, only the key blocks some (batch, head) attends to are computed (a
+causal mask: 136 of 256 blocks at sequence 2048). Limits: the blocks kept are the union over
+batch and heads; each piece's scores are materialized (no online softmax); the block lists are
+host data, read once per mask in eager (a flush of DeferAndFuse's recorded ops) and once per
+call of a compiled graph, whose programs are kept per mask.
 """
 from __future__ import annotations
 
+import contextlib
 import math
+import weakref
 
 import torch
 
@@ -56,17 +62,21 @@ def _bhqkv(fn, batched_prefix, batched_suffix, out_dims=0):
     return _vmap_for_bhqkv(fn, prefix=batched_prefix, suffix=batched_suffix, out_dims=out_dims)
 
 
-def _masked_scores(query, key, score_mod, block_mask, scale, score_buffers, mask_buffers):
+def _masked_scores(query, key, score_mod, mask_mod, scale, score_buffers, mask_buffers,
+                   index=None):
     """(raw scores, scores after score_mod with masked positions at -inf, the mask, -inf as a
-    device scalar, the index vectors b, h, q, kv), in the working precision."""
+    device scalar, the index vectors b, h, q, kv), in the working precision. `index`: the
+    (b, h, q, kv) positions of the scores' rows and columns, when they are not 0..n-1 (a
+    block-sparse piece)."""
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
 
     work = torch.float64 if query.dtype == torch.float64 else torch.float32
     scores = (query.to(work) @ key.to(work).transpose(-2, -1)) * scale
     dev = scores.device
-    index = tuple(torch.arange(size, device=dev) for size in scores.shape)
+    if index is None:
+        index = tuple(torch.arange(size, device=dev) for size in scores.shape)
     scored = _bhqkv(score_mod, (0,), (None,) * len(score_buffers))
-    masked = _bhqkv(block_mask[-1], (), (None,) * len(mask_buffers))
+    masked = _bhqkv(mask_mod, (), (None,) * len(mask_buffers))
     with TransformGetItemToIndex():  # tensor indexing inside the mods, as PyTorch traces it
         keep = masked(*index, *mask_buffers)
         modded = scored(scores, *index, *score_buffers)
@@ -74,8 +84,138 @@ def _masked_scores(query, key, score_mod, block_mask, scale, score_buffers, mask
     return scores, torch.where(keep, modded, neg_inf), keep, neg_inf, index
 
 
-def _dense_flex_attention(query, key, value, score_mod, block_mask, scale, kernel_options,
-                          score_mod_other_buffers=(), mask_mod_other_buffers=()):
+# ---- block sparsity -------------------------------------------------------------------------
+# A BlockMask lists, for each block of BQ query rows, the blocks of BK keys that some position
+# of it attends to (partial blocks in kv_indices, full ones in full_kv_indices); every other
+# key is masked out by the mask_mod itself. The kernels compute, for each query block, only the
+# key blocks that any (batch, head) lists for it, with the mask_mod applied to those as to
+# all: the same values as the dense computation, on fewer scores (a causal mask: about half).
+# Which blocks, is host data: the kernels read the BlockMask's four tensors on the host (a
+# compiled graph has them read before it runs and its programs keyed by them:
+# compile/graph_runner.py, `host_block_lists`), and build one piece of work per query block.
+
+_host_values = {}  # data_ptr -> host copy, for the tensors of a BlockMask a graph runner read
+
+
+@contextlib.contextmanager
+def host_block_lists(tensors):
+    """For a compiled graph's call: reads a BlockMask's block-list tensors (its inputs) on the
+    host once, lets the kernels run inside the call take them from here (a read inside a
+    graph's capture would end it), and yields their values as bytes, the key the graph keeps
+    its programs under: a program specialized to one mask's blocks runs only for those."""
+    host = [t.cpu() if isinstance(t, torch.Tensor) else t for t in tensors]
+    key = b"".join(repr((tuple(h.shape), h.dtype)).encode() + h.numpy().tobytes()
+                   if isinstance(h, torch.Tensor) else repr(h).encode() for h in host)
+    mine = {t.data_ptr(): h for t, h in zip(tensors, host) if isinstance(t, torch.Tensor)}
+    _host_values.update(mine)
+    try:
+        yield key
+    finally:
+        for ptr in mine:
+            _host_values.pop(ptr, None)
+
+
+def block_mask_tensors(block_mask) -> tuple:
+    """The BlockMask tuple's kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices."""
+    return tuple(block_mask[2:6])
+
+
+# id(tensor) -> (weak reference, version, host copy): an eager call's read of a BlockMask
+# tensor, kept while the tensor lives unchanged (a model's layers share one mask: one read,
+# which is a flush of DeferAndFuse's recorded ops, for all of them)
+_eager_reads = {}
+
+
+def _host(t):
+    if t is None:
+        return None
+    if t.device.type == "cpu":
+        return t
+    known = _host_values.get(t.data_ptr())
+    if known is not None:
+        return known
+    kept = _eager_reads.get(id(t))
+    if kept is not None and kept[0]() is t and kept[1] == t._version:
+        return kept[2]
+    host = t.cpu()
+    key = id(t)
+    _eager_reads[key] = (weakref.ref(t, lambda _, key=key: _eager_reads.pop(key, None)),
+                         t._version, host)
+    return host
+
+
+def _kv_blocks_per_q_block(block_mask):
+    """For each query block, the sorted kv block numbers any (batch, head) lists for it."""
+    kvn, kvi, fkvn, fkvi = (_host(t) for t in block_mask_tensors(block_mask))
+    lists = []
+    for i in range(kvn.shape[-1]):
+        found = set()
+        for num, idx in ((kvn, kvi), (fkvn, fkvi)):
+            if num is None or idx is None:
+                continue
+            take = torch.arange(idx.shape[-1]) < num[..., i].unsqueeze(-1).long()
+            found.update(idx[..., i, :][take].tolist())
+        lists.append(sorted(found))
+    return lists
+
+
+def _runs(blocks, block, length):
+    """Key positions of the listed blocks as contiguous (start, stop) ranges."""
+    runs = []
+    for j in blocks:
+        a, b = j * block, min((j + 1) * block, length)
+        if a >= b:
+            continue
+        if runs and runs[-1][1] == a:
+            runs[-1] = (runs[-1][0], b)
+        else:
+            runs.append((a, b))
+    return runs
+
+
+def _take(t, runs):  # the key/value rows of the ranges, along dim 2
+    parts = [t[:, :, a:b] for a, b in runs]
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=2)
+
+
+def _sparse_plan(block_mask, q_len, kv_len):
+    """[(q_start, q_stop, key ranges)] per query block, or None when every query block needs
+    every key (nothing to skip: the dense computation)."""
+    bq, bk = block_mask[-3], block_mask[-2]
+    if bq >= q_len and bk >= kv_len:
+        return None  # one block each way (no mask given: PyTorch's empty BlockMask)
+    lists = _kv_blocks_per_q_block(block_mask)
+    n_kv = -(-kv_len // bk)
+    if all(len(blocks) == n_kv for blocks in lists):
+        return None
+    return [(i * bq, min((i + 1) * bq, q_len), _runs(blocks, bk, kv_len))
+            for i, blocks in enumerate(lists) if i * bq < q_len]
+
+
+def _piece_index(b, h, q0, q1, runs, dev):
+    n = [torch.arange(a, c, device=dev) for a, c in runs]
+    return (torch.arange(b, device=dev), torch.arange(h, device=dev),
+            torch.arange(q0, q1, device=dev), n[0] if len(n) == 1 else torch.cat(n))
+
+
+def _pieces(query, key, block_mask):
+    """[(q_start, q_stop, key ranges or None for all keys)]: one piece for the whole attention,
+    or one per query block with only its key blocks (block sparsity, above)."""
+    plan = _sparse_plan(block_mask, query.size(-2), key.size(-2))
+    return plan if plan is not None else [(0, query.size(-2), None)]
+
+
+def _piece_inputs(query, key, value, q0, q1, runs):
+    """The piece's query rows, keys, values and (b, h, q, kv) index vectors (None: 0..n-1)."""
+    if runs is None:
+        return query, key, value, None
+    b, h = query.size(0), query.size(1)
+    return (query[:, :, q0:q1], _take(key, runs), _take(value, runs),
+            _piece_index(b, h, q0, q1, runs, query.device))
+
+
+def _flex_attention(query, key, value, score_mod, block_mask, scale, kernel_options,
+                    score_mod_other_buffers=(), mask_mod_other_buffers=()):
     from torch._higher_order_ops.flex_attention import _permute_strides
 
     bq, bkv = query.size(0), key.size(0)
@@ -83,23 +223,35 @@ def _dense_flex_attention(query, key, value, score_mod, block_mask, scale, kerne
         raise RuntimeError(f"Bq and Bkv must broadcast. Got Bq={bq} and Bkv={bkv}")
     group = query.size(1) // key.size(1)
     key, value = _expand_heads(key, bq, group), _expand_heads(value, bq, group)
-    _, post, _, neg_inf, _ = _masked_scores(query, key, score_mod, block_mask, scale,
-                                            score_mod_other_buffers, mask_mod_other_buffers)
-    empty_rows = (post == -math.inf).all(dim=-1)
-    lse = torch.where(empty_rows, neg_inf, post.logsumexp(dim=-1))
-    row_max = post.amax(dim=-1)
-    probs = torch._safe_softmax(post, dim=-1)
-    out = _permute_strides(probs.to(query.dtype) @ value.to(query.dtype), query.stride())
-    return out, lse / math.log(2), row_max / math.log(2)
+    work = torch.float64 if query.dtype == torch.float64 else torch.float32
+    outs, lses, maxes = [], [], []
+    for q0, q1, runs in _pieces(query, key, block_mask):
+        if runs == []:  # a query block that attends to no key: zeros, -inf
+            rows = (bq, query.size(1), q1 - q0)
+            outs.append(query.new_zeros(rows + (value.size(-1),)))
+            lses.append(torch.full(rows, -math.inf, dtype=work, device=query.device))
+            maxes.append(lses[-1])
+            continue
+        q, k, v, index = _piece_inputs(query, key, value, q0, q1, runs)
+        _, post, _, neg_inf, _ = _masked_scores(q, k, score_mod, block_mask[-1], scale,
+                                                score_mod_other_buffers,
+                                                mask_mod_other_buffers, index)
+        empty_rows = (post == -math.inf).all(dim=-1)
+        lses.append(torch.where(empty_rows, neg_inf, post.logsumexp(dim=-1)))
+        maxes.append(post.amax(dim=-1))
+        outs.append(torch._safe_softmax(post, dim=-1).to(query.dtype) @ v.to(query.dtype))
+    join = (lambda parts, dim: parts[0] if len(parts) == 1 else torch.cat(parts, dim))
+    out = _permute_strides(join(outs, 2), query.stride())
+    return out, join(lses, 2) / math.log(2), join(maxes, 2) / math.log(2)
 
 
-def _dense_flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp,
-                                   fw_graph, joint_graph, block_mask, scale, kernel_options,
-                                   score_mod_other_buffers=(), mask_mod_other_buffers=()):
-    """The gradients of `_dense_flex_attention` for query, key, value and the score_mod's
-    captured buffers, in the inputs' strides; `logsumexp` (and its gradient) in base 2, as the
-    forward returns it. `joint_graph`: the score_mod's forward+backward (built here when the
-    caller passes none, as PyTorch's own implementation does)."""
+def _flex_attention_backward(query, key, value, out, logsumexp, grad_out, grad_logsumexp,
+                             fw_graph, joint_graph, block_mask, scale, kernel_options,
+                             score_mod_other_buffers=(), mask_mod_other_buffers=()):
+    """The gradients of `_flex_attention` for query, key, value and the score_mod's captured
+    buffers, in the inputs' strides; `logsumexp` (and its gradient) in base 2, as the forward
+    returns it. `joint_graph`: the score_mod's forward+backward (built here when the caller
+    passes none, as PyTorch's own implementation does). Piece by piece as the forward."""
     from torch._dynamo._trace_wrapped_higher_order_op import TransformGetItemToIndex
     from torch._higher_order_ops.flex_attention import _permute_strides, create_fw_bw_graph
 
@@ -122,27 +274,54 @@ def _dense_flex_attention_backward(query, key, value, out, logsumexp, grad_out, 
         grad_out = torch.zeros_like(out)
     if grad_logsumexp is None:
         grad_logsumexp = torch.zeros_like(logsumexp)
-    lse = logsumexp * math.log(2)  # natural log, as the scores are
-    grad_lse = grad_logsumexp / math.log(2)
-    scores, post, keep, _, index = _masked_scores(query, k_full, fw_graph, block_mask, scale,
-                                                  score_mod_other_buffers, mask_mod_other_buffers)
-    work = scores.dtype
-    probs = torch.exp(post - lse.unsqueeze(-1))
-    probs = torch.where((lse == -math.inf).unsqueeze(-1), torch.zeros_like(probs), probs)
-    grad_v = probs.to(query.dtype).transpose(-2, -1) @ grad_out
-    grad_probs = grad_out.to(work) @ v_full.to(work).transpose(-2, -1)
-    row_dot = (out.to(work) * grad_out.to(work)).sum(dim=-1, keepdim=True)
-    grad_post = probs * (grad_probs - row_dot + grad_lse.unsqueeze(-1))
+    lse_all = logsumexp * math.log(2)  # natural log, as the scores are
+    grad_lse_all = grad_logsumexp / math.log(2)
     nbuf = len(score_mod_other_buffers)
     joint = _bhqkv(joint_graph, (0,), (0,) + (None,) * nbuf,
                    out_dims=[0, None, None, None, None] + [None] * nbuf)
-    with TransformGetItemToIndex():
-        grad_scores, _, _, _, _, *grad_buffers = joint(scores, *index, grad_post,
-                                                       *score_mod_other_buffers)
-    grad_scores = (grad_scores * scale).to(query.dtype)
-    grad_scores = torch.where(keep, grad_scores, torch.zeros_like(grad_scores))
-    grad_q = grad_scores @ k_full.to(query.dtype)
-    grad_k = grad_scores.transpose(-2, -1) @ query
+    pieces = _pieces(query, k_full, block_mask)
+    sparse = pieces[0][2] is not None
+    # per query head: (Bq, Hq, S, D) sums, reduced to the kv heads at the end
+    grad_k = query.new_zeros(k_full.shape) if sparse else None
+    grad_v = query.new_zeros(v_full.shape) if sparse else None
+    grad_qs, grad_buffers = [], None
+    for q0, q1, runs in pieces:
+        if runs == []:  # no key: nothing flows to any input
+            grad_qs.append(query.new_zeros(query[:, :, q0:q1].shape))
+            continue
+        q, k, v, index = _piece_inputs(query, k_full, v_full, q0, q1, runs)
+        rows = slice(q0, q1)
+        lse, grad_lse = lse_all[:, :, rows], grad_lse_all[:, :, rows]
+        g_out, o = grad_out[:, :, rows], out[:, :, rows]
+        scores, post, keep, _, index = _masked_scores(q, k, fw_graph, block_mask[-1], scale,
+                                                      score_mod_other_buffers,
+                                                      mask_mod_other_buffers, index)
+        work = scores.dtype
+        probs = torch.exp(post - lse.unsqueeze(-1))
+        probs = torch.where((lse == -math.inf).unsqueeze(-1), torch.zeros_like(probs), probs)
+        piece_grad_v = probs.to(query.dtype).transpose(-2, -1) @ g_out
+        grad_probs = g_out.to(work) @ v.to(work).transpose(-2, -1)
+        row_dot = (o.to(work) * g_out.to(work)).sum(dim=-1, keepdim=True)
+        grad_post = probs * (grad_probs - row_dot + grad_lse.unsqueeze(-1))
+        with TransformGetItemToIndex():
+            grad_scores, _, _, _, _, *piece_buffers = joint(scores, *index, grad_post,
+                                                            *score_mod_other_buffers)
+        grad_scores = (grad_scores * scale).to(query.dtype)
+        grad_scores = torch.where(keep, grad_scores, torch.zeros_like(grad_scores))
+        grad_qs.append(grad_scores @ k.to(query.dtype))
+        piece_grad_k = grad_scores.transpose(-2, -1) @ q
+        if not sparse:
+            grad_k, grad_v = piece_grad_k, piece_grad_v
+        else:  # each key range gets its rows of the piece's gradients
+            at = 0
+            for a, b in runs:
+                grad_k[:, :, a:b].add_(piece_grad_k[:, :, at:at + b - a])
+                grad_v[:, :, a:b].add_(piece_grad_v[:, :, at:at + b - a])
+                at += b - a
+        grad_buffers = piece_buffers if grad_buffers is None else [
+            g if p is None else (p if g is None else g + p)
+            for g, p in zip(grad_buffers, piece_buffers)]
+    grad_q = grad_qs[0] if len(grad_qs) == 1 else torch.cat(grad_qs, dim=2)
 
     def per_kv_head(g):  # (Bq, Hq, S, D) -> (Bq, Hkv, S, D): the group's query heads summed
         return g.view(g.size(0), hkv, group, g.size(-2), g.size(-1)).sum(dim=2)
@@ -155,8 +334,8 @@ def _dense_flex_attention_backward(query, key, value, out, logsumexp, grad_out, 
     grad_v = _permute_strides(value.new_empty(value.shape), value.stride()).copy_(grad_v)
     buffer_grads = tuple(
         torch.empty_like(buf, memory_format=torch.contiguous_format).copy_(g)
-        if isinstance(buf, torch.Tensor) and buf.requires_grad else None
-        for buf, g in zip(score_mod_other_buffers, grad_buffers))
+        if isinstance(buf, torch.Tensor) and buf.requires_grad and g is not None else None
+        for buf, g in zip(score_mod_other_buffers, grad_buffers or [None] * nbuf))
     return grad_q, grad_k, grad_v, buffer_grads
 
 
@@ -170,8 +349,8 @@ def install() -> None:
                                                         flex_attention_backward as backward_op)
     import torch.nn.attention.flex_attention as frontend
 
-    forward_op.py_impl(torch._C.DispatchKey.PrivateUse1)(_dense_flex_attention)
-    backward_op.py_impl(torch._C.DispatchKey.PrivateUse1)(_dense_flex_attention_backward)
+    forward_op.py_impl(torch._C.DispatchKey.PrivateUse1)(_flex_attention)
+    backward_op.py_impl(torch._C.DispatchKey.PrivateUse1)(_flex_attention_backward)
 
     pytorch_check = frontend._validate_device
 

@@ -99,6 +99,10 @@ class GraphRunner(OutputCode):
         # signature (bytes, _C._GraphCache.signature) -> _C._GraphEntry
         self.plans = _C._GraphCache()
         self.uncapturable: set[bytes] = set()
+        # inputs that are a flex_attention BlockMask's block lists: read on the host before
+        # each call, the plans kept apart per their values (flex_attention.py, block sparsity)
+        self.block_mask_args = _block_mask_inputs(gm)
+        self.plans_by_mask: dict[bytes, tuple] = {}
         if self.debug_dir:
             with open(os.path.join(self.debug_dir, f"{name}.fx.py"), "w") as f:
                 f.write(gm.code)
@@ -208,20 +212,31 @@ class GraphRunner(OutputCode):
             # inside an enclosing capture (a whole serving step, serving/vllm/step_capture.py):
             # the graph's ops are recorded into that one, not run as a plan of their own
             return self.gm(*args)
+        if self.block_mask_args:
+            from .. import flex_attention
+
+            with flex_attention.host_block_lists([args[i] for i in self.block_mask_args]) as key:
+                plans = self.plans_by_mask.get(key)
+                if plans is None:
+                    plans = self.plans_by_mask[key] = (_C._GraphCache(), set())
+                return self._run_plans(args, *plans)
+        return self._run_plans(args, self.plans, self.uncapturable)
+
+    def _run_plans(self, args, plans, uncapturable):
         if self.capture:
-            outs = self.plans.run(args)  # None: no plan for these arguments yet
+            outs = plans.run(args)  # None: no plan for these arguments yet
             if outs is not None:
                 return outs
-            sig = self.plans.signature(args)
-            if sig is not None and sig not in self.uncapturable:
-                return self._capture(sig, args)
+            sig = plans.signature(args)
+            if sig is not None and sig not in uncapturable:
+                return self._capture(sig, args, plans, uncapturable)
         return self._run_recorded(args)
 
     def _run_recorded(self, args):
         with modes.eager_mode("defer_and_fuse"):
             return self.gm(*args)
 
-    def _capture(self, sig, args):
+    def _capture(self, sig, args, plans, uncapturable):
         _register_source_lines(self.gm)
         tensors = [a for a in args if isinstance(a, torch.Tensor)]
         with modes.eager_mode("defer_and_fuse"):
@@ -237,15 +252,15 @@ class GraphRunner(OutputCode):
                                                          self._constant_storages())
             if layout is None:
                 _C._capture_abort()
-                self.uncapturable.add(sig)
+                uncapturable.add(sig)
                 return outs
             plan = _C._capture_end(tensors, out_storage_tensors)
         if plan is None:
-            self.uncapturable.add(sig)
+            uncapturable.add(sig)
             return outs
-        self.plans.add(sig, _entry(plan, *layout))
+        plans.add(sig, _entry(plan, *layout))
         if self.debug_dir:
-            suffix = f"_{len(self.plans) - 1}" if len(self.plans) > 1 else ""
+            suffix = f"_{len(plans) - 1}" if len(plans) > 1 else ""
             with open(os.path.join(self.debug_dir, f"{self.name}{suffix}.stablehlo.mlir"), "w") as f:
                 f.write(plan.text())
         return outs
@@ -315,6 +330,24 @@ class GraphRunner(OutputCode):
                 return None, None  # one storage read as two element types
             layout.append(("out", j, meta))
         return (layout, out_storages, type(outs), device), reps
+
+
+def _block_mask_inputs(gm) -> list:
+    """Positions among the graph's inputs of the block-list tensors (kv_num_blocks,
+    kv_indices and their full_ twins) of its flex_attention (and backward) nodes."""
+    hops = torch.ops.higher_order
+    mask_arg = {getattr(hops, "flex_attention", None): 4,
+                getattr(hops, "flex_attention_backward", None): 9}
+    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    found = set()
+    for node in gm.graph.nodes:
+        where = mask_arg.get(node.target) if node.op == "call_function" else None
+        if where is None or len(node.args) <= where:
+            continue
+        for item in tuple(node.args[where])[2:6]:
+            if isinstance(item, torch.fx.Node) and item in placeholders:
+                found.add(placeholders[item])
+    return sorted(found)
 
 
 def _modes_that_see_ops() -> bool:
