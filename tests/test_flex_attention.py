@@ -267,3 +267,38 @@ def test_block_sparsity_skips_the_blocks_the_mask_excludes():
     _dense(qd, kd, vd, _keep(prefix_or_own_block))[0].pow(2).sum().backward()
     for t, d in ((qt, qd), (kt, kd), (vt, vd)):
         _close(t.grad, d.grad, tol=5e-5)
+
+
+def test_compiled_graph_keeps_programs_for_a_bounded_number_of_masks(monkeypatch):
+    """A compiled graph keeps block-sparse programs per BlockMask for MAX_MASKS_PER_GRAPH
+    masks; further masks (document masks that change every batch) share one dense program
+    instead of a compile each. Values stay CPU's for every mask."""
+    from torch_pjrt.compile import graph_runner
+
+    monkeypatch.setattr(graph_runner, "MAX_MASKS_PER_GRAPH", 1)
+
+    def doc_ids(bounds):
+        return torch.cat([torch.full((b - a,), i) for i, (a, b) in
+                          enumerate(zip(bounds, bounds[1:]))])
+
+    layouts = [(0, 100, 300, 512), (0, 256, 512), (0, 20, 40, 512), (0, 100, 300, 512)]
+    q, k, v = _inputs()
+    qt, kt, vt = (t.to("tpu") for t in (q, k, v))
+    doc_t = doc_ids(layouts[0]).to("tpu")
+    document_t = _document_mask(doc_t)  # one mask_mod, its captured ids changed in place
+    torch._dynamo.reset()
+    fn = torch.compile(flex_attention)
+    captures = []
+    for bounds in layouts:
+        doc_t.copy_(doc_ids(bounds).to("tpu"))
+        before = torch.tpu.metrics()["graph_captures"]
+        with torch.no_grad():
+            got = fn(qt, kt, vt, block_mask=create_block_mask(document_t, B, HQ, L, L,
+                                                              device="tpu"))
+        captures.append(torch.tpu.metrics()["graph_captures"] - before)
+        document = _document_mask(doc_ids(bounds))
+        _close(got, flex_attention(q, k, v, block_mask=create_block_mask(document, B, HQ, L, L,
+                                                                          device="cpu")))
+    # the first layout: its sparse program; the second: the dense one; the third: the dense
+    # one again; the first again: its sparse program again
+    assert captures == [1, 1, 0, 0], captures

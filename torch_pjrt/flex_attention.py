@@ -33,12 +33,14 @@ below): per query block, only the key blocks some (batch, head) attends to are c
 causal mask: 136 of 256 blocks at sequence 2048). Limits: the blocks kept are the union over
 batch and heads; each piece's scores are materialized (no online softmax); the block lists are
 host data, read once per mask in eager (a flush of DeferAndFuse's recorded ops) and once per
-call of a compiled graph, whose programs are kept per mask.
+call of a compiled graph, whose programs are kept per mask (for up to 8 masks; masks that
+change every call, as document masking's do, then share one dense program).
 """
 from __future__ import annotations
 
 import contextlib
 import math
+import threading
 import weakref
 
 import torch
@@ -115,6 +117,21 @@ def host_block_lists(tensors):
             _host_values.pop(ptr, None)
 
 
+_dense_only = threading.local()
+
+
+@contextlib.contextmanager
+def dense_kernels():
+    """The kernels run inside compute every block (no host data needed): for a compiled graph
+    that has met more masks than it keeps programs for."""
+    before = getattr(_dense_only, "on", False)
+    _dense_only.on = True
+    try:
+        yield
+    finally:
+        _dense_only.on = before
+
+
 def block_mask_tensors(block_mask) -> tuple:
     """The BlockMask tuple's kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices."""
     return tuple(block_mask[2:6])
@@ -184,6 +201,8 @@ def _sparse_plan(block_mask, q_len, kv_len):
     bq, bk = block_mask[-3], block_mask[-2]
     if bq >= q_len and bk >= kv_len:
         return None  # one block each way (no mask given: PyTorch's empty BlockMask)
+    if getattr(_dense_only, "on", False):
+        return None
     lists = _kv_blocks_per_q_block(block_mask)
     n_kv = -(-kv_len // bk)
     if all(len(blocks) == n_kv for blocks in lists):

@@ -77,6 +77,11 @@ def _register_source_lines(gm: torch.fx.GraphModule) -> None:
         _C._set_source_lines(file, sites)
 
 
+# A graph holding flex_attention keeps block-sparse programs for this many BlockMasks (their
+# block lists' values); further masks run the dense kernels, one program for all.
+MAX_MASKS_PER_GRAPH = 8
+
+
 class GraphRunner(OutputCode):
     """Callable for AOTAutograd: runs the graph, captured when it can be."""
 
@@ -217,9 +222,14 @@ class GraphRunner(OutputCode):
 
             with flex_attention.host_block_lists([args[i] for i in self.block_mask_args]) as key:
                 plans = self.plans_by_mask.get(key)
-                if plans is None:
+                if plans is None and len(self.plans_by_mask) < MAX_MASKS_PER_GRAPH:
                     plans = self.plans_by_mask[key] = (_C._GraphCache(), set())
-                return self._run_plans(args, *plans)
+                if plans is not None:
+                    return self._run_plans(args, *plans)
+            # masks that change from call to call (document masking): one dense program for
+            # all of them rather than a compile per mask
+            with flex_attention.dense_kernels():
+                return self._run_plans(args, self.plans, self.uncapturable)
         return self._run_plans(args, self.plans, self.uncapturable)
 
     def _run_plans(self, args, plans, uncapturable):
