@@ -345,12 +345,15 @@ class GraphRunner(OutputCode):
 def _block_mask_inputs(gm) -> list:
     """Positions among the graph's inputs of the block-list tensors (kv_num_blocks,
     kv_indices and their full_ twins) of its flex_attention (and backward) nodes."""
+    graph = getattr(gm, "graph", None)
+    if graph is None:  # a plain callable (a serving step's runner), not an FX graph
+        return []
     hops = torch.ops.higher_order
     mask_arg = {getattr(hops, "flex_attention", None): 4,
                 getattr(hops, "flex_attention_backward", None): 9}
-    placeholders = {n: i for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")}
+    placeholders = {n: i for i, n in enumerate(n for n in graph.nodes if n.op == "placeholder")}
     found = set()
-    for node in gm.graph.nodes:
+    for node in graph.nodes:
         where = mask_arg.get(node.target) if node.op == "call_function" else None
         if where is None or len(node.args) <= where:
             continue
