@@ -9,7 +9,7 @@ import pytest
 import torch
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
 
-B, HQ, L, E = 2, 4, 512, 16
+B, HQ, L, E = 2, 4, 256, 16
 
 
 def causal(b, h, q, kv):
@@ -26,7 +26,7 @@ def relative_bias(score, b, h, q, kv):
 
 WINDOW = 48
 PREFIX = 40
-_DOC_BOUNDS = (0, 70, 150, 151, 400, 512)  # five documents, one of a single token
+_DOC_BOUNDS = (0, 70, 150, 151, 256)  # four documents, one of a single token
 DOC_ID = torch.cat([torch.full((b - a,), i) for i, (a, b) in
                     enumerate(zip(_DOC_BOUNDS, _DOC_BOUNDS[1:]))])
 
@@ -75,10 +75,10 @@ CASES = {  # name: (mask_mod maker for a device, score_mod, dense bias kind)
 }
 
 
-def _inputs(hkv=HQ, seed=0):
+def _inputs(hkv=HQ, seed=0, length=L):
     g = torch.Generator().manual_seed(seed)
-    return (torch.randn(B, HQ, L, E, generator=g), torch.randn(B, hkv, L, E, generator=g),
-            torch.randn(B, hkv, L, E, generator=g))
+    return (torch.randn(B, HQ, length, E, generator=g), torch.randn(B, hkv, length, E, generator=g),
+            torch.randn(B, hkv, length, E, generator=g))
 
 
 def _dense(q, k, v, keep, bias=None, head_bias=None):
@@ -98,8 +98,8 @@ def _dense(q, k, v, keep, bias=None, head_bias=None):
     return p @ v, lse
 
 
-def _keep(mask_mod):
-    idx = torch.arange(L)
+def _keep(mask_mod, length=L):
+    idx = torch.arange(length)
     return mask_mod(0, 0, idx[:, None], idx[None, :])
 
 
@@ -107,12 +107,14 @@ def _close(a, b, tol=2e-5):
     torch.testing.assert_close(a.detach().cpu().double(), b.detach().double(), rtol=tol, atol=tol)
 
 
-# every mask/score_mod with as many kv heads as query heads, two of them with GQA (2 kv heads)
-PARAMS = [(case, HQ) for case in sorted(CASES)] + [("causal+relative", 2), ("document", 2)]
+# eager: every mask/score_mod with as many kv heads as query heads, two of them with GQA (2 kv
+# heads); compiled (plain torch.compile): three of them, one with GQA
+PARAMS = ([(case, HQ, False) for case in sorted(CASES)]
+          + [("causal+relative", 2, False), ("document", 2, False)]
+          + [("causal+relative", HQ, True), ("sliding_window", HQ, True), ("document", 2, True)])
 
 
-@pytest.mark.parametrize("compiled", [False, True])
-@pytest.mark.parametrize("case,hkv", PARAMS)
+@pytest.mark.parametrize("case,hkv,compiled", PARAMS)
 def test_flex_attention_values_and_gradients_match(case, hkv, compiled):
     make_mask, score_mod, bias_kind = CASES[case]
     q, k, v = _inputs(hkv)
@@ -248,23 +250,25 @@ def test_block_sparsity_skips_the_blocks_the_mask_excludes():
     assert fraction(causal, 2048) == 136 / 256
     assert fraction(sliding_window, 2048) <= 2.0 / 16
     assert fraction(lambda b, h, q, kv: q >= 0, 2048) == 1.0
-    # a prefix seen by every row, else only the row's own block: the last block's key
-    # ranges are the prefix's block and its own, apart
+    # a prefix seen by every row, else only the row's own block: at 4 blocks, the last
+    # block's key ranges are the prefix's block and its own, apart
+    n = 512
+
     def prefix_or_own_block(b, h, q, kv):
         return (kv < PREFIX) | (q // 128 == kv // 128)
 
-    bm = create_block_mask(prefix_or_own_block, 1, 1, L, L, device="tpu")
-    assert fx._sparse_plan(bm.as_tuple(), L, L)[-1] == (L - 128, L, [(0, 128), (L - 128, L)])
-    q, k, v = _inputs()
-    ref = flex_attention(q, k, v, block_mask=create_block_mask(prefix_or_own_block, B, HQ, L, L,
+    bm = create_block_mask(prefix_or_own_block, 1, 1, n, n, device="tpu")
+    assert fx._sparse_plan(bm.as_tuple(), n, n)[-1] == (n - 128, n, [(0, 128), (n - 128, n)])
+    q, k, v = _inputs(length=n)
+    ref = flex_attention(q, k, v, block_mask=create_block_mask(prefix_or_own_block, B, HQ, n, n,
                                                                device="cpu"))
     qt, kt, vt = (t.to("tpu").requires_grad_() for t in (q, k, v))
     got = flex_attention(qt, kt, vt, block_mask=create_block_mask(prefix_or_own_block, B, HQ,
-                                                                  L, L, device="tpu"))
+                                                                  n, n, device="tpu"))
     _close(got, ref)
     got.pow(2).sum().backward()
     qd, kd, vd = (t.double().requires_grad_() for t in (q, k, v))
-    _dense(qd, kd, vd, _keep(prefix_or_own_block))[0].pow(2).sum().backward()
+    _dense(qd, kd, vd, _keep(prefix_or_own_block, n))[0].pow(2).sum().backward()
     for t, d in ((qt, qd), (kt, kd), (vt, vd)):
         _close(t.grad, d.grad, tol=5e-5)
 
@@ -281,7 +285,7 @@ def test_compiled_graph_keeps_programs_for_a_bounded_number_of_masks(monkeypatch
         return torch.cat([torch.full((b - a,), i) for i, (a, b) in
                           enumerate(zip(bounds, bounds[1:]))])
 
-    layouts = [(0, 100, 300, 512), (0, 256, 512), (0, 20, 40, 512), (0, 100, 300, 512)]
+    layouts = [(0, 100, 200, 256), (0, 128, 256), (0, 20, 40, 256), (0, 100, 200, 256)]
     q, k, v = _inputs()
     qt, kt, vt = (t.to("tpu") for t in (q, k, v))
     doc_t = doc_ids(layouts[0]).to("tpu")
