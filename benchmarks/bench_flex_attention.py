@@ -47,10 +47,8 @@ def _median_ms(fn, reps, warmup=3):
 def _fraction(mask_mod, n):
     from torch_pjrt import flex_attention as fx
 
-    plan = fx._sparse_plan(create_block_mask(mask_mod, 1, 1, n, n, device="tpu").as_tuple(), n, n)
-    if plan is None:
-        return 1.0
-    return sum((q1 - q0) * sum(b - a for a, b in runs) for q0, q1, runs in plan) / (n * n)
+    return fx.computed_fraction(create_block_mask(mask_mod, 1, 1, n, n, device="tpu").as_tuple(),
+                                n, n)
 
 
 def main(argv=None) -> str:

@@ -240,12 +240,9 @@ def test_block_sparsity_skips_the_blocks_the_mask_excludes():
     a sliding window 2 or 3 blocks per row; no mask, everything (one dense piece)."""
     from torch_pjrt import flex_attention as fx
 
-    def fraction(mask_mod, n, **kw):
-        bm = create_block_mask(mask_mod, 1, 1, n, n, device="tpu", **kw)
-        plan = fx._sparse_plan(bm.as_tuple(), n, n)
-        if plan is None:
-            return 1.0
-        return sum((q1 - q0) * sum(b - a for a, b in runs) for q0, q1, runs in plan) / (n * n)
+    def fraction(mask_mod, n):
+        bm = create_block_mask(mask_mod, 1, 1, n, n, device="tpu")
+        return fx.computed_fraction(bm.as_tuple(), n, n)
 
     assert fraction(causal, 2048) == 136 / 256
     assert fraction(sliding_window, 2048) <= 2.0 / 16

@@ -452,10 +452,10 @@ def test_compiled_mode_wrong_result_is_a_mismatch():
 
 class _UnusedHead(_Net):
     """A second head whose output the loss never reads, computed before a graph break in the
-    graph that also computes what the loss reads (as in siglip2's and sam3's compiled forward): eager autograd
-    leaves its gradients None; the graph's backward (AOTAutograd, on CPU's `aot_eager` as well)
-    returns zeros for them. `tpu_leak` adds the head's output into the first output on tpu only, so that the
-    head then gets a nonzero gradient on tpu alone."""
+    graph that also computes what the loss reads (as in siglip2's and sam3's compiled
+    forward): eager autograd leaves its gradients None; the graph's backward (AOTAutograd, on
+    CPU's `aot_eager` as well) returns zeros for them. `tpu_leak` adds the head's output into
+    the first output on tpu only, so that the head then gets a nonzero gradient on tpu alone."""
 
     def __init__(self, tpu_leak: float = 0.0):
         super().__init__()
@@ -480,8 +480,8 @@ def test_compiled_mode_zero_gradient_where_eager_has_none_is_compile_semantics()
                         loss=_first_output_loss), "compile")
     _assert_pass(rec)
     assert rec["info"]["zero_grad_where_eager_none"] == ["head.weight", "head.bias"], rec
-    # the head's parameters are still compared after the SGD step
-    # two outputs, the loss, the 2 gradients eager has, 4 updated parameters
+    # two outputs, the loss, the 2 gradients eager has, and all 4 parameters after the SGD
+    # step (the head's included)
     assert rec["compared"] == 2 + 1 + 2 + 4
 
 

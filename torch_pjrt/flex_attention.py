@@ -92,29 +92,45 @@ def _masked_scores(query, key, score_mod, mask_mod, scale, score_buffers, mask_b
 # key is masked out by the mask_mod itself. The kernels compute, for each query block, only the
 # key blocks that any (batch, head) lists for it, with the mask_mod applied to those as to
 # all: the same values as the dense computation, on fewer scores (a causal mask: about half).
-# Which blocks, is host data: the kernels read the BlockMask's four tensors on the host (a
-# compiled graph has them read before it runs and its programs keyed by them:
-# compile/graph_runner.py, `host_block_lists`), and build one piece of work per query block.
+# Which blocks, is host data: the kernels read the BlockMask's four tensors on the host, once
+# per tensor while it lives unchanged (a compiled graph reads them before each call and keeps
+# its programs per their values: compile/graph_runner.py, `read_block_lists`), and build one
+# piece of work per query block.
 
-_host_values = {}  # data_ptr -> host copy, for the tensors of a BlockMask a graph runner read
+# id(tensor) -> (weak reference, version, host copy): the last host read of a BlockMask tensor,
+# valid while the tensor lives unchanged. A model's layers share one mask: one read (in eager
+# DeferAndFuse code, a flush of the recorded ops) serves them all, and a compiled graph's read
+# before its call serves the kernels run inside it (a read inside a capture would end it).
+_host_reads = {}
 
 
-@contextlib.contextmanager
-def host_block_lists(tensors):
+def _read(t):
+    host = t.cpu()
+    key = id(t)
+    _host_reads[key] = (weakref.ref(t, lambda _, key=key: _host_reads.pop(key, None)),
+                        t._version, host)
+    return host
+
+
+def _host(t):
+    if t is None:
+        return None
+    if t.device.type == "cpu":
+        return t
+    kept = _host_reads.get(id(t))
+    if kept is not None and kept[0]() is t and kept[1] == t._version:
+        return kept[2]
+    return _read(t)
+
+
+def read_block_lists(tensors) -> bytes:
     """For a compiled graph's call: reads a BlockMask's block-list tensors (its inputs) on the
-    host once, lets the kernels run inside the call take them from here (a read inside a
-    graph's capture would end it), and yields their values as bytes, the key the graph keeps
-    its programs under: a program specialized to one mask's blocks runs only for those."""
-    host = [t.cpu() if isinstance(t, torch.Tensor) else t for t in tensors]
-    key = b"".join(repr((tuple(h.shape), h.dtype)).encode() + h.numpy().tobytes()
-                   if isinstance(h, torch.Tensor) else repr(h).encode() for h in host)
-    mine = {t.data_ptr(): h for t, h in zip(tensors, host) if isinstance(t, torch.Tensor)}
-    _host_values.update(mine)
-    try:
-        yield key
-    finally:
-        for ptr in mine:
-            _host_values.pop(ptr, None)
+    host, where the kernels run inside the call find them, and returns their values as bytes,
+    the key the graph keeps its programs under: a program specialized to one mask's blocks
+    runs only for those."""
+    host = [_read(t) if isinstance(t, torch.Tensor) else t for t in tensors]
+    return b"".join(repr((tuple(h.shape), h.dtype)).encode() + h.numpy().tobytes()
+                    if isinstance(h, torch.Tensor) else repr(h).encode() for h in host)
 
 
 _dense_only = threading.local()
@@ -135,30 +151,6 @@ def dense_kernels():
 def block_mask_tensors(block_mask) -> tuple:
     """The BlockMask tuple's kv_num_blocks, kv_indices, full_kv_num_blocks, full_kv_indices."""
     return tuple(block_mask[2:6])
-
-
-# id(tensor) -> (weak reference, version, host copy): an eager call's read of a BlockMask
-# tensor, kept while the tensor lives unchanged (a model's layers share one mask: one read,
-# which is a flush of DeferAndFuse's recorded ops, for all of them)
-_eager_reads = {}
-
-
-def _host(t):
-    if t is None:
-        return None
-    if t.device.type == "cpu":
-        return t
-    known = _host_values.get(t.data_ptr())
-    if known is not None:
-        return known
-    kept = _eager_reads.get(id(t))
-    if kept is not None and kept[0]() is t and kept[1] == t._version:
-        return kept[2]
-    host = t.cpu()
-    key = id(t)
-    _eager_reads[key] = (weakref.ref(t, lambda _, key=key: _eager_reads.pop(key, None)),
-                         t._version, host)
-    return host
 
 
 def _kv_blocks_per_q_block(block_mask):
@@ -209,6 +201,15 @@ def _sparse_plan(block_mask, q_len, kv_len):
         return None
     return [(i * bq, min((i + 1) * bq, q_len), _runs(blocks, bk, kv_len))
             for i, blocks in enumerate(lists) if i * bq < q_len]
+
+
+def computed_fraction(block_mask, q_len, kv_len) -> float:
+    """The share of the q_len x kv_len scores the kernels compute for this BlockMask tuple."""
+    plan = _sparse_plan(block_mask, q_len, kv_len)
+    if plan is None:
+        return 1.0
+    return sum((q1 - q0) * sum(b - a for a, b in runs) for q0, q1, runs in plan) / (
+        q_len * kv_len)
 
 
 def _piece_index(b, h, q0, q1, runs, dev):

@@ -220,12 +220,12 @@ class GraphRunner(OutputCode):
         if self.block_mask_args:
             from .. import flex_attention
 
-            with flex_attention.host_block_lists([args[i] for i in self.block_mask_args]) as key:
-                plans = self.plans_by_mask.get(key)
-                if plans is None and len(self.plans_by_mask) < MAX_MASKS_PER_GRAPH:
-                    plans = self.plans_by_mask[key] = (_C._GraphCache(), set())
-                if plans is not None:
-                    return self._run_plans(args, *plans)
+            key = flex_attention.read_block_lists([args[i] for i in self.block_mask_args])
+            plans = self.plans_by_mask.get(key)
+            if plans is None and len(self.plans_by_mask) < MAX_MASKS_PER_GRAPH:
+                plans = self.plans_by_mask[key] = (_C._GraphCache(), set())
+            if plans is not None:
+                return self._run_plans(args, *plans)
             # masks that change from call to call (document masking): one dense program for
             # all of them rather than a compile per mask
             with flex_attention.dense_kernels():
