@@ -98,6 +98,10 @@ def _register() -> None:
                     device._note_problem("plugin", refused)
                     device._C._refuse(refused)
             device._C._set_check_nan(cfg.check_nan)
+            if cfg.exit_report:
+                from . import exit_report
+
+                exit_report.install()
             device._C._defer_set_max_ops(cfg.defer_max_ops)
             device._C._set_default_eager_mode(modes.MODES.index(cfg.eager_mode))
             try:

@@ -35,6 +35,11 @@ Variables (the README's table lists all of them):
     devices of this process: ranks that are ``run_threads`` threads), ``staged`` (host memory
     over Gloo), or unset/``auto``: native where the group's ranks are threads of one
     ``run_threads`` call, staged elsewhere. Read at each group's creation.
+``TORCH_PJRT_EXIT_REPORT``
+    ``1``: at exit the process writes one line to stderr, ``torch_pjrt exit report: {...}``
+    (JSON: rank, CPU fallback ops with counts, the process-wide counters of
+    ``torch.tpu.metrics()``), so that a program launched unchanged (``torchrun -m
+    torchtitan.train``) still says what ran on the device (torch_pjrt/exit_report.py).
 
 PyTorch's own ``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` turns off loading torch_pjrt on
 ``import torch``; it is read by torch, not here. Native code reads these switches where they act:
@@ -80,6 +85,7 @@ class Config:
     defer_max_ops: int = 64
     check_nan: bool = False
     dist_transport: str = "auto"  # "auto", "native" or "staged"
+    exit_report: bool = False
 
 
 def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
@@ -119,6 +125,7 @@ def load(env: Optional[Mapping[str, str]] = None) -> Config:
                          "auto")
     return Config(
         dist_transport=transport,
+        exit_report=env.get("TORCH_PJRT_EXIT_REPORT", "").strip() == "1",
         eager_mode=mode or "strict",
         defer_max_ops=_positive_int(env, "TORCH_PJRT_DEFER_MAX_OPS", 64),
         check_nan=env.get("TORCH_PJRT_CHECK_NAN", "").strip() == "1",
