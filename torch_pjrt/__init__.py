@@ -138,6 +138,9 @@ def _register() -> None:
         from . import repeat_op  # repeat past rank 4 (the composite needs twice the rank)
 
         repeat_op.register()
+        from . import grouped_mm  # torch._grouped_mm (MoE experts) without per-group shapes
+
+        grouped_mm.register()
         from . import fake_rules  # fake tensors (torch.compile) as wide as the eager kernels
 
         fake_rules.register()
