@@ -561,6 +561,17 @@ def step_profile():
     return StepProfile()
 
 
+def peak_flops(dtype=None, device: _DeviceLike = None) -> tuple[float, str]:
+    """Peak FLOP/s of a device for matrix products in ``dtype`` (default bfloat16) and how
+    it was found: published figures for TPUs/GPUs, cores x operations per cycle x clock for
+    the CPU plugin (torch_pjrt/peak_flops.py). For MFU."""
+    import torch
+
+    from .peak_flops import peak_flops as _peak
+
+    return _peak(torch.bfloat16 if dtype is None else dtype, device)
+
+
 def fallback_ops() -> dict[str, int]:
     """aten ops that ran on the CPU through the fallback, with their counts."""
     return dict(_C.fallback_ops()) if _C is not None else {}
