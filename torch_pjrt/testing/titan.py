@@ -367,6 +367,98 @@ def report(path: str = RESULTS, doc: str = DOC) -> str:
     return table
 
 
+def model_size(module: str, config: str, seq_len: int, work: str) -> dict:
+    """Parameters and training FLOPs per token by torchtitan's own formula
+    (``get_nparams_and_flops``, the figure behind the MFU it prints), from the model built on
+    the meta device in a CPU-only subprocess."""
+    code = (
+        "import importlib, json, torch\n"
+        f"reg = importlib.import_module('torchtitan.models.{module}.config_registry')\n"
+        f"mc = reg.{config}().model_spec.model\n"
+        "with torch.device('meta'):\n"
+        "    model = mc.build()\n"
+        f"n, f = mc.get_nparams_and_flops(model, {seq_len})\n"
+        "print('MODEL_SIZE', json.dumps({'params': n, 'flops_per_token': f}))\n")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         env=env("cpu", 1, work), timeout=300)
+    for line in out.stdout.splitlines():
+        if line.startswith("MODEL_SIZE "):
+            return json.loads(line.split(" ", 1)[1])
+    raise RuntimeError(f"model size of {module}/{config}: {out.stderr[-2000:]}")
+
+
+# The tuning ladder (issue 37 item 6): one recipe, each rung a fresh torchrun.
+# (label, device, ranks, eager mode for tpu, extra args)
+LADDER = (
+    ("tpu, Strict", "tpu", 1, "strict", ()),
+    ("tpu, DeferAndFuse", "tpu", 1, "defer_and_fuse", ()),
+    ("tpu, --compile.enable", "tpu", 1, "strict", _COMPILE),
+    ("tpu, --compile.enable + FSDP2, 2 ranks", "tpu", 2, "strict", _FSDP2 + _COMPILE),
+    ("CPU eager (reference launcher)", "cpu", 1, "", ()),
+    ("CPU, --compile.enable (Inductor)", "cpu", 1, "", _COMPILE),
+    ("CPU, --compile.enable (Inductor) + FSDP2, 2 ranks", "cpu", 2, "", _FSDP2 + _COMPILE),
+)
+
+
+def ladder(module: str, config: str, work: str, assets, steps: int, timeout: float,
+           rungs=LADDER, seq_len: int = 256, batch: int = 2) -> dict:
+    """Step time and MFU per rung: the median over steps 3.. of torchtitan's logged tokens/s
+    per rank; MFU = ranks x tokens/s x FLOPs per token / the machine's peak (one peak for all
+    ranks: the CPU plugin's devices share the host's cores), against both the bfloat16 and
+    the float32 peak (one rank trains in float32, FSDP2's mixed precision in bfloat16)."""
+    import torch
+
+    from torch_pjrt.peak_flops import cpu_peak
+
+    size = model_size(module, config, seq_len, work)
+    peaks = {"bf16": cpu_peak(torch.bfloat16), "fp32": cpu_peak(torch.float32)}
+    rows = []
+    for label, device, ranks, mode, args in rungs:
+        dump = tempfile.mkdtemp(prefix="ladder-", dir=work)
+        cmd = command(device, module, config, ranks, args, (), steps=steps, assets=assets,
+                      dump=dump, seed_ckpt=None)
+        e = env(device, ranks, work)
+        if mode:
+            e["TORCH_PJRT_EAGER_MODE"] = mode
+        rc, output, seconds = run(cmd, e, work, timeout)
+        shutil.rmtree(dump, ignore_errors=True)
+        parsed = parse(output)
+        row = {"label": label, "device": device, "ranks": ranks, "rc": rc,
+               "seconds": round(seconds, 1), "losses": parsed["losses"]}
+        tps = parsed["tps_median"]
+        if rc == 0 and tps:
+            flops = ranks * tps * size["flops_per_token"]
+            row.update(tps_per_rank=tps, step_s=batch * seq_len / tps,
+                       mfu_bf16=flops / peaks["bf16"][0], mfu_fp32=flops / peaks["fp32"][0])
+        else:
+            row["error"] = _error_tail(output)
+        print(json.dumps(row), flush=True)
+        rows.append(row)
+    return {"module": module, "config": config, "steps": steps, "seq_len": seq_len,
+            "local_batch": batch, **size, "peak_bf16": peaks["bf16"],
+            "peak_fp32": peaks["fp32"], "torch": torch.__version__,
+            "date": time.strftime("%Y-%m-%d %H:%M"), "rows": rows}
+
+
+def ladder_table(result: dict) -> str:
+    strict = next((r.get("step_s") for r in result["rows"] if r["label"] == "tpu, Strict"), None)
+    lines = [f"### {result['module']} / {result['config']}: "
+             f"{result['params']:,} parameters, {result['flops_per_token'] / 1e6:,.0f} MFLOP "
+             "per token (torchtitan's formula)", "",
+             "| rung | ranks | step (s) | speedup over tpu Strict | tokens/s (all ranks) | "
+             "MFU vs bf16 peak | MFU vs fp32 peak |", "|---|---:|---:|---:|---:|---:|---:|"]
+    for r in result["rows"]:
+        if "step_s" not in r:
+            lines.append(f"| {r['label']} | {r['ranks']} | failed: "
+                         f"{(r.get('error') or '').replace('|', '/')[:160]} | | | | |")
+            continue
+        speed = f"{strict / r['step_s']:.2f}x" if strict else ""
+        lines.append(f"| {r['label']} | {r['ranks']} | {r['step_s']:.3f} | {speed} | "
+                     f"{r['ranks'] * r['tps_per_rank']:,.0f} | {100 * r['mfu_bf16']:.3f}% | "
+                     f"{100 * r['mfu_fp32']:.2f}% |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
@@ -377,7 +469,25 @@ def main(argv=None) -> int:
     m.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "torch_pjrt_titan"))
     m.add_argument("--results", default=RESULTS)
     sub.add_parser("report", help="write the table into docs/training.md")
+    lad = sub.add_parser("ladder", help="step time and MFU per rung of the tuning ladder")
+    lad.add_argument("--module", default="llama3")
+    lad.add_argument("--config", default="llama3_debugmodel")
+    lad.add_argument("--steps", type=int, default=12)
+    lad.add_argument("--timeout", type=float, default=1800)
+    lad.add_argument("--only", nargs="*", default=None, help="rung labels (substring match)")
+    lad.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "torch_pjrt_titan"))
+    lad.add_argument("--out", default=os.path.join(REPO, "docs", "titan", "ladder.jsonl"))
     a = ap.parse_args(argv)
+    if a.what == "ladder":
+        os.makedirs(a.work, exist_ok=True)
+        assets = make_assets(os.path.join(a.work, "assets"))
+        rungs = [r for r in LADDER if a.only is None or any(s in r[0] for s in a.only)]
+        result = ladder(a.module, a.config, a.work, assets, a.steps, a.timeout, rungs)
+        os.makedirs(os.path.dirname(a.out), exist_ok=True)
+        with open(a.out, "a") as f:
+            f.write(json.dumps(result) + "\n")
+        print(ladder_table(result))
+        return 0
     if a.what == "report":
         print(report())
         return 0
