@@ -198,8 +198,8 @@ _STEP = re.compile(r"step:\s+(\d+)\s+loss:\s+([0-9.eE+-]+)\s+grad_norm:\s+([0-9.
 
 
 def parse(output: str) -> dict:
-    """Per step: the loss and gradient norm (from whichever rank prints numbers: under PP the
-    last stage), the median tokens/s per rank after step 2, and the exit reports."""
+    """Per step: the loss and gradient norm (from whichever rank prints a loss: under PP the
+    last stage; the others log -1), the median tokens/s per rank after step 2, and the exit reports."""
     from torch_pjrt.exit_report import parse as parse_reports
 
     losses, norms, tps = {}, {}, {}
@@ -207,7 +207,8 @@ def parse(output: str) -> dict:
         m = _STEP.search(line)
         if m:
             step = int(m.group(1))
-            losses.setdefault(step, float(m.group(2)))
+            if float(m.group(2)) >= 0:  # under PP, stages without the loss log -1
+                losses.setdefault(step, float(m.group(2)))
             norms.setdefault(step, float(m.group(3)))
             tps.setdefault(step, int(m.group(4).replace(",", "")))
     later = [v for s, v in tps.items() if s > 2]
