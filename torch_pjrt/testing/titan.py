@@ -173,8 +173,47 @@ def command(device: str, module: str, config: str, ranks: int, args, tail, *, st
             "--dump-folder", dump, *args, *tail]
 
 
+def _descendants(pid: int) -> list[int]:
+    """Every live descendant of ``pid`` (from /proc). torchrun starts each worker in a
+    session of its own (torch.distributed.elastic's SubprocessHandler), so killing
+    torchrun's process group leaves the ranks running: they must be killed by id."""
+    children: dict[int, list[int]] = {}
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            with open(f"/proc/{entry}/stat") as f:
+                stat = f.read()
+        except OSError:
+            continue
+        ppid = int(stat[stat.rindex(")") + 2:].split()[1])
+        children.setdefault(ppid, []).append(int(entry))
+    out, todo = [], [pid]
+    while todo:
+        for c in children.get(todo.pop(), []):
+            out.append(c)
+            todo.append(c)
+    return out
+
+
+def kill_tree(pid: int) -> None:
+    """SIGKILL torchrun (``pid``, a session leader), its workers and their children: the
+    whole tree is listed first, then every process and process group in it is killed."""
+    tree = _descendants(pid)
+    for p in tree:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+    for g in [pid] + tree:  # each worker leads a process group of its own
+        try:
+            os.killpg(g, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass
+
+
 def run(cmd: list[str], environ: dict, cwd: str, timeout: float) -> tuple[Optional[int], str, float]:
-    """Runs one torchrun in its own session (a hang is ended with every rank); returns
+    """Runs one torchrun (a hang is ended with every rank: kill_tree); returns
     (exit code or None on timeout, output, seconds)."""
     log_path = os.path.join(cwd, f"run-{time.time_ns()}.log")
     start = time.monotonic()
@@ -184,7 +223,7 @@ def run(cmd: list[str], environ: dict, cwd: str, timeout: float) -> tuple[Option
         try:
             rc = proc.wait(timeout=timeout)
         except subprocess.TimeoutExpired:
-            os.killpg(proc.pid, signal.SIGKILL)
+            kill_tree(proc.pid)
             proc.wait()
             rc = None
         log.seek(0)
