@@ -319,6 +319,8 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
         for op, n in (r.get("fallback_ops") or {}).items():
             fallbacks[op] = fallbacks.get(op, 0) + n
     record["fallback_ops"] = fallbacks
+    for key in ("compiles", "executions", "compile_ns"):  # summed over the ranks
+        record["tpu_" + key] = sum((r.get("metrics") or {}).get(key, 0) for r in tpu["reports"])
     if tpu["rc"] != 0 and cpu is not None and cpu["rc"] != 0:
         record.update(status="fails on CPU too", cause="tpu: " + tpu["tail"] + " / CPU: "
                       + cpu["tail"])
