@@ -62,6 +62,13 @@ Substitutions (each is the least needed to run on CPU; nothing else is patched):
    takes on MTIA) -- a plain ``ReduceOp.SUM`` and a division by the factor afterwards,
    skipped when the factor is 1. With factor 1.0 the result is the same sum.
 
+5. Uneven all-to-all. Expert parallelism's token exchange goes through spmd_types'
+   ``all_to_all`` (spmd_types/_collectives.py), which calls ``torch.distributed.all_to_all``
+   with per-rank tensors of different lengths; Gloo's list all-to-all requires equal sizes
+   ("ProcessGroupGloo::alltoall: invalid tensor size"). ``all_to_all`` is wrapped so that
+   uneven lists over any group go through ``all_to_all_single`` with split sizes, which Gloo
+   supports; equal sizes and async calls keep the original.
+
 Not substituted:
 
 * ``--compile.enable`` is left as given: without it the reference runs eager; with it
@@ -257,10 +264,37 @@ def _force_sum_reduction() -> None:
     _fsdp_collectives._get_gradient_divide_factors = _get_gradient_divide_factors
 
 
+# --- substitution 5: list all_to_all with uneven sizes over Gloo ---------------------------
+
+
+def _uneven_all_to_all_on_gloo() -> None:
+    import torch.distributed as dist
+
+    original = dist.all_to_all
+
+    def all_to_all(output_tensor_list, input_tensor_list, group=None, async_op=False):
+        sizes = {tuple(t.shape) for t in [*output_tensor_list, *input_tensor_list]}
+        if async_op or len(sizes) <= 1 or any(t.dim() == 0 for t in input_tensor_list):
+            return original(output_tensor_list, input_tensor_list, group=group,
+                            async_op=async_op)
+        # Gloo's list all_to_all wants equal sizes; its all_to_all_single takes splits
+        inp = torch.cat([t.reshape(t.shape[0], -1) for t in input_tensor_list])
+        out = inp.new_empty((sum(t.shape[0] for t in output_tensor_list), inp.shape[1]))
+        dist.all_to_all_single(out, inp, [t.shape[0] for t in output_tensor_list],
+                               [t.shape[0] for t in input_tensor_list], group=group)
+        for dst, src in zip(output_tensor_list, out.split([t.shape[0] for t in output_tensor_list])):
+            dst.copy_(src.view(dst.shape))
+        return None
+
+    all_to_all.__wrapped__ = original  # type: ignore[attr-defined]
+    dist.all_to_all = all_to_all
+
+
 def main() -> None:
     _select_cpu_device()
     _install_dense_flex_attention()
     _force_sum_reduction()
+    _uneven_all_to_all_on_gloo()
     sys.argv = ["torchtitan.train", *sys.argv[1:]]
     runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
 
