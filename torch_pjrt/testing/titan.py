@@ -322,8 +322,9 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
     for key in ("compiles", "executions", "compile_ns"):  # summed over the ranks
         record["tpu_" + key] = sum((r.get("metrics") or {}).get(key, 0) for r in tpu["reports"])
     if tpu["rc"] != 0 and cpu is not None and cpu["rc"] != 0:
-        record.update(status="fails on CPU too", cause="tpu: " + tpu["tail"] + " / CPU: "
-                      + cpu["tail"])
+        same = tpu["tail"] == cpu["tail"]
+        record.update(status="fails on CPU too", cause=tpu["tail"] + (
+            " (the CPU reference: the same error)" if same else " / CPU: " + cpu["tail"]))
     elif tpu["rc"] != 0:
         record.update(status="fail", cause="tpu run " + (
             "timed out" if tpu["rc"] is None else f"exited {tpu['rc']}") + ": " + tpu["tail"])
