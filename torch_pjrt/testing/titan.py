@@ -455,7 +455,8 @@ def ladder(module: str, config: str, work: str, assets, steps: int, timeout: flo
     from torch_pjrt.peak_flops import cpu_peak
 
     size = model_size(module, config, seq_len, work)
-    peaks = {"bf16": cpu_peak(torch.bfloat16), "fp32": cpu_peak(torch.float32)}
+    peaks = {"bf16": cpu_peak(torch.bfloat16, measure=True),
+             "fp32": cpu_peak(torch.float32, measure=True)}
     rows = []
     for label, device, ranks, mode, args in rungs:
         dump = tempfile.mkdtemp(prefix="ladder-", dir=work)
