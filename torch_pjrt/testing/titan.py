@@ -389,7 +389,7 @@ def report(path: str = RESULTS, doc: str = DOC) -> str:
         rows.append(f"| {cell.name} | {cell.ranks} | {r['status']} | {span(t)} | {span(c)} | "
                     f"{secs} | {len(r.get('fallback_ops') or {})} | {cause[:300]} |")
     first = next(iter(latest.values()), {})
-    table = ("<!-- titan_matrix: begin -->\n## The recipe matrix\n\n"
+    table = ("<!-- titan_matrix: begin -->\n### Results\n\n"
              f"Measured by `python -m torch_pjrt.testing.titan matrix` (torch "
              f"{first.get('torch', '?')}, torchtitan 0.3.0, {first.get('steps', '?')} steps, "
              "sequence 256, local batch 2; every cell from one seed checkpoint made on the "
@@ -404,7 +404,7 @@ def report(path: str = RESULTS, doc: str = DOC) -> str:
         begin, end = "<!-- titan_matrix: begin -->", "<!-- titan_matrix: end -->"
         if begin in text:
             text = text[:text.index(begin)] + table + text[text.index(end) + len(end):]
-        else:
+        else:  # first time: at the end; move the markers where the table belongs
             text = text.rstrip() + "\n\n" + table + "\n"
         with open(doc, "w") as f:
             f.write(text)
