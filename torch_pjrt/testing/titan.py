@@ -89,8 +89,12 @@ CELLS = (
     Cell("qwen3 FSDP2", "qwen3", "qwen3_debugmodel", 2, _FSDP2),
     Cell("qwen3 FSDP2 compile", "qwen3", "qwen3_debugmodel", 2, _FSDP2 + _COMPILE),
     Cell("qwen3 MoE FSDP2+EP2", "qwen3", "qwen3_moe_debug", 2, _FSDP2 + _EP2 + _NO_GRAPHS),
+    Cell("qwen3 MoE FSDP2+EP2 compile", "qwen3", "qwen3_moe_debug", 2,
+         _FSDP2 + _EP2 + _NO_GRAPHS + _COMPILE),
     Cell("deepseek_v3 FSDP2+EP2", "deepseek_v3", "deepseek_v3_debugmodel", 2,
          _FSDP2 + _EP2 + _NO_GRAPHS),
+    Cell("deepseek_v3 FSDP2+EP2 compile", "deepseek_v3", "deepseek_v3_debugmodel", 2,
+         _FSDP2 + _EP2 + _NO_GRAPHS + _COMPILE),
 )
 
 
@@ -320,7 +324,7 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
         for op, n in (r.get("fallback_ops") or {}).items():
             fallbacks[op] = fallbacks.get(op, 0) + n
     record["fallback_ops"] = fallbacks
-    for key in ("compiles", "executions", "compile_ns"):  # summed over the ranks
+    for key in ("compiles", "disk_cache_hits", "executions", "compile_ns"):  # all ranks
         record["tpu_" + key] = sum((r.get("metrics") or {}).get(key, 0) for r in tpu["reports"])
     if tpu["rc"] != 0 and cpu is not None and cpu["rc"] != 0:
         same = tpu["tail"] == cpu["tail"]
