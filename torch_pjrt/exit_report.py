@@ -20,6 +20,10 @@ _installed = False
 def _report() -> None:
     from . import device
 
+    # a process that never started the runtime (torchrun's agent, which imports torch and so
+    # this package) has nothing to say, and a report from it would read as one more rank
+    if device._C is None or not device._C.is_initialized():
+        return
     try:
         line = json.dumps({"rank": int(os.environ.get("RANK", "0") or 0),
                            "fallback_ops": device.fallback_ops(),
