@@ -53,7 +53,6 @@ class Cell:
     args: tuple[str, ...] = ()
     tail: tuple[str, ...] = ()  # tyro subcommands (activation-checkpoint:full), last
     seed_config: str = ""  # config whose seed checkpoint this cell loads (default: config)
-    cpu: bool = True  # whether the CPU reference runs this cell
 
     @property
     def seed(self) -> str:
@@ -307,7 +306,7 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
         seed = None
         record["seed_error"] = _error_tail(str(e))
     results = {}
-    for device in ("tpu", "cpu") if cell.cpu else ("tpu",):
+    for device in ("tpu", "cpu"):
         dump = tempfile.mkdtemp(prefix=f"{device}-", dir=work)
         cmd = command(device, cell.module, cell.config, cell.ranks, cell.args, cell.tail,
                       steps=steps, assets=assets, dump=dump, seed_ckpt=seed)
@@ -317,8 +316,8 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
         results[device] = {**parsed, "rc": rc, "seconds": round(seconds, 1)}
         if rc != 0:
             results[device]["tail"] = _error_tail(output)
-    record.update({"tpu": results["tpu"], "cpu": results.get("cpu")})
-    tpu, cpu = results["tpu"], results.get("cpu")
+    record.update({"tpu": results["tpu"], "cpu": results["cpu"]})
+    tpu, cpu = results["tpu"], results["cpu"]
     fallbacks = {}
     for r in tpu["reports"]:
         for op, n in (r.get("fallback_ops") or {}).items():
@@ -326,7 +325,7 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
     record["fallback_ops"] = fallbacks
     for key in ("compiles", "disk_cache_hits", "executions", "compile_ns"):  # all ranks
         record["tpu_" + key] = sum((r.get("metrics") or {}).get(key, 0) for r in tpu["reports"])
-    if tpu["rc"] != 0 and cpu is not None and cpu["rc"] != 0:
+    if tpu["rc"] != 0 and cpu["rc"] != 0:
         same = tpu["tail"] == cpu["tail"]
         record.update(status="fails on CPU too", cause=tpu["tail"] + (
             " (the CPU reference: the same error)" if same else " / CPU: " + cpu["tail"]))
@@ -337,8 +336,9 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
         record.update(status="fail", cause=f"{len(tpu['losses'])} of {steps} steps logged")
     elif fallbacks:
         record.update(status="fail", cause=f"CPU fallbacks: {fallbacks}")
-    elif cpu is None:
-        record.update(status="pass", cause="no CPU reference for this cell")
+    elif len(tpu["reports"]) != cell.ranks:  # no report, no proof of zero fallbacks
+        record.update(status="fail", cause=f"{len(tpu['reports'])} exit reports from "
+                      f"{cell.ranks} ranks")
     elif cpu["rc"] != 0:
         record.update(status="pass-unverified", cause="CPU reference " + (
             "timed out" if cpu["rc"] is None else f"exited {cpu['rc']}") + ": " + cpu["tail"])
