@@ -58,7 +58,7 @@ def test_hf_llama_second_process_trains_like_the_first_and_like_cpu(tmp_path):
         # AdamW moves an element by up to lr (3e-3) a step, whatever its gradient's size: an
         # element whose gradient is near rounding level moves by a different amount on CPU (a
         # few of the ~100k, up to 1.6e-5 measured); a wrong graph would be off by O(lr)
-        torch.testing.assert_close(p, cold["cpu_params"][name], rtol=1e-4, atol=1e-4,
+        torch.testing.assert_close(p, cold["cpu_params"][name], rtol=1e-4, atol=2e-4,
                                    msg=lambda m: f"{name} vs CPU: {m}")
 
 

@@ -198,7 +198,10 @@ def _trainer_cpu_vs_tpu(tmp_path, tpu_compiled: bool):
         assert t["grad_norm"] == pytest.approx(c["grad_norm"], rel=1e-3), (c, t)
     assert cpu["params"].keys() == tpu["params"].keys()
     for n, c in cpu["params"].items():
-        torch.testing.assert_close(tpu["params"][n], c, rtol=1e-4, atol=1e-5, msg=n)
+        # atol 3e-5: CPU's own fp32 kernels differ by host (on an AVX-512/AMX Xeon one
+            # bias near zero came out 1.07e-5 from tpu's after 3 AdamW steps)
+            torch.testing.assert_close(tpu["params"][n], c, rtol=1e-4, atol=3e-5,
+                                       msg=lambda m, n=n: f"{n}: {m}")
 
 
 @pytest.mark.long  # 29 s; HF training parity stays in CI (test_train_three_steps_every_gradient)

@@ -27,7 +27,9 @@ def calls():
 
 def close(got, want, k):
     assert got.dtype == want.dtype and got.shape == want.shape
-    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=2e-6 * k ** 0.5)
+    # CPU's own fp32 sums differ by host (oneDNN's blocking): 7.4e-5 seen at k=768 on an
+    # AVX-512/AMX Xeon, 1.1e-4 allowed there
+    torch.testing.assert_close(got.cpu(), want, rtol=1e-5, atol=4e-6 * k ** 0.5)
 
 
 def test_registered_on_the_cpu_plugin():

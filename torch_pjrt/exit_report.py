@@ -2,7 +2,8 @@
 
 For programs launched unchanged (``torchrun -m torchtitan.train ...``), where no code of the
 user's can call ``torch.tpu.fallback_ops()`` or ``torch.tpu.metrics()`` at the end: the line is
-``torch_pjrt exit report: {json}`` on stderr, with the rank (``RANK``, else 0), the aten ops
+``torch_pjrt exit report: {json}`` on stderr, with the rank (``RANK``; null where unset, as in
+torchrun's own agent process, which may start the runtime without running anything), the aten ops
 that fell back to the CPU with their counts, and the process-wide counters. Harnesses parse it
 (torch_pjrt/testing/titan.py)."""
 
@@ -25,7 +26,8 @@ def _report() -> None:
     if device._C is None or not device._C.is_initialized():
         return
     try:
-        line = json.dumps({"rank": int(os.environ.get("RANK", "0") or 0),
+        rank = os.environ.get("RANK", "")
+        line = json.dumps({"rank": int(rank) if rank.strip() else None,
                            "fallback_ops": device.fallback_ops(),
                            "metrics": device.metrics()}, sort_keys=True)
     except Exception as e:  # noqa: BLE001 - exit must go on; say why there is no report

@@ -313,6 +313,8 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
         rc, output, seconds = run(cmd, env(device, cell.ranks, work), work, timeout)
         shutil.rmtree(dump, ignore_errors=True)
         parsed = parse(output)
+        # the workers' reports (torchrun's agent process has no RANK)
+        parsed["reports"] = [r for r in parsed["reports"] if r.get("rank") is not None]
         results[device] = {**parsed, "rc": rc, "seconds": round(seconds, 1)}
         if rc != 0:
             results[device]["tail"] = _error_tail(output)
