@@ -331,9 +331,11 @@ def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
         same = tpu["tail"] == cpu["tail"]
         record.update(status="fails on CPU too", cause=tpu["tail"] + (
             " (the CPU reference: the same error)" if same else " / CPU: " + cpu["tail"]))
+    elif tpu["rc"] is None:
+        record.update(status="fail", cause=f"tpu run timed out after {timeout:.0f} s, at step "
+                      f"{len(tpu['losses'])} of {steps}")
     elif tpu["rc"] != 0:
-        record.update(status="fail", cause="tpu run " + (
-            "timed out" if tpu["rc"] is None else f"exited {tpu['rc']}") + ": " + tpu["tail"])
+        record.update(status="fail", cause=f"tpu run exited {tpu['rc']}: " + tpu["tail"])
     elif len(tpu["losses"]) != steps:
         record.update(status="fail", cause=f"{len(tpu['losses'])} of {steps} steps logged")
     elif fallbacks:
