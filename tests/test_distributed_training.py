@@ -1029,6 +1029,17 @@ def test_torchtitan_llama3_debugmodel_fsdp2_2_ranks(compiled):
     shutil.rmtree(folder, ignore_errors=True)
 
 
+def _require_unchanged_torchtitan() -> None:
+    """Skips where torchtitan cannot run unchanged: torch before 2.14 (no
+    torch.distributed.set_timeout) or torchtitan not installed."""
+    if not hasattr(torch.distributed, "set_timeout"):
+        pytest.skip("torchtitan 0.3.0 unchanged needs torch.distributed.set_timeout (torch 2.14)")
+    probe = subprocess.run([sys.executable, "-c", "import torchtitan.train"], capture_output=True,
+                           text=True, env=_titan_env(), timeout=120)
+    if probe.returncode != 0:
+        pytest.skip("torchtitan is not installed (docs/distributed.md, TorchTitan)")
+
+
 @pytest.mark.long
 @pytest.mark.parametrize("cell", ["llama3 FSDP2 compile", "llama3 TP2"])
 def test_torchtitan_parity_with_cpu_gloo(cell):
@@ -1037,12 +1048,7 @@ def test_torchtitan_parity_with_cpu_gloo(cell):
     losses to rtol 1e-4 at step 1 and 1e-2 after, step 1's gradient norm, no CPU fallback on
     any rank (torch_pjrt/testing/titan.py, run_cell). torch 2.14.1: torchtitan 0.3.0 calls
     torch.distributed.set_timeout, which 2.13 lacks (the 2.13 run above substitutes it)."""
-    if not hasattr(torch.distributed, "set_timeout"):
-        pytest.skip("torchtitan 0.3.0 unchanged needs torch.distributed.set_timeout (torch 2.14)")
-    probe = subprocess.run([sys.executable, "-c", "import torchtitan.train"], capture_output=True,
-                           text=True, env=_titan_env(), timeout=120)
-    if probe.returncode != 0:
-        pytest.skip("torchtitan is not installed (docs/distributed.md, TorchTitan)")
+    _require_unchanged_torchtitan()
     work = tempfile.mkdtemp(prefix="tpu_titan_parity_")
     try:
         assets = titan.make_assets(os.path.join(work, "assets"))
@@ -1060,12 +1066,7 @@ def test_torchtitan_dcp_kill_resume_bit_identical():
     """torchtitan.train on tpu (FSDP2, 2 ranks, compiled) with DCP checkpoints: a run killed
     (SIGKILL, every rank) after its step-10 save and resumed gives steps 11..20 and final
     weights bit-identical to an uninterrupted run (torch_pjrt/testing/titan_resume.py)."""
-    if not hasattr(torch.distributed, "set_timeout"):
-        pytest.skip("torchtitan 0.3.0 unchanged needs torch.distributed.set_timeout (torch 2.14)")
-    probe = subprocess.run([sys.executable, "-c", "import torchtitan.train"], capture_output=True,
-                           text=True, env=_titan_env(), timeout=120)
-    if probe.returncode != 0:
-        pytest.skip("torchtitan is not installed (docs/distributed.md, TorchTitan)")
+    _require_unchanged_torchtitan()
     from torch_pjrt.testing import titan_resume
 
     work = tempfile.mkdtemp(prefix="tpu_titan_resume_")

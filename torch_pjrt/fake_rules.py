@@ -36,6 +36,18 @@ def _grouped_mm_size(a, b, offs) -> list[int]:
     return [a.size(0), a.size(1), b.size(-1)]
 
 
+def grouped_mm_checked_size(mat_a, mat_b, offs, bias) -> list[int]:
+    """The tpu kernel's argument checks (shared by this rule and torch_pjrt/grouped_mm.py) and
+    the result's size."""
+    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
+                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} "
+                         f"and mat_b.dim()={mat_b.dim()}")
+    torch._check(offs is None or offs.dtype == torch.int32,
+                 lambda: f"Offsets tensor must be integer (int32) tensor, but got {offs.dtype}.")
+    torch._check(bias is None, lambda: "Bias not supported yet")
+    return _grouped_mm_size(mat_a, mat_b, offs)
+
+
 def _is_grouped_mm(func) -> bool:
     return func is aten._grouped_mm.default
 
@@ -46,13 +58,7 @@ def _grouped_mm_fake(fake_mode, func, mat_a, mat_b, offs=None, bias=None, out_dt
         return NotImplemented  # the Meta kernel's rules (and messages)
     from torch._subclasses.fake_tensor import FakeTensor, in_kernel_invocation_manager
 
-    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
-                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} "
-                         f"and mat_b.dim()={mat_b.dim()}")
-    torch._check(offs is None or offs.dtype == torch.int32,
-                 lambda: f"Offsets tensor must be integer (int32) tensor, but got {offs.dtype}.")
-    torch._check(bias is None, lambda: "Bias not supported yet")
-    size = _grouped_mm_size(mat_a, mat_b, offs)
+    size = grouped_mm_checked_size(mat_a, mat_b, offs, bias)
     with in_kernel_invocation_manager(fake_mode):
         out = torch.empty(size, dtype=out_dtype or mat_a.dtype, device="meta")
     return FakeTensor(fake_mode, out, mat_a.device)

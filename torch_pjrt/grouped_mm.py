@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import torch
 
-from .fake_rules import _grouped_mm_size
+from .fake_rules import grouped_mm_checked_size
 
 _LIB = None
 
@@ -98,16 +98,10 @@ def _contraction_grouped(a: torch.Tensor, b: torch.Tensor, offs: torch.Tensor,
 
 
 def _grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
-    torch._check(mat_a.dim() in (2, 3) and mat_b.dim() in (2, 3),
-                 lambda: f"Multiplicands must be 2D or 3D but got mat_a.dim()={mat_a.dim()} "
-                         f"and mat_b.dim()={mat_b.dim()}")
-    torch._check(offs is None or offs.dtype == torch.int32,
-                 lambda: f"Offsets tensor must be integer (int32) tensor, but got {offs.dtype}.")
-    torch._check(bias is None, lambda: "Bias not supported yet")
+    size = grouped_mm_checked_size(mat_a, mat_b, offs, bias)
     torch._check(mat_a.dtype == mat_b.dtype,
                  lambda: f"Expected mat_a and mat_b to have the same dtype, but got "
                          f"{mat_a.dtype} and {mat_b.dtype}")
-    size = _grouped_mm_size(mat_a, mat_b, offs)
     dtype = out_dtype or mat_a.dtype
     # products in the result's dtype when it is wider (bfloat16 inputs, float32 out_dtype)
     work = torch.promote_types(mat_a.dtype, dtype)
