@@ -73,9 +73,28 @@ def test_new_offsets_compile_nothing():
         o = offsets()
         torch.tpu.reset_metrics()
         out = torch._grouped_mm(a, b, offs=o.tpu())
-        assert torch.tpu.metrics()["compiles"] == 0
+        m = torch.tpu.metrics()
+        assert m["compiles"] == 0
+        # in Strict mode the kernel's small ops run as one program (one fused run)
+        assert m["executions"] == 1 and m["defer_flushes"] == 1, m
         ref = torch._grouped_mm(a.cpu(), b.cpu(), offs=o)
         assert _rel(out.cpu(), ref) < 1e-5
+
+
+def test_callers_mode_is_kept():
+    """Under defer_and_fuse the kernel's ops join the caller's pending graph (no flush of their
+    own); Debug runs them one by one, checked."""
+    a, b = torch.randn(64, 16), torch.randn(4, 16, 8)
+    offs = torch.tensor([10, 20, 40, 64], dtype=torch.int32)
+    ref = torch._grouped_mm(a, b, offs=offs)
+    for mode in ("defer_and_fuse", "debug"):
+        with torch.tpu.eager_mode(mode):
+            torch.tpu.reset_metrics()
+            out = torch._grouped_mm(a.tpu(), b.tpu(), offs=offs.tpu()) * 2
+            flushes = torch.tpu.metrics()["defer_flushes"]
+            got = out.cpu()
+        assert flushes == 0, mode
+        assert _rel(got, ref * 2) < 1e-5
 
 
 def test_errors_match_cpu():

@@ -333,9 +333,18 @@ def test_norm_ops(fallbacks):
     check(lambda v: v.norm(1, dim=1), x, grad=True, fallbacks=fallbacks)
     check(lambda v: torch.norm(v, p=3, dim=0, keepdim=True), x, fallbacks=fallbacks)
     check(lambda v: torch.norm(v, p=float("inf")), x, fallbacks=fallbacks)
-    # the order is a runtime value: the same program serves every order
-    for p in (1, 2, 4, float("inf")):
+    # 0, 1, 2 and +-inf each have a program computing that norm alone; every other order
+    # is one program reading the order at run time. Alternating orders on one input (the
+    # call memo keys the order's value) gives each its own result.
+    for p in (1, 2, 4, float("inf"), 2, 3, 1, 0, float("-inf"), 4, 2):
         check(lambda v: v.norm(p, dim=1), x)
+    y = x.tpu()
+    torch.linalg.vector_norm(y, 3.0).cpu()
+    torch.tpu.reset_metrics()
+    for p in (5.0, 1.5, -2.0):
+        assert torch.allclose(torch.linalg.vector_norm(y, p).cpu(),
+                              torch.linalg.vector_norm(x, p))
+    assert torch.tpu.metrics()["compiles"] == 0
 
 
 # ---- logsumexp ----

@@ -200,3 +200,33 @@ def test_dlpack_device():
 
     assert x.__dlpack_device__() == (DLDeviceType.kDLExtDev, 0)
     assert torch.ones(2).__dlpack_device__() == (DLDeviceType.kDLCPU, 0)
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+def test_filled_factories_upload_nothing(mode):
+    """zeros/ones/full are empty + fill_: fill_ overwrites its fresh storage whole, so no data
+    (not even zeros for the never-written storage) goes to the device first. Partial fills still
+    keep the rest of the storage."""
+    with torch.tpu.eager_mode(mode):
+        torch.tpu.reset_metrics()
+        z = torch.zeros(64, 256, 32, device="tpu")
+        o = torch.ones(7, dtype=torch.int64, device="tpu")
+        f = torch.full((3, 5), 2.5, dtype=torch.bfloat16, device="tpu")
+        e = torch.empty(4, 4, device="tpu").fill_(-1.0)
+        torch.tpu.synchronize()
+        # at most the fill values, which travel as 8-byte runtime scalars (z alone is 2 MiB)
+        assert torch.tpu.metrics()["bytes_to_device"] <= 4 * 8
+        assert torch.equal(z.cpu(), torch.zeros(64, 256, 32))
+        assert torch.equal(o.cpu(), torch.ones(7, dtype=torch.int64))
+        assert torch.equal(f.cpu(), torch.full((3, 5), 2.5, dtype=torch.bfloat16))
+        assert torch.equal(e.cpu(), torch.full((4, 4), -1.0))
+        x = torch.arange(12.0, device="tpu").view(3, 4)
+        x[1].zero_()
+        x[:, 0].fill_(7)
+        ref = torch.arange(12.0).view(3, 4)
+        ref[1].zero_()
+        ref[:, 0].fill_(7)
+        assert torch.equal(x.cpu(), ref)
+        y = torch.arange(6.0, device="tpu")
+        y.fill_(y[2])  # the value read from the storage being filled
+        assert torch.equal(y.cpu(), torch.full((6,), 2.0))

@@ -118,8 +118,29 @@ def _grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return out.contiguous()
 
 
+def _grouped_mm_fused(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
+    """The kernel as one program per call: in Strict mode its ~25 small ops (pairs, gathers,
+    bmm, masks, index_add) would each be a program of their own, a launch and a device round
+    trip apiece (torchtitan's MoE layers call it 12 times per layer and step), so the body is
+    recorded in defer_and_fuse on this thread and run at once. Other modes (defer_and_fuse
+    already, Debug's op-by-op checks) and graph capture keep the caller's mode."""
+    from . import _C
+    from .modes import eager_mode, flush, get_eager_mode
+
+    if get_eager_mode() != "strict" or _C._capture_active():
+        return _grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
+    with eager_mode("defer_and_fuse"):
+        out = _grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
+    _C._exec_profile_label("eager:_grouped_mm")  # its program's name in step profiles
+    try:
+        flush()
+    finally:
+        _C._exec_profile_label("")
+    return out
+
+
 def register() -> None:
     global _LIB
     if _LIB is None:
         _LIB = torch.library.Library("aten", "IMPL")
-        _LIB.impl("_grouped_mm", _grouped_mm, "PrivateUse1")
+        _LIB.impl("_grouped_mm", _grouped_mm_fused, "PrivateUse1")

@@ -12,6 +12,7 @@
 
 extern "C" {
 #include "torch_pjrt/defer.h"
+#include "torch_pjrt/exec_profile.h"
 #include "torch_pjrt/index_checks.h"
 #include "torch_pjrt/runtime.h"
 #include "torch_pjrt/status.h"
@@ -184,5 +185,23 @@ bool elementwise_op(const c10::OperatorHandle& op, const std::string& base);
 // not of the result's shape).
 bool run_without_unit_dims(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                            void (*run)(const c10::OperatorHandle&, torch::jit::Stack*));
+
+// While the execution timeline records (exec_profile.h: torch.tpu.step_profile, the exit
+// report), names the programs an eager op issues "eager:<op>" (a nested op names its own and
+// restores the outer name), so device time is attributed per op rather than to one "eager"
+// row. Off the timeline it costs one relaxed atomic load.
+class ExecLabel {
+ public:
+  explicit ExecLabel(const char* op);
+  explicit ExecLabel(const c10::FunctionSchema& schema);
+  ~ExecLabel();
+  ExecLabel(const ExecLabel&) = delete;
+  ExecLabel& operator=(const ExecLabel&) = delete;
+
+ private:
+  void enter(const std::string& op);
+  bool on_;
+  char prev_[PJ_EXEC_PROFILE_LABEL] = {};
+};
 
 }  // namespace torch_pjrt

@@ -230,13 +230,13 @@ void CallBuilder::describe(const at::Tensor& t, pj_tensor_desc_t* d, bool readin
 
 void CallBuilder::add_none(const std::string& name) { new_arg(name, PJ_ARG_NONE); }
 
-void CallBuilder::add_tensor(const std::string& name, const at::Tensor& t) {
+void CallBuilder::add_tensor(const std::string& name, const at::Tensor& t, bool reading) {
   if (!t.defined()) return add_none(name);
   TORCH_CHECK(c_->ntensors < PJ_CALL_MAX_TENSORS, "too many tensor arguments");
   pj_arg_t& a = new_arg(name, PJ_ARG_TENSOR);
   a.first = c_->ntensors++;
   a.count = 1;
-  describe(t, &c_->tensors[a.first], true);
+  describe(t, &c_->tensors[a.first], reading);
 }
 
 void CallBuilder::add_tensor_list(const std::string& name, const std::vector<at::Tensor>& ts) {

@@ -29,7 +29,10 @@ class CallBuilder {
   pj_call_t& call() { return *c_; }
 
   void add_none(const std::string& name);
-  void add_tensor(const std::string& name, const at::Tensor& t);  // undefined -> None
+  // undefined -> None. reading=false: the lowering uses only the tensor's type and shape, not
+  // its values (fill_'s self), so a never-written storage need not be materialized for it; the
+  // storage is still read when another argument reads it or a write does not cover it.
+  void add_tensor(const std::string& name, const at::Tensor& t, bool reading = true);
   void add_tensor_list(const std::string& name, const std::vector<at::Tensor>& ts);
   void add_scalar(const std::string& name, const c10::Scalar& s);
   void add_scalars(const std::string& name, const std::vector<c10::Scalar>& ss);

@@ -418,8 +418,21 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
   }
 }
 
-// "(float32[4, 4], int64[3], 2.0)": argument summary for debug-mode messages.
 }  // namespace
+
+ExecLabel::ExecLabel(const char* op) : on_(pj_exec_profile_enabled()) {
+  if (on_) enter(op);
+}
+ExecLabel::ExecLabel(const c10::FunctionSchema& schema) : on_(pj_exec_profile_enabled()) {
+  if (on_) enter(base_name(schema));
+}
+void ExecLabel::enter(const std::string& op) {
+  std::strncpy(prev_, pj_exec_profile_current_label(), sizeof prev_ - 1);
+  pj_exec_profile_label(("eager:" + op).c_str());
+}
+ExecLabel::~ExecLabel() {
+  if (on_) pj_exec_profile_label(std::strcmp(prev_, "eager") == 0 ? "" : prev_);
+}
 
 // CPU's TensorIterator refuses, before anything else it checks (shapes, dtypes, the kernel's
 // dtype support), a destination with internal overlap (two elements through one location)
@@ -582,6 +595,22 @@ void check_finite(const c10::FunctionSchema& schema, const torch::jit::Stack& ar
   TORCH_CHECK(false, message);
 }
 
+// Vector norms: which order the runtime Scalar holds, as the compile-time "__ord_kind" the
+// lowering (reduce.c, lower_norm) specializes on: 0, 1, 2, +inf (3), -inf (4), any other (5).
+// An absent order (norm.ScalarOpt_dim's None) is 2.
+void add_norm_order_kind(CallBuilder& b, const c10::FunctionSchema& schema,
+                         const torch::jit::Stack& args) {
+  for (size_t a = 0; a < schema.arguments().size(); a++) {
+    const std::string& name = schema.arguments()[a].name();
+    if (name != "ord" && name != "p") continue;
+    if (!args[a].isNone() && (!args[a].isScalar() || args[a].toScalar().isComplex())) return;
+    const double p = args[a].isNone() ? 2.0 : args[a].toScalar().toDouble();
+    const int64_t kind = p == 0 ? 0 : p == 1 ? 1 : p == 2 ? 2
+                       : std::isinf(p) ? (p > 0 ? 3 : 4) : 5;
+    return b.add_int("__ord_kind", kind);
+  }
+}
+
 void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                   const std::string& base) {
   const c10::FunctionSchema& schema = op.schema();
@@ -604,7 +633,15 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                           !at::globalContext().deterministicAlgorithms() &&
                           call_signature(op, args, sig);
   CallBuilder b(base, schema.overload_name(), device);
-  for (size_t a = 0; a < nargs; a++) add_argument(b, schema.arguments()[a], args[a]);
+  for (size_t a = 0; a < nargs; a++) {
+    // fill_ and zero_ overwrite self without reading it: torch.zeros/full/ones (empty, then
+    // fill_) then never upload zeros for the fresh storage first.
+    if (a == 0 && (base == "fill" || base == "zero") && args[a].isTensor())
+      b.add_tensor(schema.arguments()[a].name(), resolve_bits(args[a].toTensor()), false);
+    else
+      add_argument(b, schema.arguments()[a], args[a]);
+  }
+  if (base == "linalg_vector_norm" || base == "norm") add_norm_order_kind(b, schema, args);
   // The source line a device-side index check names (one frame walk per indexing op).
   std::string where;
   if (!debug && pj_checks_enabled() && checks_indices(base)) {
@@ -1245,6 +1282,7 @@ bool high_rank_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
 }
 
 void boxed_fallback(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  ExecLabel label(op.schema());
   sync_product_precision();  // before the memo: its signature holds the precision
   if (run_memoized(op, stack)) return;
   const std::string base = base_name(op.schema());
@@ -1287,6 +1325,7 @@ void lowered_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
 // meta function raises CPU's error (or, where it accepts, runs the op through its out= form).
 // Only refusals by the Meta kernel take that path: nothing has run yet.
 void structured_kernel(const c10::OperatorHandle& op, torch::jit::Stack* stack) {
+  ExecLabel label(op.schema());
   sync_product_precision();
   if (run_memoized(op, stack)) return;
   const auto n = static_cast<std::ptrdiff_t>(op.schema().arguments().size());

@@ -204,6 +204,7 @@ at::Tensor& set_empty(at::Tensor& self) {
 }
 
 at::Tensor copy_from_kernel(const at::Tensor& self, const at::Tensor& dst, bool non_blocking) {
+  ExecLabel label("copy");
   return copy_from(self, dst, non_blocking);
 }
 

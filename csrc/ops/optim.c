@@ -81,6 +81,16 @@ static pj_val_t keep_if(pj_lower_t *L, pj_val_t found, pj_val_t old, pj_val_t r)
   return SEL(pred, old, pj_convert(H, r, old.t.dtype));
 }
 
+/* x as a vector. The update is elementwise, and computed on the buffers' own flat shape it
+ * leaves XLA:CPU no reshapes between the donated inputs and the results: with them it wrote
+ * each result to a fresh buffer and copied it into the donated one (and copied the moments
+ * first), three to four fresh buffers per tensor and step: 19 ms instead of 2.6 ms for one
+ * 3M-element tensor, 89 instead of 12 ms for four (Adam; SGD with momentum alike). */
+static pj_val_t flat(pj_lower_t *L, pj_val_t x) {
+  const int64_t n = pj_type_numel(&x.t);
+  return pj_reshape(H, x, 1, &n);
+}
+
 static pj_dtype_t opmath(pj_dtype_t dt) { return dt == PJ_F64 ? PJ_F64 : PJ_F32; }
 
 static bool check_lists(pj_lower_t *L, const char *const *names, int nlists, int n) {
@@ -117,8 +127,9 @@ static pj_status_t *lower_fused_adam(pj_lower_t *L) {
   bool has_scale = pj_has(L, "grad_scale");
   for (int i = 0; i < n && pj_hlo_ok(H); i++) {
     if (dest[0][i] < 0) continue; /* empty parameter: its state is empty too */
-    pj_val_t p0 = pj_tensor_at(L, "self", i), g0 = pj_tensor_at(L, "grads", i);
-    pj_val_t m0 = pj_tensor_at(L, "exp_avgs", i), v0 = pj_tensor_at(L, "exp_avg_sqs", i);
+    pj_val_t p0 = flat(L, pj_tensor_at(L, "self", i)), g0 = flat(L, pj_tensor_at(L, "grads", i));
+    pj_val_t m0 = flat(L, pj_tensor_at(L, "exp_avgs", i));
+    pj_val_t v0 = flat(L, pj_tensor_at(L, "exp_avg_sqs", i));
     pj_dtype_t ot = opmath(p0.t.dtype);
     /* per-tensor constants in double, as CPU computes them from step = state_step.item() */
     pj_val_t step = pj_convert(H, pj_reshape(H, pj_tensor_at(L, "state_steps", i), 0, NULL),
@@ -154,7 +165,8 @@ static pj_status_t *lower_fused_adam(pj_lower_t *L) {
     pj_val_t den_base = vv;
     if (amsgrad) {
       /* NaN-propagating, like torch.maximum in the for-loop and foreach Adam (fuzz F14) */
-      mx = pj_max_min_nan(L, pj_convert(H, pj_tensor_at(L, "max_exp_avg_sqs", i), ot), vv, true);
+      mx = pj_max_min_nan(L, pj_convert(H, flat(L, pj_tensor_at(L, "max_exp_avg_sqs", i)), ot),
+                          vv, true);
       den_base = mx;
     }
     pj_val_t denom = ADD(DIV(U("sqrt", den_base), bc(L, bc2_sqrt, vv)), cst(L, vv, eps));
@@ -162,12 +174,13 @@ static pj_status_t *lower_fused_adam(pj_lower_t *L) {
 
     pj_val_t news[MAX_LISTS] = {pn, g_store, mm, vv, mx};
     pj_val_t olds[MAX_LISTS] = {p0, g0, m0, v0, {.id = -1, .sub = -1}};
-    if (dest[4][i] >= 0) olds[4] = pj_tensor_at(L, "max_exp_avg_sqs", i);
+    if (dest[4][i] >= 0) olds[4] = flat(L, pj_tensor_at(L, "max_exp_avg_sqs", i));
     for (int l = 0; l < MAX_LISTS; l++) {
       if (dest[l][i] < 0) continue;
       /* without amsgrad a given max_exp_avg_sqs element is written back unchanged */
       pj_val_t r = news[l].id >= 0 ? news[l] : olds[l];
-      pj_set_result(L, dest[l][i], keep_if(L, found, olds[l], r));
+      pj_type_t t = pj_out_type(L, dest[l][i]);
+      pj_set_result(L, dest[l][i], pj_reshape(H, keep_if(L, found, olds[l], r), t.rank, t.dims));
     }
   }
   return NULL;
@@ -198,7 +211,7 @@ static pj_status_t *lower_fused_sgd(pj_lower_t *L) {
   bool has_scale = pj_has(L, "grad_scale");
   for (int i = 0; i < n && pj_hlo_ok(H); i++) {
     if (dest[0][i] < 0) continue;
-    pj_val_t p0 = pj_tensor_at(L, "self", i), g0 = pj_tensor_at(L, "grads", i);
+    pj_val_t p0 = flat(L, pj_tensor_at(L, "self", i)), g0 = flat(L, pj_tensor_at(L, "grads", i));
     pj_dtype_t ot = opmath(p0.t.dtype);
     pj_val_t p = pj_convert(H, p0, ot), g = pj_convert(H, g0, ot);
     pj_val_t g_store = g0;
@@ -209,7 +222,7 @@ static pj_status_t *lower_fused_sgd(pj_lower_t *L) {
     if (maximize) g = U("negate", g);
     if (wd != 0) g = ADD(g, MUL(p, cst(L, p, wd)));
     pj_val_t b0 = {.id = -1, .sub = -1}, buf = {.id = -1, .sub = -1};
-    if (i < nbuf) b0 = pj_tensor_at(L, "momentum_buffer_list", i);
+    if (i < nbuf) b0 = flat(L, pj_tensor_at(L, "momentum_buffer_list", i));
     if (momentum != 0) {
       buf = first ? g
                   : ADD(MUL(pj_convert(H, b0, ot), cst(L, g, momentum)),
@@ -220,7 +233,11 @@ static pj_status_t *lower_fused_sgd(pj_lower_t *L) {
     pj_val_t news[3] = {pn, g_store, buf.id >= 0 ? buf : b0};
     pj_val_t olds[3] = {p0, g0, b0};
     for (int l = 0; l < 3; l++)
-      if (dest[l][i] >= 0) pj_set_result(L, dest[l][i], keep_if(L, found, olds[l], news[l]));
+      if (dest[l][i] >= 0) {
+        pj_type_t t = pj_out_type(L, dest[l][i]);
+        pj_set_result(L, dest[l][i],
+                      pj_reshape(H, keep_if(L, found, olds[l], news[l]), t.rank, t.dims));
+      }
   }
   return NULL;
 }

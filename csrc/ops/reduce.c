@@ -315,8 +315,12 @@ static pj_status_t *lower_var_std(pj_lower_t *L) {
 /* ---- vector norms ---- */
 
 /* linalg_vector_norm(self, ord, dim, keepdim, dtype) and norm.*(self, p, dim, keepdim, dtype).
- * The order is a Scalar, i.e. a runtime value (programs are cached without it), so every
- * special case is computed and the right one selected at run time; XLA fuses the reductions. */
+ * The order is a Scalar, i.e. a runtime value. The bridge adds "__ord_kind" (PJ_NORM_ORD_*, a
+ * compile-time int) naming which order it is, so a program computes that norm alone (the
+ * general order, |x|^p summed, costs a pow per element: ten times a 2-norm's work on XLA:CPU);
+ * only the general kind reads the order's value at run time, so every p != 0, 1, 2, +-inf
+ * shares one program. Without the hint (a builder that does not add it) every special case is
+ * computed and the right one selected at run time. */
 static pj_status_t *lower_norm(pj_lower_t *L) {
   const char *pname = pj_arg(L, "ord") ? "ord" : "p";
   pj_val_t x = pj_tensor(L, "self");
@@ -331,6 +335,18 @@ static pj_status_t *lower_norm(pj_lower_t *L) {
   } else {
     x = pj_convert(H, pj_convert(H, x, out), ct);
     a = U("abs", x);
+  }
+  const int64_t kind = pj_int(L, "__ord_kind", -1);
+  if (kind >= 0 && kind != 5 && (pj_type_numel(&x.t) > 0 || kind < 3)) {
+    pj_val_t res;
+    switch (kind) {
+      case 0: res = reduce(L, pj_convert(H, CMP("NE", a, cst(L, a, 0)), ct), &r, "add"); break;
+      case 1: res = reduce(L, a, &r, "add"); break;
+      case 2: res = U("sqrt", reduce(L, MUL(a, a), &r, "add")); break;
+      default: res = extremum(L, a, &r, kind == 3); break;
+    }
+    set_out(L, 0, res);
+    return NULL;
   }
   pj_val_t sq = reduce(L, MUL(a, a), &r, "add");
   pj_val_t p = pj_has(L, pname) ? bcast_scalar(L, pj_scalar(L, pname), sq) : cst(L, sq, 2);
