@@ -118,6 +118,42 @@ def _grouped_mm(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     return out.contiguous()
 
 
+def _bucket(m: int) -> int:
+    """m rounded up to one of 8 sizes per power of two (at most 1/8 padding), at least 64."""
+    if m <= 64:
+        return 64
+    step = 1 << max(0, m.bit_length() - 4)
+    return -(-m // step) * step
+
+
+def _padded_call(mat_a, mat_b, offs, bias, out_dtype, run):
+    """run() on inputs whose grouped dimension is padded to _bucket(m) positions: positions past
+    the last offset belong to no group (zeros in, zeros out), so the fused program is the same
+    for every m of a bucket. Expert parallelism receives a different number of rows every
+    step; without buckets each step compiled new programs. The pads and the slice are small
+    programs of their own."""
+    pad = torch.nn.functional.pad
+    if mat_a.dim() == 2 and mat_b.dim() == 3:  # rows of mat_a grouped
+        m = mat_a.shape[0]
+        mb = _bucket(m)
+        if mb == m:
+            return run(mat_a, mat_b)
+        return run(pad(mat_a, (0, 0, 0, mb - m)), mat_b)[:m]
+    if mat_a.dim() == 3 and mat_b.dim() == 2:  # columns of mat_b grouped
+        m = mat_b.shape[1]
+        mb = _bucket(m)
+        if mb == m:
+            return run(mat_a, mat_b)
+        return run(mat_a, pad(mat_b, (0, mb - m)))[:, :m]
+    if mat_a.dim() == 2 and mat_b.dim() == 2:  # the contraction grouped
+        k = mat_a.shape[1]
+        kb = _bucket(k)
+        if kb == k:
+            return run(mat_a, mat_b)
+        return run(pad(mat_a, (0, kb - k)), pad(mat_b, (0, 0, 0, kb - k)))
+    return run(mat_a, mat_b)
+
+
 def _grouped_mm_fused(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
     """The kernel as one program per call: in Strict mode its ~25 small ops (pairs, gathers,
     bmm, masks, index_add) would each be a program of their own, a launch and a device round
@@ -129,14 +165,21 @@ def _grouped_mm_fused(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
     if get_eager_mode() != "strict" or _C._capture_active():
         return _grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
-    with eager_mode("defer_and_fuse"):
-        out = _grouped_mm(mat_a, mat_b, offs, bias, out_dtype)
-    _C._exec_profile_label("eager:_grouped_mm")  # its program's name in step profiles
-    try:
-        flush()
-    finally:
-        _C._exec_profile_label("")
-    return out
+    grouped_mm_checked_size(mat_a, mat_b, offs, bias)  # errors name the caller's shapes
+
+    def run(a, b):
+        with eager_mode("defer_and_fuse"):
+            out = _grouped_mm(a, b, offs, bias, out_dtype)
+        _C._exec_profile_label("eager:_grouped_mm")  # its program's name in step profiles
+        try:
+            flush()
+        finally:
+            _C._exec_profile_label("")
+        return out
+
+    if offs is None:
+        return run(mat_a, mat_b)
+    return _padded_call(mat_a, mat_b, offs, bias, out_dtype, run).contiguous()
 
 
 def register() -> None:
