@@ -89,6 +89,9 @@ def _register() -> None:
                 # errors only, unless the user chose a level.
                 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "1")
                 device._C._configure(choice.path, cfg.cpu_device_count)
+                if choice.name == "cpu":
+                    # now, before more threads have their own heap arenas (host_heap.h)
+                    device._C._configure_host_heap()
                 # a flag the plugin does not know would abort the process when it starts
                 from . import _flags_probe
 

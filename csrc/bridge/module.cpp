@@ -16,6 +16,7 @@
 extern "C" {
 #include "pjrt_c_api.h"
 #include "torch_pjrt/exec_profile.h"
+#include "torch_pjrt/host_heap.h"
 #include "torch_pjrt/metrics.h"
 #include "torch_pjrt/memory_info.h"
 }
@@ -220,6 +221,9 @@ void bind_sync(py::module_& m) {
   m.def("_event_elapsed_ms", wrap_pybind_function(event_elapsed_ms), py::arg("start_event_id"),
         py::arg("end_event_id"));
   // Execution timeline (exec_profile.h), read by torch_pjrt/compile/attribution.py.
+  // The heap policy for the CPU plugin (host_heap.h), applied at import: glibc fixes its
+  // arena count when a second thread first allocates, so later would be too late.
+  m.def("_configure_host_heap", [] { return pj_host_heap_configure() != 0; });
   m.def("_exec_profile_enable", [](bool on) { pj_exec_profile_enable(on); }, py::arg("on"));
   m.def("_exec_profile_label", [](const std::string& label) { pj_exec_profile_label(label.c_str()); },
         py::arg("label"), "Names the programs this thread issues from now on ('': eager).");
