@@ -446,7 +446,9 @@ def test_tiny_gpt_inline(gpt, gpt_exports):
     assert mod.plan_text == args.text
     (user,) = mod.user_inputs
     assert (user.index, user.name, user.shape, user.dtype) == (0, "idx", (4, 32), torch.int64)
-    assert {i.kind for i in mod.inputs[1:]} == {"capture_constant"}
+    # besides idx, only storages the plan holds (none since fill_ stopped reading the fresh
+    # storages of torch.ones/zeros, which made them constants of the plan)
+    assert {i.kind for i in mod.inputs[1:]} <= {"capture_constant"}
     assert [i.aliased_result for i in mod.inputs[1:]] == [
         i.aliased_result for i in args.inputs if i.kind == "capture_constant"]
     assert [(i.target, i.mlir_type) for i in mod.inlined] == [
