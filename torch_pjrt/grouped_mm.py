@@ -126,7 +126,7 @@ def _bucket(m: int) -> int:
     return -(-m // step) * step
 
 
-def _padded_call(mat_a, mat_b, offs, bias, out_dtype, run):
+def _padded_call(mat_a, mat_b, run):
     """run() on inputs whose grouped dimension is padded to _bucket(m) positions: positions past
     the last offset belong to no group (zeros in, zeros out), so the fused program is the same
     for every m of a bucket. Expert parallelism receives a different number of rows every
@@ -179,7 +179,7 @@ def _grouped_mm_fused(mat_a, mat_b, offs=None, bias=None, out_dtype=None):
 
     if offs is None:
         return run(mat_a, mat_b)
-    return _padded_call(mat_a, mat_b, offs, bias, out_dtype, run).contiguous()
+    return _padded_call(mat_a, mat_b, run).contiguous()
 
 
 def register() -> None:
