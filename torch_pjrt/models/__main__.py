@@ -86,8 +86,9 @@ def main(argv=None) -> int:
         todo = [t for t in todo if (a.resume and t not in last) or last.get(t) in a.rerun]
     if a.limit:
         todo = todo[: a.limit]
-    from .runner import run_all
-    print(f"{len(todo)} models -> {out} ({a.jobs} workers, {a.timeout:.0f} s each, {mode})",
+    from .runner import run_all, worker_threads
+    print(f"{len(todo)} models -> {out} ({a.jobs} workers, {a.timeout:.0f} s each, {mode}, "
+          f"{os.environ.get('OMP_NUM_THREADS', worker_threads(a.jobs))} CPU threads each)",
           flush=True)
     try:
         recs = run_all(todo, out, jobs=a.jobs, timeout=a.timeout, per_worker=a.per_worker,

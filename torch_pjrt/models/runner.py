@@ -70,13 +70,31 @@ def load_records(path: str) -> List[dict]:
     return recs
 
 
+def worker_threads(jobs: int) -> int:
+    """CPU threads each of `jobs` workers gets: the machine's cores shared out, at least one."""
+    return max(1, (os.cpu_count() or 1) // max(1, jobs))
+
+
+def _thread_env(threads: int) -> Dict[str, str]:
+    """A worker's OpenMP settings. PyTorch's CPU kernels run in libgomp parallel regions whose
+    waiting threads spin; when the machine has more runnable threads than cores (two workers
+    with the default thread count each, or any other process), a region ends only when its
+    descheduled thread gets a core back, a whole scheduler slice later. Measured on 2 cores with
+    another process busy: torchvision's efficientnet_b0 float64 forward+backward (96 grouped
+    convolutions, each a parallel region per group) took 80-104 s with 2 spinning threads,
+    0.33 s with passive waiting, 0.17 s with one thread. A worker therefore gets its share of
+    the cores and waits passively; values the caller's environment sets are kept."""
+    return {"OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", str(threads)),
+            "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+
+
 class Worker:
-    def __init__(self, eager_mode: str, log_dir: str, mode: str = "eager"):
+    def __init__(self, eager_mode: str, log_dir: str, mode: str = "eager", threads: int = 1):
         self.log = tempfile.NamedTemporaryFile("w+", prefix="worker-", suffix=".log", dir=log_dir,
                                                delete=False)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONUNBUFFERED": "1"}
+               "PYTHONUNBUFFERED": "1", **_thread_env(threads)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch_pjrt.models", "worker", "--eager-mode", eager_mode,
              "--mode", mode],
@@ -201,7 +219,7 @@ def run_all(todo: Iterable[Tuple[str, str]], out_path: str, jobs: int = 2, timeo
                 except queue.Empty:
                     return
                 if worker is None:
-                    worker = Worker(eager_mode, log_dir, mode)
+                    worker = Worker(eager_mode, log_dir, mode, worker_threads(jobs))
                 t0 = time.time()
                 rec, why = worker.ask(zoo, name, timeout)
                 if _STOPPING.is_set():
