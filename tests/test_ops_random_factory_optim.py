@@ -605,6 +605,46 @@ def test_fused_sgd_direct(first, scale, found, tensor_lr, fallbacks, fused_meta)
         torch.testing.assert_close(g, r, rtol=2e-6, atol=2e-6)
 
 
+def scheduled_run(cls, device, steps=4, **kw):
+    """`steps` steps of cls under a LambdaLR schedule (a new lr every step, as warmup and decay
+    give); returns the parameters after each step."""
+    gen = torch.Generator().manual_seed(4)
+    params = [torch.nn.Parameter(torch.randn(s, generator=gen).to(device))
+              for s in [(5, 3), (4,)]]
+    grads = [[torch.randn(p.shape, generator=gen) for p in params] for _ in range(steps)]
+    opt = cls(params, **kw)
+    sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda i: (i + 1) / (steps + 1))
+    seen = []
+    for gs in grads:
+        for p, g in zip(params, gs):
+            p.grad = g.to(device)
+        opt.step()
+        sched.step()
+        seen.append([on_cpu(p.detach()).clone() for p in params])
+    return seen
+
+
+@pytest.mark.parametrize("mode", ["strict", "defer_and_fuse"])
+@pytest.mark.parametrize("cls,kw", [
+    (torch.optim.AdamW, dict(lr=0.05, weight_decay=0.1)), (torch.optim.Adam, dict(lr=0.05)),
+    (torch.optim.SGD, dict(lr=0.1, momentum=0.9))], ids=["AdamW", "Adam", "SGD"])
+def test_fused_optimizer_scheduled_lr_compiles_once(cls, kw, mode, fused_meta):
+    # A float lr was a constant of the fused program: every step of an LR schedule compiled
+    # the optimizer again (torchtitan's warmup/decay, 0.5-1.1 s a step). It is a runtime
+    # value now: one program serves every lr, and each step still matches CPU's.
+    ref = scheduled_run(cls, "cpu", **kw, fused=True)
+    with torch.tpu.eager_mode(mode):
+        # the same schedule from another base lr: every lr value is new to the second run
+        scheduled_run(cls, TPU, **{**kw, "lr": kw["lr"] * 3}, fused=True)
+        before = torch.tpu.metrics()["compiles"]
+        got = scheduled_run(cls, TPU, **kw, fused=True)
+    torch.tpu.synchronize()
+    assert torch.tpu.metrics()["compiles"] == before
+    for step, (g, r) in enumerate(zip(got, ref)):
+        for gt, rt in zip(g, r):
+            torch.testing.assert_close(gt, rt, rtol=2e-6, atol=2e-6, msg=f"step {step}")
+
+
 def test_grad_clipping_foreach(fallbacks):
     gen = torch.Generator().manual_seed(3)
     grads = [torch.randn(s, generator=gen) for s in [(4, 3), (6,)]]

@@ -186,6 +186,10 @@ bool elementwise_op(const c10::OperatorHandle& op, const std::string& base);
 bool run_without_unit_dims(const c10::OperatorHandle& op, torch::jit::Stack* stack,
                            void (*run)(const c10::OperatorHandle&, torch::jit::Stack*));
 
+// Whether a float argument of op travels as a runtime scalar rather than a constant of the
+// program (dispatch.cpp's table: the fused optimizers' lr); the call memo mirrors it.
+bool runtime_float_arg(const c10::FunctionSchema& schema, const std::string& name);
+
 // While the execution timeline records (exec_profile.h: torch.tpu.step_profile, the exit
 // report), names the programs an eager op issues "eager:<op>" (a nested op names its own and
 // restores the outer name), so device time is attributed per op rather than to one "eager"

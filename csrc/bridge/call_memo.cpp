@@ -127,7 +127,7 @@ bool put_int_list(std::string& k, const c10::IValue& v) {
 // foreach: a _foreach_* op, whose Scalar[] values (AdamW's step sizes, new every step) are
 // runtime values of the call that shape nothing (meta_cache.cpp leaves them out too).
 bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValue& v,
-                  bool foreach) {
+                  bool foreach, bool runtime_float) {
   std::string& k = sig.bytes;
   if (v.isNone()) return put_tag(k, 'n'), true;
   c10::TypePtr type = arg.real_type();
@@ -157,6 +157,11 @@ bool put_argument(CallSignature& sig, const c10::Argument& arg, const c10::IValu
     case c10::TypeKind::SymFloatType: {
       if (!v.isDouble()) return false;
       const double d = v.toDouble();
+      if (runtime_float) {  // as CallBuilder passes it: a runtime value of the call
+        put_tag(k, 'r');
+        sig.scalars.push_back(scalar_value(c10::Scalar(d)));
+        return true;
+      }
       put_tag(k, 'f');
       return put(k, &d, sizeof d), true;
     }
@@ -298,7 +303,9 @@ bool call_signature(const c10::OperatorHandle& op, const torch::jit::Stack& stac
   const c10::IValue* args = stack.data() + (stack.size() - nargs);
   const bool foreach = schema.name().rfind("aten::_foreach_", 0) == 0;
   for (size_t a = 0; a < nargs; a++)
-    if (!put_argument(sig, arguments[a], args[a], foreach)) return false;
+    if (!put_argument(sig, arguments[a], args[a], foreach,
+                      args[a].isDouble() && runtime_float_arg(schema, arguments[a].name())))
+      return false;
   return !sig.tensors.empty();  // the device is the first tpu tensor's
 }
 

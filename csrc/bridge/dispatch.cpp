@@ -420,6 +420,23 @@ void add_argument(CallBuilder& b, const c10::Argument& arg, const c10::IValue& v
 
 }  // namespace
 
+// Float arguments that training code changes from step to step (an LR scheduler's lr): passed
+// as runtime scalars, so a new value reuses the program. As compile-time constants they made
+// every step of a scheduled run compile the fused optimizer again (torchtitan's warmup and
+// decay: one 0.5-1.1 s compile per step). Hyperparameters the lowering branches on (betas,
+// momentum, weight decay) stay constants.
+bool runtime_float_arg(const c10::FunctionSchema& schema, const std::string& name) {
+  static const std::pair<const char*, const char*> kRows[] = {
+      {"_fused_adam", "lr"}, {"_fused_adamw", "lr"}, {"_fused_sgd", "lr"}};
+  // the call memo asks this of every float argument it sees: no allocation unless a row's
+  // prefix matches
+  if (schema.name().rfind("aten::_fused_", 0) != 0) return false;
+  const std::string base = base_name(schema);
+  for (const auto& row : kRows)
+    if (base == row.first && name == row.second) return true;
+  return false;
+}
+
 ExecLabel::ExecLabel(const char* op) : on_(pj_exec_profile_enabled()) {
   if (on_) enter(op);
 }
@@ -636,8 +653,11 @@ void lowered_call(const c10::OperatorHandle& op, torch::jit::Stack* stack,
   for (size_t a = 0; a < nargs; a++) {
     // fill_ and zero_ overwrite self without reading it: torch.zeros/full/ones (empty, then
     // fill_) then never upload zeros for the fresh storage first.
+    const std::string& name = schema.arguments()[a].name();
     if (a == 0 && (base == "fill" || base == "zero") && args[a].isTensor())
-      b.add_tensor(schema.arguments()[a].name(), resolve_bits(args[a].toTensor()), false);
+      b.add_tensor(name, resolve_bits(args[a].toTensor()), false);
+    else if (args[a].isDouble() && runtime_float_arg(schema, name))
+      b.add_scalar(name, c10::Scalar(args[a].toDouble()));
     else
       add_argument(b, schema.arguments()[a], args[a]);
   }

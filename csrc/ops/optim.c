@@ -63,10 +63,12 @@ static pj_val_t scalar_tensor(pj_lower_t *L, const char *name, pj_dtype_t dt) {
   return pj_convert(H, pj_reshape(H, v, 0, NULL), dt);
 }
 
-/* lr: a float argument, or a one-element tensor (the .tensor_lr overloads), as 0-d double. */
+/* lr as 0-d double: a one-element tensor (the .tensor_lr overloads), the runtime scalar the
+ * bridge passes for a float lr (a scheduler's new value reuses the program), or a constant. */
 static pj_val_t lr_value(pj_lower_t *L) {
   const pj_arg_t *a = pj_arg(L, "lr");
   if (a && a->kind == PJ_ARG_TENSOR) return scalar_tensor(L, "lr", PJ_F64);
+  if (a && a->kind == PJ_ARG_SCALAR) return pj_convert(H, pj_scalar(L, "lr"), PJ_F64);
   return pj_const(H, PJ_F64, pj_float(L, "lr", 0.0));
 }
 
