@@ -7,6 +7,12 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 # elapsed() prints how long the script has run (CI's 35-minute budget: which phase costs what)
 elapsed() { echo "[test.sh] $1 after $((SECONDS / 60)) min $((SECONDS % 60)) s"; }
+# The runs below share the cores (three side by side, then two pytest workers), more threads
+# than cores: PyTorch's CPU kernels' OpenMP threads then wait passively at the end of a parallel
+# region instead of spinning through the scheduler slice another process needs. Measured with
+# other jobs on both cores: PyTorch's test_reductions.py (5% sample, warm caches) 147-200 s
+# spinning, 81-82 s passive. A value set by the caller is kept.
+export OMP_WAIT_POLICY="${OMP_WAIT_POLICY:-PASSIVE}"
 TORCH=${TORCH_VERSION:-2.13.0}
 if [ "${1:-}" = "--torch" ]; then
   TORCH=${2:?--torch needs a release, e.g. 2.14.1}
