@@ -450,6 +450,26 @@ def test_compiled_mode_wrong_result_is_a_mismatch():
     assert rec["float64_check"].startswith("float64 differs"), rec["float64_check"]
 
 
+def test_compiled_mode_rounding_flip_passes_when_compiled_matches_the_audited_eager_run():
+    # The per-op audit checks eager ops; in compiled mode it is consulted only once the
+    # compiled run is shown to match the same model run eagerly on tpu (here: exactly, the
+    # planted op runs the same kernel in both)
+    rec = run_case(Case(zoo="test", name="threshold", build=lambda: _Threshold(True),
+                        inputs=_inputs), "compile")
+    assert rec["mode"] == "compile" and rec["status"] == "pass", json.dumps(rec, indent=1)
+    assert "the compiled run matches the eager tpu run" in rec["float64_check"] and \
+        "per-op audit" in rec["float64_check"], rec["float64_check"]
+
+
+def test_compiled_mode_error_beyond_rounding_is_still_a_mismatch_by_the_audit():
+    rec = run_case(Case(zoo="test", name="cancel", build=lambda: _Cancel(0.5), inputs=_inputs),
+                   "compile")
+    assert rec["status"] == "mismatch", rec
+    assert rec["float64_check"].startswith("float64 matches, but"), rec["float64_check"]
+    assert "matches the eager tpu run" in rec["float64_check"] and \
+        "worst plant" in rec["float64_check"], rec["float64_check"]
+
+
 class _UnusedHead(_Net):
     """A second head whose output the loss never reads, computed before a graph break in the
     graph that also computes what the loss reads (as in siglip2's and sam3's compiled

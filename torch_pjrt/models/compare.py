@@ -743,6 +743,9 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
     if any(d.note.startswith(("dtype", "missing", "gradient")) for d in discrete):
         return False, "not a rounding difference (a dtype, or a tensor or gradient on one side only)"
     rec64: Dict[str, Any] = {"phases": {}}
+    # compiled mode: the compiled run's tpu tensors, for _audit_verdict's comparison with the
+    # same model run eagerly (keep32 is consumed below)
+    compiled32 = {n: (pair[1], pair[2]) for n, pair in keep32.items()} if compiled else None
     # name -> (tpu float32's, CPU float32's distance from CPU's float64 result, as ratios to
     # the tolerance), computed as each float64 tensor is compared: keeping the float64 tensors
     # for later doubled the check's memory (a 138M-parameter VGG's gradients and parameters)
@@ -781,7 +784,8 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
     if no64 is not None:
         # CPU itself cannot run the model in float64 (a dtype fixed inside it): the op-by-op
         # audit alone decides, provided it could check every op
-        return _audit_verdict(case, compiled, f"float64 not possible ({no64})", None, require_all=True)
+        return _audit_verdict(case, compiled32, f"float64 not possible ({no64})", None,
+                              require_all=True)
     bad64 = [d for d in diffs64 if d.ratio > 1.0]
     if bad64:
         w = worst(bad64)
@@ -801,7 +805,7 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
                            "NaN/inf or integer values where CPU's own float32 matches its float64")
         names = ", ".join(d.name for d in discrete[:3])
         return _audit_verdict(
-            case, compiled, f"{names} differ in shape, NaN/inf or integer values, as CPU's own float32 "
+            case, compiled32, f"{names} differ in shape, NaN/inf or integer values, as CPU's own float32 "
             f"does from CPU's float64; in float64 tpu matches CPU (worst {worst(diffs64).ratio:.2g}x "
             "the tolerance)", None, require_all=True)
     # accuracy of each side's float32 against CPU's float64, at each side's worst tensor (per
@@ -824,17 +828,25 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
         return True, matched
     # The model amplifies rounding more than CPU's own float32 run happened to show (which
     # tensor an amplified error lands in varies from run to run): ask op by op instead.
-    return _audit_verdict(case, compiled, f"float64 matches, but {figures}", matched, require_all=False)
+    return _audit_verdict(case, compiled32, f"float64 matches, but {figures}", matched,
+                          require_all=False)
 
 
-def _audit_verdict(case: Case, compiled: bool, why: str, matched: Optional[str],
-                   require_all: bool) -> Tuple[bool, str]:
+def _audit_verdict(case: Case, compiled32: Optional[Dict[str, Tuple[torch.Tensor, str]]],
+                   why: str, matched: Optional[str], require_all: bool) -> Tuple[bool, str]:
     """The per-op audit's verdict: rounding when every audited op is within ROUNDING_FACTOR of
     CPU float32's own error (and, with require_all, CPU could rerun every op). The audit runs
-    ops eagerly, one by one: it says nothing about a compiled program (whose fusions XLA
-    chooses), so in compiled mode it is not consulted and the model-level figures decide."""
-    if compiled:
-        return False, f"{why}; no per-op audit in compiled mode (it checks eager ops only)"
+    ops eagerly, one by one, so it says nothing directly about a compiled program (whose
+    fusions XLA chooses). In compiled mode (`compiled32`: the compiled run's tpu tensors) the
+    model is therefore first run eagerly on tpu: only when every compared tensor of the
+    compiled run is within the tolerance of the eager run's is the audit of the eager ops
+    consulted (the compiled programs then compute what the audited ops compute, up to an
+    in-tolerance rounding; a discrete difference between the two runs is never accepted)."""
+    compiled_note = ""
+    if compiled32 is not None:
+        ok, compiled_note = _compiled_matches_eager(case, compiled32)
+        if not ok:
+            return False, f"{why}; {compiled_note}"
     try:
         ops = _audit_ops(case)
     except Exception as e:
@@ -844,11 +856,39 @@ def _audit_verdict(case: Case, compiled: bool, why: str, matched: Optional[str],
         return False, f"{why}; the per-op audit saw no op"
     audit = (f"per-op audit ({len(ops.ops)} ops on the same inputs as CPU's): worst {w.op}, tpu "
              f"error {w.tpu_err:.3g} against CPU float32's {w.cpu_err:.3g}, {w.ratio:.3g}x")
+    if compiled_note:
+        audit = f"{compiled_note}; {audit}"
     if w.ratio > ROUNDING_FACTOR:
         return False, f"{why}; {audit}"
     if require_all and ops.skipped:
         return False, f"{why}; {audit}, but CPU could not rerun {sorted(ops.skipped)}"
     return True, f"{matched}; {audit}" if matched else f"float32 rounding: {why}; {audit}"
+
+
+def _compiled_matches_eager(case: Case,
+                            compiled32: Dict[str, Tuple[torch.Tensor, str]]) -> Tuple[bool, str]:
+    """Runs the case's forward and training step eagerly on tpu (float32, the same seeds) and
+    compares every tensor the compiled run compared with CPU against the eager run's, at the
+    harness's tolerance. (ok, what was found)."""
+    eager32: Dict[str, torch.Tensor] = {}
+
+    def keep(name: str, c: torch.Tensor, t: torch.Tensor, kind: str) -> None:
+        eager32[name] = t.detach().cpu().clone()
+
+    try:
+        _forward_and_train(case, {"phases": {}}, [], keep=keep, compiled=False)
+    except Exception as e:
+        return False, f"the eager run for the compiled-mode audit failed: {first_line(e)}"
+    diffs = [_diff(n, eager32[n], t, kind) for n, (t, kind) in compiled32.items() if n in eager32]
+    missing = [n for n in compiled32 if n not in eager32]
+    if missing:
+        return False, f"the eager run has no {missing[0]} to compare the compiled run's with"
+    w = worst(diffs) if diffs else None
+    if w is not None and w.ratio > 1.0:
+        return False, (f"the compiled run differs from the same model run eagerly on tpu "
+                       f"({w.name}, {w.ratio:.3g}x the tolerance{', ' + w.note if w.note else ''})")
+    return True, (f"the compiled run matches the eager tpu run (worst "
+                  f"{w.ratio if w else 0.0:.2g}x the tolerance, {len(diffs)} tensors)")
 
 
 def _audit_ops(case: Case) -> "OpAudit":
