@@ -777,6 +777,10 @@ class NativeBackend final : public c10d::Backend {
                                &ticket));
     check(pj_defer_flush());
     std::lock_guard<std::mutex> g(mu_);
+    // stop() may have run since begin() (another thread aborted the group while this one
+    // prepared the transfer): a thread started now would never be joined, and a joinable
+    // std::thread destroyed with the backend ends the process (std::terminate)
+    TORCH_CHECK(!stopping_, "tpu_dist: the process group was shut down");
     p2p_threads_.emplace_back([this, work, src, t, peer, tag, ticket, is_send] {
       set_thread_eager_mode(static_cast<int>(EagerMode::kStrict));
       std::exception_ptr e;
