@@ -1088,3 +1088,13 @@ if __name__ == "__main__":
         traceback.print_exc()
         sys.stdout.flush()
         os._exit(1)  # never wait for peers or threads of a failed rank
+
+
+def test_titan_only_selects_an_exact_name_alone_else_by_substring():
+    names = [c.name for c in titan.CELLS]
+    exact = "qwen3 MoE FSDP2+EP2"
+    assert exact in names and exact + " compile" in names
+    assert [n for n in names if titan._selected(n, [exact], names)] == [exact]
+    # a fragment still selects every name containing it
+    assert {n for n in names if titan._selected(n, ["EP2"], names)} == \
+        {n for n in names if "EP2" in n}

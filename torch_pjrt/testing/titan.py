@@ -512,11 +512,17 @@ def ladder_table(result: dict) -> str:
     return "\n".join(lines)
 
 
+def _selected(name: str, wanted: list[str], names: list[str]) -> bool:
+    """--only: a string that is some name exactly selects that one ("qwen3 MoE FSDP2+EP2"
+    without its compile cell); any other selects every name containing it."""
+    return any(w == name if w in names else w in name for w in wanted)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     sub = ap.add_subparsers(dest="what", required=True)
     m = sub.add_parser("matrix", help="run cells (all, or --only)")
-    m.add_argument("--only", nargs="*", default=None, help="cell names (substring match)")
+    m.add_argument("--only", nargs="*", default=None, help="cell names (exact, else substring match)")
     m.add_argument("--steps", type=int, default=20)
     m.add_argument("--timeout", type=float, default=1200)
     m.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "torch_pjrt_titan"))
@@ -527,14 +533,14 @@ def main(argv=None) -> int:
     lad.add_argument("--config", default="llama3_debugmodel")
     lad.add_argument("--steps", type=int, default=12)
     lad.add_argument("--timeout", type=float, default=1800)
-    lad.add_argument("--only", nargs="*", default=None, help="rung labels (substring match)")
+    lad.add_argument("--only", nargs="*", default=None, help="rung labels (exact, else substring match)")
     lad.add_argument("--work", default=os.path.join(tempfile.gettempdir(), "torch_pjrt_titan"))
     lad.add_argument("--out", default=os.path.join(REPO, "docs", "titan", "ladder.jsonl"))
     a = ap.parse_args(argv)
     if a.what == "ladder":
         os.makedirs(a.work, exist_ok=True)
         assets = make_assets(os.path.join(a.work, "assets"))
-        rungs = [r for r in LADDER if a.only is None or any(s in r[0] for s in a.only)]
+        rungs = [r for r in LADDER if a.only is None or _selected(r[0], a.only, [x[0] for x in LADDER])]
         result = ladder(a.module, a.config, a.work, assets, a.steps, a.timeout, rungs)
         os.makedirs(os.path.dirname(a.out), exist_ok=True)
         with open(a.out, "a") as f:
@@ -546,7 +552,7 @@ def main(argv=None) -> int:
         return 0
     os.makedirs(a.work, exist_ok=True)
     assets = make_assets(os.path.join(a.work, "assets"))
-    cells = [c for c in CELLS if a.only is None or any(s in c.name for s in a.only)]
+    cells = [c for c in CELLS if a.only is None or _selected(c.name, a.only, [x.name for x in CELLS])]
     os.makedirs(os.path.dirname(a.results), exist_ok=True)
     for cell in cells:
         rec = run_cell(cell, a.work, assets, a.steps, a.timeout)
