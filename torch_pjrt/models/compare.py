@@ -814,7 +814,8 @@ def _rounding_check(case: Case, keep32: Dict[str, Tuple[torch.Tensor, torch.Tens
                            "NaN/inf or integer values where CPU's own float32 matches its float64")
         names = ", ".join(d.name for d in discrete[:3])
         return _audit_verdict(
-            case, closeness if compiled else None, f"{names} differ in shape, NaN/inf or integer values, as CPU's own float32 "
+            case, closeness if compiled else None,
+            f"{names} differ in shape, NaN/inf or integer values, as CPU's own float32 "
             f"does from CPU's float64; in float64 tpu matches CPU (worst {worst(diffs64).ratio:.2g}x "
             "the tolerance)", None, require_all=True)
     # accuracy of each side's float32 against CPU's float64, at each side's worst tensor (per
