@@ -93,22 +93,37 @@ def _masked_scores(query, key, score_mod, mask_mod, scale, score_buffers, mask_b
 # key blocks that any (batch, head) lists for it, with the mask_mod applied to those as to
 # all: the same values as the dense computation, on fewer scores (a causal mask: about half).
 # Which blocks, is host data: the kernels read the BlockMask's four tensors on the host, once
-# per tensor while it lives unchanged (a compiled graph reads them before each call and keeps
+# per tensor while it lives unchanged (a compiled graph needs them before each call, to keep
 # its programs per their values: compile/graph_runner.py, `read_block_lists`), and build one
 # piece of work per query block.
 
-# id(tensor) -> (weak reference, version, host copy): the last host read of a BlockMask tensor,
-# valid while the tensor lives unchanged. A model's layers share one mask: one read (in eager
-# DeferAndFuse code, a flush of the recorded ops) serves them all, and a compiled graph's read
-# before its call serves the kernels run inside it (a read inside a capture would end it).
+# (storage address, offset, sizes, strides, dtype) -> (weak reference, version, host copy): the
+# last host read of a BlockMask tensor, valid while the tensor read lives unchanged. A model's
+# layers share one mask: one read (in eager DeferAndFuse code, a flush of the recorded ops)
+# serves them all, and a compiled graph's read before its call serves the kernels run inside it
+# (a read inside a capture would end it). Keyed by the storage, not the tensor object: compiled
+# graphs get the mask's tensors as other tensors on the same storage (AOTAutograd hands a
+# backward graph detached aliases of the forward's inputs, Dynamo later calls' views), which
+# share the read tensor's version counter, so an in-place change through any of them shows.
 _host_reads = {}
+
+
+def _key(t):
+    return (t.untyped_storage().data_ptr(), t.storage_offset(), tuple(t.shape), t.stride(),
+            t.dtype)
+
+
+def _forget(ref, key):
+    kept = _host_reads.get(key)
+    if kept is not None and kept[0] is ref:  # not a newer read of the same storage
+        del _host_reads[key]
 
 
 def _read(t):
     host = t.cpu()
-    key = id(t)
-    _host_reads[key] = (weakref.ref(t, lambda _, key=key: _host_reads.pop(key, None)),
-                        t._version, host)
+    key = _key(t)
+    _host_reads[key] = (weakref.ref(t, lambda ref, key=key: _forget(ref, key)), t._version,
+                        host)
     return host
 
 
@@ -117,18 +132,26 @@ def _host(t):
         return None
     if t.device.type == "cpu":
         return t
-    kept = _host_reads.get(id(t))
-    if kept is not None and kept[0]() is t and kept[1] == t._version:
-        return kept[2]
+    key = _key(t)
+    kept = _host_reads.get(key)
+    if kept is not None:
+        read = kept[0]()
+        # the tensor read still holds this storage (so the address was not reused) and
+        # neither it nor `t` was written since
+        if (read is not None and read.untyped_storage().data_ptr() == key[0]
+                and read._version == kept[1] == t._version):
+            return kept[2]
     return _read(t)
 
 
 def read_block_lists(tensors) -> bytes:
-    """For a compiled graph's call: reads a BlockMask's block-list tensors (its inputs) on the
-    host, where the kernels run inside the call find them, and returns their values as bytes,
-    the key the graph keeps its programs under: a program specialized to one mask's blocks
-    runs only for those."""
-    host = [_read(t) if isinstance(t, torch.Tensor) else t for t in tensors]
+    """For a compiled graph's call: a BlockMask's block-list tensors (its inputs) on the host,
+    where the kernels run inside the call find them, as bytes: the key the graph keeps its
+    programs under (a program specialized to one mask's blocks runs only for those). A tensor
+    read before and unchanged since is not read again: every layer's forward, recompute and
+    backward graph gets the same mask, and each read waits for the device (a torchtitan llama3
+    step spent 44% of its time in 48 such reads of one mask)."""
+    host = [_host(t) if isinstance(t, torch.Tensor) else t for t in tensors]
     return b"".join(repr((tuple(h.shape), h.dtype)).encode() + h.numpy().tobytes()
                     if isinstance(h, torch.Tensor) else repr(h).encode() for h in host)
 
