@@ -86,10 +86,10 @@ def main(argv=None) -> int:
         todo = [t for t in todo if (a.resume and t not in last) or last.get(t) in a.rerun]
     if a.limit:
         todo = todo[: a.limit]
-    from .runner import run_all, worker_threads
+    from .runner import run_all, thread_env, worker_threads
+    threads = thread_env(worker_threads(a.jobs))["OMP_NUM_THREADS"]
     print(f"{len(todo)} models -> {out} ({a.jobs} workers, {a.timeout:.0f} s each, {mode}, "
-          f"{os.environ.get('OMP_NUM_THREADS', worker_threads(a.jobs))} CPU threads each)",
-          flush=True)
+          f"{threads} CPU threads each)", flush=True)
     try:
         recs = run_all(todo, out, jobs=a.jobs, timeout=a.timeout, per_worker=a.per_worker,
                        eager_mode=a.eager_mode, progress=lambda s: print(s, flush=True),

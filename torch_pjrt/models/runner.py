@@ -75,7 +75,7 @@ def worker_threads(jobs: int) -> int:
     return max(1, (os.cpu_count() or 1) // max(1, jobs))
 
 
-def _thread_env(threads: int) -> Dict[str, str]:
+def thread_env(threads: int) -> Dict[str, str]:
     """A worker's OpenMP settings. PyTorch's CPU kernels run in libgomp parallel regions whose
     waiting threads spin; when the machine has more runnable threads than cores (two workers
     with the default thread count each, or any other process), a region ends only when its
@@ -94,7 +94,7 @@ class Worker:
                                                delete=False)
         env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1",
                "HF_DATASETS_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
-               "PYTHONUNBUFFERED": "1", **_thread_env(threads)}
+               "PYTHONUNBUFFERED": "1", **thread_env(threads)}
         self.proc = subprocess.Popen(
             [sys.executable, "-m", "torch_pjrt.models", "worker", "--eager-mode", eager_mode,
              "--mode", mode],
