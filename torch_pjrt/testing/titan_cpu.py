@@ -14,7 +14,8 @@ torch_pjrt/__init__.py, and torchtitan would then pick ``tpu``)::
 
 Everything after the script path is passed to ``torchtitan.train`` unchanged.
 
-Substitutions (each is the least needed to run on CPU; nothing else is patched):
+Substitutions (each is the least needed to run on CPU, or for 6, to compare; nothing else is
+patched):
 
 1. Device choice. ``torchtitan/tools/utils.py`` sets ``device_type, device_module =
    get_device_info()`` at import, with ``torch._utils._get_available_device_type() or
@@ -68,6 +69,27 @@ Substitutions (each is the least needed to run on CPU; nothing else is patched):
    ("ProcessGroupGloo::alltoall: invalid tensor size"). ``all_to_all`` is wrapped so that
    uneven lists over any group go through ``all_to_all_single`` with split sizes, which Gloo
    supports; equal sizes and async calls keep the original.
+
+6. FLUX's device-side random draws (``--module flux`` only). FLUX training draws on the
+   training device's generator: the autoencoder's weights, when ``--encoder.random-init`` builds
+   it (``load_ae``, torchtitan/models/flux/model/autoencoder.py, under
+   ``torch.device(device)``; loading ``ae.safetensors`` instead fails on any device string with
+   an index, ``cpu:0`` and ``tpu:0`` alike: safetensors 0.8.0 "device cpu:0 is invalid"), and
+   in every step the latent sample (``DiagonalGaussian``'s ``torch.randn_like``), the noise
+   (``torch.randn_like``) and the timesteps (``torch.rand``) of
+   ``FluxTrainer.forward_backward_step`` (torchtitan/models/flux/trainer.py). Those are inputs,
+   not the computation under test, and the CPU's mt19937 gives other numbers than torch_pjrt's
+   Philox, so the losses would differ from the first step. The reference takes them from
+   torch_pjrt's generator instead: torch_pjrt is imported (after substitution 1 fixed the
+   device type at "cpu"), ``torch.manual_seed`` in ``set_determinism`` then seeds it as it seeds
+   the tpu run's, the autoencoder is built on ``tpu`` and moved to the CPU, and during
+   ``forward_backward_step`` (only: the dataloader's prompt dropout and crops stay on the CPU's
+   generator, as on tpu) ``torch.randn_like`` and ``torch.rand`` draw on ``tpu`` and copy the
+   result to the CPU. The same seeds and the same draws in the same order give the same bits
+   (a Philox counter stream). Everything computed from them is the CPU's. With torch_pjrt
+   loaded, the accelerator PyTorch detects is tpu, and ``barrier(device_ids=[i])``
+   (``set_pg_timeouts``) would ask the Gloo group for a tpu backend: ``torch.distributed.barrier``
+   drops ``device_ids``, so the barrier runs on the CPU, as without torch_pjrt.
 
 Not substituted:
 
@@ -290,11 +312,74 @@ def _uneven_all_to_all_on_gloo() -> None:
     dist.all_to_all = all_to_all
 
 
+# --- substitution 6: FLUX's device-side random draws from torch_pjrt's generator -----------
+
+
+def _flux_draws_from_tpu() -> None:
+    import threading
+
+    import torch_pjrt  # noqa: F401  (registers tpu; torchtitan's device type is fixed already)
+    import torchtitan.models.flux.trainer as flux_trainer
+
+    tpu = torch.device("tpu", 0)
+    original_load_ae = flux_trainer.load_ae
+
+    def load_ae(ckpt_path, autoencoder_config, device="cuda", dtype=torch.bfloat16,
+                random_init=False):
+        if not random_init:
+            return original_load_ae(ckpt_path, autoencoder_config, device=device, dtype=dtype)
+        ae = original_load_ae(ckpt_path, autoencoder_config, device=tpu, dtype=dtype,
+                              random_init=True)
+        return ae.to(device)
+
+    in_step = threading.local()
+    original_step = flux_trainer.FluxTrainer.forward_backward_step
+
+    def forward_backward_step(self, **kwargs):
+        in_step.on = True
+        try:
+            return original_step(self, **kwargs)
+        finally:
+            in_step.on = False
+
+    randn_like, rand = torch.randn_like, torch.rand
+
+    def randn_like_from_tpu(x, *args, **kwargs):
+        if not getattr(in_step, "on", False) or kwargs.get("device") is not None:
+            return randn_like(x, *args, **kwargs)
+        return randn_like(x, *args, device=tpu, **kwargs).to(x.device)
+
+    def rand_from_tpu(*args, **kwargs):
+        if not getattr(in_step, "on", False) or kwargs.get("device") is not None:
+            return rand(*args, **kwargs)
+        return rand(*args, device=tpu, **kwargs).to(torch.get_default_device())
+
+    # With torch_pjrt loaded the accelerator is tpu, and barrier(device_ids=[i]) (torchtitan's
+    # set_pg_timeouts) asks the Gloo group for a "tpu" backend; without device_ids it takes
+    # the CPU, this run's device.
+    barrier = torch.distributed.barrier
+
+    def cpu_barrier(group=None, async_op=False, device_ids=None, **kwargs):
+        return barrier(group=group, async_op=async_op, **kwargs)
+
+    for f, o in ((load_ae, original_load_ae), (forward_backward_step, original_step),
+                 (randn_like_from_tpu, randn_like), (rand_from_tpu, rand),
+                 (cpu_barrier, barrier)):
+        f.__wrapped__ = o  # type: ignore[attr-defined]
+    flux_trainer.load_ae = load_ae
+    flux_trainer.FluxTrainer.forward_backward_step = forward_backward_step
+    torch.randn_like, torch.rand = randn_like_from_tpu, rand_from_tpu
+    torch.distributed.barrier = cpu_barrier
+
+
 def main() -> None:
     _select_cpu_device()
     _install_dense_flex_attention()
     _force_sum_reduction()
     _uneven_all_to_all_on_gloo()
+    args = sys.argv[1:]
+    if "flux" in [v for k, v in zip(args, args[1:]) if k == "--module"]:
+        _flux_draws_from_tpu()
     sys.argv = ["torchtitan.train", *sys.argv[1:]]
     runpy.run_module("torchtitan.train", run_name="__main__", alter_sys=True)
 
