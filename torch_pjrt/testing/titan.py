@@ -53,6 +53,7 @@ class Cell:
     args: tuple[str, ...] = ()
     tail: tuple[str, ...] = ()  # tyro subcommands (activation-checkpoint:full), last
     seed_config: str = ""  # config whose seed checkpoint this cell loads (default: config)
+    steps: int = 0  # steps this cell runs and compares (0: the matrix's --steps)
 
     @property
     def seed(self) -> str:
@@ -64,6 +65,7 @@ _TP2 = ("--parallelism.tensor-parallel-degree", "2")
 _EP2 = ("--parallelism.expert-parallel-degree", "2")
 _NO_GRAPHS = ("--training.disable-cuda-graphs",)  # torchtitan refuses PP/EP with CUDA graphs on
 _COMPILE = ("--compile.enable",)
+_FP32_PARAMS = ("--training.mixed-precision-param", "float32")
 
 CELLS = (
     Cell("llama3 FSDP2", "llama3", "llama3_debugmodel", 2, _FSDP2),
@@ -94,6 +96,17 @@ CELLS = (
          _FSDP2 + _EP2 + _NO_GRAPHS),
     Cell("deepseek_v3 FSDP2+EP2 compile", "deepseek_v3", "deepseek_v3_debugmodel", 2,
          _FSDP2 + _EP2 + _NO_GRAPHS + _COMPILE),
+    # FLUX: its tokenizers, encoders and images are stand-ins (module_args, titan_flux.py).
+    # 8 steps: its recipe (lr 8e-4 after one warmup step) amplifies rounding, and the CPU
+    # reference against itself with 1 and 2 threads (summation order alone) is 4.6e-3 apart
+    # at step 8 and 1.3e-2 at step 9, 35% at step 20: later steps would compare chaos.
+    # float32 params under FSDP2: flux's trainer runs the autoencoder and the text encoders in
+    # the mixed-precision dtype, and two bfloat16 evaluations of the autoencoder (CPU's and
+    # tpu's, equally far from float64) differ by 2% (docs/training.md, flux).
+    Cell("flux 1 rank", "flux", "flux_debugmodel", 1, steps=8),
+    Cell("flux FSDP2", "flux", "flux_debugmodel", 2, _FSDP2 + _FP32_PARAMS, steps=8),
+    Cell("flux FSDP2 compile", "flux", "flux_debugmodel", 2, _FSDP2 + _FP32_PARAMS + _COMPILE,
+         steps=8),
 )
 
 
@@ -159,18 +172,30 @@ def env(device: str, ranks: int, work: str) -> dict:
     return e
 
 
+def module_args(module: str, assets: tuple[str, str]) -> list[str]:
+    """Where a model family's recipe finds its tokenizer and data: the language models the
+    stand-ins of make_assets; flux its own (T5 and CLIP, images with captions: titan_flux.py,
+    made next to them on first use)."""
+    data_dir, tok_dir = assets
+    if module == "flux":
+        from torch_pjrt.testing import titan_flux
+
+        paths = titan_flux.make_flux_assets(os.path.join(os.path.dirname(data_dir), "flux"),
+                                            autoencoder=False)
+        return titan_flux.flux_args(paths) + list(titan_flux.MATRIX_SIZE)
+    return ["--hf-assets-path", tok_dir, "--dataloader.dataset", "c4_test",
+            "--dataloader.dataset-path", data_dir]
+
+
 def command(device: str, module: str, config: str, ranks: int, args, tail, *, steps: int,
             assets: tuple[str, str], dump: str, seed_ckpt: Optional[str]) -> list[str]:
-    data_dir, tok_dir = assets
     entry = ["-m", "torchtitan.train"] if device == "tpu" else [CPU_LAUNCHER]
     ckpt = (["--checkpoint.enable", "--checkpoint.load-only",
              "--checkpoint.initial-load-path", seed_ckpt] if seed_ckpt
             else ["--checkpoint.no-enable"])
     return [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc_per_node", str(ranks), *entry,
-            "--module", module, "--config", config,
-            "--hf-assets-path", tok_dir, "--dataloader.dataset", "c4_test",
-            "--dataloader.dataset-path", data_dir,
+            "--module", module, "--config", config, *module_args(module, assets),
             "--training.steps", str(steps), "--training.seq-len", "256",
             "--training.local-batch-size", "2", *ckpt,
             "--validator.no-enable", "--debug.seed", "0", "--metrics.disable-color-printing",
@@ -297,6 +322,7 @@ def compare(tpu: dict, cpu: dict) -> list[str]:
 def run_cell(cell: Cell, work: str, assets, steps: int, timeout: float) -> dict:
     import torch
 
+    steps = cell.steps or steps
     record = {"cell": cell.name, "module": cell.module, "config": cell.config,
               "ranks": cell.ranks, "args": list(cell.args) + list(cell.tail), "steps": steps,
               "torch": torch.__version__, "date": time.strftime("%Y-%m-%d %H:%M")}
