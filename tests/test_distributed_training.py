@@ -1061,6 +1061,49 @@ def test_torchtitan_parity_with_cpu_gloo(cell):
     assert len(record["tpu"]["losses"]) == 20 and record["tpu"]["losses"][-1] < 6
 
 
+def test_flux_stand_in_assets_load(tmp_path):
+    """The stand-ins for FLUX's hub and source-tree assets (torch_pjrt/testing/titan_flux.py)
+    load through the classes torchtitan's flux recipe uses (T5Tokenizer, CLIPTokenizer,
+    T5EncoderModel, CLIPTextModel, from a local path) with the widths flux-debug takes (T5 4096,
+    CLIP's pooled 768), and the images are a WebDataset tar of 256 x 256 JPEGs with captions.
+    Cheap: no torchtitan, no training (the training run is the "flux FSDP2" matrix cell)."""
+    pytest.importorskip("tokenizers")
+    pytest.importorskip("PIL")
+    transformers = pytest.importorskip("transformers")
+    import io
+    import tarfile
+
+    from PIL import Image
+
+    from torch_pjrt.testing import titan_flux
+
+    paths = titan_flux.make_flux_assets(str(tmp_path), autoencoder=False)
+    caption = "A small red circle at the top left, on a blue background."
+    t5_tok = transformers.T5Tokenizer.from_pretrained(paths["t5"], max_length=256)
+    clip_tok = transformers.CLIPTokenizer.from_pretrained(paths["clip"], max_length=77)
+    t5_ids = t5_tok(caption, padding="max_length", max_length=256, truncation=True,
+                    return_tensors="pt")["input_ids"]
+    clip_ids = clip_tok(caption, padding="max_length", max_length=77, truncation=True,
+                        return_tensors="pt")["input_ids"]
+    first = t5_tok.convert_ids_to_tokens(t5_ids[0, :3].tolist())
+    assert first == ["\u2581A", "\u2581small", "\u2581red"], first
+    assert t5_tok.unk_token_id not in t5_ids.tolist()[0]
+    decoded = clip_tok.decode(clip_ids[0], skip_special_tokens=True)  # "left ," : word ends
+    assert decoded.replace(" ", "") == caption.lower().replace(" ", "")
+    with torch.no_grad():
+        t5 = transformers.T5EncoderModel.from_pretrained(paths["t5"]).eval()
+        clip = transformers.CLIPTextModel.from_pretrained(paths["clip"]).eval()
+        assert t5(input_ids=t5_ids).last_hidden_state.shape == (1, 256, 4096)
+        pooled = clip(input_ids=clip_ids).pooler_output
+    assert pooled.shape == (1, 768) and torch.isfinite(pooled).all()
+    with tarfile.open(os.path.join(paths["data"], "shard-000000.tar")) as tar:
+        names = tar.getnames()
+        assert len(names) == 2 * titan_flux.IMAGES
+        img = Image.open(io.BytesIO(tar.extractfile("000000.jpg").read()))
+        text = tar.extractfile("000000.txt").read().decode()
+    assert img.size == (256, 256) and img.mode == "RGB" and text.endswith("background.")
+
+
 @pytest.mark.long
 def test_torchtitan_dcp_kill_resume_bit_identical():
     """torchtitan.train on tpu (FSDP2, 2 ranks, compiled) with DCP checkpoints: a run killed
