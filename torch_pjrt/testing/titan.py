@@ -386,8 +386,12 @@ def _error_tail(output: str) -> str:
     lines = [ln for ln in output.splitlines() if ln.strip()]
     for ln in reversed(lines):
         if re.search(r"(Error|Exception)\b.*:", ln) and "ChildFailedError" not in ln \
-                and "elastic" not in ln:
+                and "elastic" not in ln and " - WARNING - " not in ln:
             return ln.strip()[-600:]
+    for ln in lines:  # no exception: a rank killed by a signal (torchrun's summary)
+        m = re.search(r"exitcode\s*:\s*(-\d+)", ln)
+        if m:
+            return f"a rank was killed by signal {-int(m.group(1))} (9: SIGKILL, e.g. out of memory)"
     return (lines[-1] if lines else "")[-600:]
 
 
