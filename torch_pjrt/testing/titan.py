@@ -105,8 +105,6 @@ CELLS = (
     # tpu's, equally far from float64) differ by 2% (docs/training.md, flux).
     Cell("flux 1 rank", "flux", "flux_debugmodel", 1, steps=8),
     Cell("flux FSDP2", "flux", "flux_debugmodel", 2, _FSDP2 + _FP32_PARAMS, steps=8),
-    Cell("flux FSDP2 compile", "flux", "flux_debugmodel", 2, _FSDP2 + _FP32_PARAMS + _COMPILE,
-         steps=8),
 )
 
 
