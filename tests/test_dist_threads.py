@@ -8,6 +8,7 @@ CPU tensors in the same process.
 """
 from __future__ import annotations
 
+import gc
 import os
 import subprocess
 import sys
@@ -226,6 +227,15 @@ def case_failure() -> None:
     name = dist.group.WORLD.group_name
     assert torch._C._distributed_c10d._resolve_process_group(name) is process_pg
     dist.destroy_process_group()
+    # Gloo's worker thread drops its reference to the all_reduce's work, and so to y, a moment
+    # after the caller's wait returns. Should y's Python object die first, that last reference
+    # frees it and needs the GIL, which a worker thread cannot get once the interpreter is
+    # exiting: the process aborts (std::terminate in PyTorch's Gloo runloop, seen under load,
+    # stop 58's CI). Freeing the group (process_pg is also ok's closure cell) joins Gloo's
+    # threads while y is alive.
+    del process_pg
+    gc.collect()
+    del y
     print("failure OK")
 
 
