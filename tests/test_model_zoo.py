@@ -117,6 +117,36 @@ def test_a_loss_computed_in_float32_inside_the_model_keeps_the_check_honest():
     assert "inf" not in rec["float64_check"], rec["float64_check"]
 
 
+class _Amplify(torch.nn.Module):
+    """(x - c) * 1e6 with c equal to the input x: exact in float32 and float64 alike, so CPU's
+    plain float32 run has no error at all, while one ulp on x moves the output by up to
+    ulp(x) * 1e6. On tpu the input first moves by `tpu_error` (the planted op)."""
+
+    def __init__(self, tpu_error: float):
+        super().__init__()
+        x = _inputs(torch.Generator().manual_seed(compare.INPUT_SEED))["x"]
+        self.c = torch.nn.Parameter(x.clone())
+        self.tpu_error = tpu_error
+
+    def forward(self, x):
+        return (torch.ops.pjrt_zoo_plant.plant(x, self.tpu_error) - self.c) * 1e6
+
+
+def test_rounding_amplified_beyond_one_lucky_cpu_run_passes_by_the_jittered_runs():
+    # CPU's plain float32 run is exact here, so by it alone tpu's input change of 20 * 2**-24
+    # (amplified 1e6x) is too far, and the audit rejects the planted op (CPU's kernel is exact,
+    # the tpu one some ulps off); CPU's runs with inputs and parameters moved by one ulp show
+    # that the model carries rounding that far
+    rec = run_case(Case(zoo="test", name="amplify", build=lambda: _Amplify(20 * 2.0 ** -24),
+                        inputs=_inputs))
+    assert rec["status"] == "pass", json.dumps(rec, indent=1)
+    assert "its plain run and 2 with inputs and parameters moved" in rec["float64_check"], \
+        rec["float64_check"]
+    rec = run_case(Case(zoo="test", name="amplify", build=lambda: _Amplify(1e-3),
+                        inputs=_inputs))
+    assert rec["status"] == "mismatch", json.dumps(rec, indent=1)
+
+
 def test_wrong_result_in_float64_too_is_a_mismatch():
     rec = run_case(Case(zoo="test", name="net", build=lambda: _Net(tpu_offset=1e-2), inputs=_inputs))
     assert rec["status"] == "mismatch" and rec["float64_check"].startswith("float64 differs"), rec
