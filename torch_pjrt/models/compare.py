@@ -496,14 +496,20 @@ def _param_grads(model: torch.nn.Module) -> Dict[str, Optional[torch.Tensor]]:
     return {n: p.grad for n, p in model.named_parameters() if p.requires_grad}
 
 
-def _cast_floats(obj: Any, dtype: torch.dtype) -> Any:
+def _map_floats(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`fn` applied to each floating tensor of `obj` (nested dicts, lists, tuples, in order);
+    anything else as is."""
     if isinstance(obj, torch.Tensor):
-        return obj.to(dtype) if obj.is_floating_point() else obj
+        return fn(obj) if obj.is_floating_point() else obj
     if isinstance(obj, dict):
-        return {k: _cast_floats(v, dtype) for k, v in obj.items()}
+        return {k: _map_floats(v, fn) for k, v in obj.items()}
     if isinstance(obj, (list, tuple)):
-        return type(obj)(_cast_floats(v, dtype) for v in obj)
+        return type(obj)(_map_floats(v, fn) for v in obj)
     return obj
+
+
+def _cast_floats(obj: Any, dtype: torch.dtype) -> Any:
+    return _map_floats(obj, lambda t: t.to(dtype))
 
 
 Keep = Callable[[str, torch.Tensor, torch.Tensor, str], None]
@@ -744,15 +750,11 @@ JITTERED_RUNS = 2
 def _one_ulp(obj: Any, gen: torch.Generator) -> Any:
     """Floating tensors of `obj` (nested dicts, lists, tuples) moved by one ulp each, up or down
     at random; anything else as is."""
-    if isinstance(obj, torch.Tensor) and obj.is_floating_point():
-        up = torch.randint(0, 2, obj.shape, generator=gen, dtype=torch.bool)
-        inf = torch.tensor(math.inf, dtype=obj.dtype)
-        return torch.where(up, torch.nextafter(obj, inf), torch.nextafter(obj, -inf))
-    if isinstance(obj, dict):
-        return {k: _one_ulp(v, gen) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return type(obj)(_one_ulp(v, gen) for v in obj)
-    return obj
+    def move(t: torch.Tensor) -> torch.Tensor:
+        up = torch.randint(0, 2, t.shape, generator=gen, dtype=torch.bool)
+        inf = torch.tensor(math.inf, dtype=t.dtype)
+        return torch.where(up, torch.nextafter(t, inf), torch.nextafter(t, -inf))
+    return _map_floats(obj, move)
 
 
 def _jittered_cpu_run(case: Case, seed: int) -> Dict[str, torch.Tensor]:
